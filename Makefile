@@ -1,0 +1,51 @@
+# `make run` and `make test` each create .venv and install what they need.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+# Use the local CPU torch wheel where pip's config points at one (pinned to its version);
+# otherwise PyPI's default build, which runs on CPU too.
+TORCH_WHEEL := $(firstword $(wildcard /opt/wheels/torch-*.whl))
+TORCH_REQ   := $(if $(TORCH_WHEEL),torch==$(word 2,$(subst -, ,$(notdir $(TORCH_WHEEL)))),torch)
+
+.PHONY: run test venv unit integration e2e lint control-plane bench clean
+
+$(STAMP): pyproject.toml
+	@echo "==> creating $(VENV) and installing modelplex with its dev and replica extras"
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q '$(TORCH_REQ)' -e '.[replica,dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+run: venv
+	$(PY) examples/zoo/build_zoo.py
+	$(VENV)/bin/modelplex local examples/zoo/deployment.yaml --port 8000
+
+control-plane:
+	bash hack/control-plane/build.sh
+
+lint: venv
+	$(VENV)/bin/lint-imports
+
+unit: venv
+	$(PY) -m pytest tests/unit
+
+integration: venv
+	$(PY) -m pytest tests/integration
+
+e2e: venv control-plane
+	$(PY) -m pytest tests/e2e
+
+# pytest exits 5 when it collected no test: that fails here, as any non-zero exit does.
+test: venv lint control-plane
+	$(PY) -m pytest tests
+
+bench: venv
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) bench/replica/bench_replica.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info examples/zoo/models

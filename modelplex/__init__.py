@@ -1,0 +1,13 @@
+"""Modelplex: serve many PyTorch models from a shared pool of replicas on Kubernetes.
+
+The user SDK mirrors Ray Serve's::
+
+    from modelplex import multiplexed, batch, get_multiplexed_model_id
+"""
+
+from modelplex.batching import batch
+from modelplex.context import get_multiplexed_model_id
+from modelplex.multiplex import multiplexed
+
+__all__ = ["batch", "get_multiplexed_model_id", "multiplexed"]
+__version__ = "0.1.0"

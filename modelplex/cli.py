@@ -1,0 +1,87 @@
+"""The ``modelplex`` command: local mode, the replica and router servers, the operator, the cluster."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from modelplex.names import ENV_SPEC, REPLICA_PORT, ROUTER_PORT
+from modelplex.spec import Deployment, SpecError, load_manifest
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="modelplex", description=__doc__)
+    parser.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "info"), help="debug, info, warning")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    local = commands.add_parser("local", help="run whole deployments (router + replicas) on this machine")
+    local.add_argument("manifests", nargs="+", metavar="MANIFEST")
+    local.add_argument("--port", type=int, default=ROUTER_PORT, help="the first router's port (default %(default)s)")
+    local.add_argument("--host", default="127.0.0.1")
+
+    replica = commands.add_parser("replica", help="run one replica server")
+    replica.add_argument("--spec", default=os.environ.get(ENV_SPEC), help=f"manifest file (default: ${ENV_SPEC})")
+    replica.add_argument("--name", help="which deployment of a multi-document manifest")
+    replica.add_argument("--host", default=os.environ.get("POD_IP", "127.0.0.1"))
+    replica.add_argument("--port", type=int, default=REPLICA_PORT)
+
+    router = commands.add_parser("router", help="run the router")
+    router.add_argument("--spec", default=os.environ.get(ENV_SPEC), help=f"manifest file (default: ${ENV_SPEC})")
+    router.add_argument("--name", help="which deployment of a multi-document manifest")
+    router.add_argument("--host", default=os.environ.get("POD_IP", "127.0.0.1"))
+    router.add_argument("--port", type=int, default=ROUTER_PORT)
+    router.add_argument("--replica", action="append", default=[], metavar="URL", help="static replica URL (repeat)")
+
+    commands.add_parser("operator", help="run the kopf operator (in-cluster or from KUBECONFIG)")
+
+    cluster = commands.add_parser("cluster", help="a local Kubernetes control plane for trying things")
+    cluster.add_argument("args", nargs=argparse.REMAINDER, help="up | down | status | build")
+    return parser
+
+
+def _deployment(args: argparse.Namespace) -> Deployment:
+    if not args.spec:
+        raise SpecError([f"no manifest: pass --spec FILE or set {ENV_SPEC}"])
+    return load_manifest(args.spec, args.name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        if args.command == "replica":
+            from modelplex_replica.server import run_replica
+
+            return run_replica(_deployment(args), host=args.host, port=args.port)
+        if args.command == "router":
+            from modelplex_router.server import run_router
+
+            return run_router(_deployment(args), host=args.host, port=args.port, replica_urls=args.replica)
+        if args.command == "local":
+            from modelplex.local import run_local
+
+            return run_local(args.manifests, host=args.host, port=args.port)
+        if args.command == "operator":
+            from modelplex_operator.main import run_operator
+
+            return run_operator()
+        if args.command == "cluster":
+            from modelplex.cluster import main as cluster_main
+
+            return cluster_main(args.args)
+    except SpecError as error:
+        print(f"modelplex: invalid manifest: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

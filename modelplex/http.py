@@ -1,0 +1,58 @@
+"""aiohttp pieces shared by the replica and the router: the error middleware and JSON bodies."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from modelplex.errors import ModelplexError
+
+log = logging.getLogger(__name__)
+
+JSON_CONTENT_TYPES = ("application/json",)
+
+
+class StreamAborted(Exception):
+    """A stream failed after its first chunk: the status is sent, so the connection is cut."""
+
+
+def error_response(status: int, code: str, message: str, *, retry_after: float | None = None) -> web.Response:
+    headers = {"Retry-After": str(max(1, round(retry_after)))} if retry_after is not None else None
+    return web.json_response({"error": {"code": code, "message": message}}, status=status, headers=headers)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
+    """Turn every failure into ``{"error": {"code", "message"}}`` with the right status."""
+    try:
+        return await handler(request)
+    except ModelplexError as error:
+        return error_response(error.status, error.code, error.message, retry_after=error.retry_after)
+    except web.HTTPRequestEntityTooLarge as error:
+        return error_response(413, "payload_too_large", error.text or "request body too large")
+    except web.HTTPException as error:
+        if error.status < 400:
+            raise
+        code = error.reason.lower().replace(" ", "_")
+        return error_response(error.status, code, f"{error.reason}: {request.method} {request.path}")
+    except (ConnectionResetError, StreamAborted):
+        raise
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(500, "internal", "internal error; see the server log")
+
+
+def is_json(content_type: str) -> bool:
+    return content_type in JSON_CONTENT_TYPES or content_type.endswith("+json")
+
+
+def encode_body(value: Any) -> tuple[bytes, str]:
+    """A handler's return value as (body, content type): bytes raw, str as text, else JSON."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value), "application/octet-stream"
+    if isinstance(value, str):
+        return value.encode(), "text/plain; charset=utf-8"
+    return json.dumps(value, separators=(",", ":")).encode(), "application/json"

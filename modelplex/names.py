@@ -1,0 +1,27 @@
+"""Names shared by every component: the custom resource, labels, annotations, headers, env."""
+
+API_GROUP = "modelplex.io"
+API_VERSION = "v1alpha1"
+KIND = "MultiplexedDeployment"
+PLURAL = "multiplexeddeployments"
+SHORT_NAME = "mxd"
+
+#: Ray Serve's header, so existing clients keep working.
+MODEL_ID_HEADER = "serve_multiplexed_model_id"
+
+LABEL_DEPLOYMENT = "modelplex.io/deployment"
+LABEL_ROLE = "modelplex.io/role"
+ROLE_REPLICA = "replica"
+ROLE_ROUTER = "router"
+
+#: JSON ``{"models": [...], "capacity": N, "version": V}`` kept on each replica pod.
+ANNOTATION_LOADED_MODELS = "modelplex.io/loaded-models"
+
+#: The spec file a pod reads (mounted from the operator's ConfigMap).
+ENV_SPEC = "MODELPLEX_SPEC"
+ENV_POD_NAME = "POD_NAME"
+ENV_POD_NAMESPACE = "POD_NAMESPACE"
+ENV_POD_IP = "POD_IP"
+
+REPLICA_PORT = 9000
+ROUTER_PORT = 8000

@@ -1,0 +1,39 @@
+"""What the serving runtime tells the SDK: spec overrides and observers.
+
+The replica fills this in before it builds the handler, so a decorator argument is overridden
+by the spec (DESIGN.md: "Spec values override decorator arguments") and batches and model
+loads show up in the replica's metrics. Outside a replica it stays empty and the decorators
+use their own arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+BatchObserver = Callable[[str, int, float], None]
+"""(model id, batch size, seconds the first request waited) for every batch."""
+
+CacheObserver = Callable[[str, str, float], None]
+"""(event, model id, seconds) with event in "loaded", "load_failed", "evicted"."""
+
+
+@dataclass
+class Runtime:
+    max_models_per_replica: int | None = None
+    max_batch_size: int | None = None
+    batch_wait_timeout_s: float | None = None
+    batch_observers: list[BatchObserver] = field(default_factory=list)
+    cache_observers: list[CacheObserver] = field(default_factory=list)
+
+    def batch_done(self, model_id: str, size: int, waited_s: float) -> None:
+        for observer in self.batch_observers:
+            observer(model_id, size, waited_s)
+
+    def cache_changed(self, event: str, model_id: str, seconds: float) -> None:
+        for observer in self.cache_observers:
+            observer(event, model_id, seconds)
+
+
+#: The process-wide runtime: one handler per replica process.
+runtime = Runtime()

@@ -1,0 +1,237 @@
+"""The MultiplexedDeployment spec: parsed and validated here, and only here.
+
+The operator, the router, the replica and local mode all read a deployment through
+:func:`load_manifests` / :func:`parse_deployment`, so a manifest means the same thing
+everywhere. Errors name the field and the offending value (``spec.batching.maxBatchSize:
+must be >= 1 (got 0)``).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from modelplex.names import API_GROUP, API_VERSION, KIND
+
+#: Ray Serve's default LRU capacity (``max_num_models_per_replica``).
+DEFAULT_MAX_MODELS_PER_REPLICA = 3
+#: Ray Serve's ``RAY_SERVE_MULTIPLEXED_MODEL_ID_MATCHING_TIMEOUT_S``.
+DEFAULT_MATCHING_TIMEOUT_S = 1.0
+#: Ray Serve's ``@serve.batch`` defaults.
+DEFAULT_MAX_BATCH_SIZE = 10
+DEFAULT_BATCH_WAIT_TIMEOUT_S = 0.01
+#: Ray Serve defaults to 5, which caps every batch at 5 requests; 32 lets batches of up to
+#: 16 fill with the next one queued behind them, and still bounds a replica's queue.
+DEFAULT_MAX_ONGOING_REQUESTS = 32
+
+SOURCE_SCHEMES = ("file", "http", "https", "s3")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_HANDLER = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class SpecError(ValueError):
+    """A manifest or spec that cannot be used. ``str()`` names the field and the value."""
+
+    def __init__(self, problems: list[str], source: str = ""):
+        self.problems = problems
+        self.source = source
+        where = f"{source}: " if source else ""
+        super().__init__(where + "; ".join(problems))
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class SecretRef(_Model):
+    name: str = Field(min_length=1)
+
+
+class ModelSource(_Model):
+    uri: str = Field(min_length=1, description="Where a model's weights are, with {model_id} in it.")
+    secret_ref: SecretRef | None = Field(default=None, alias="secretRef")
+
+    @field_validator("uri")
+    @classmethod
+    def _check_uri(cls, uri: str) -> str:
+        scheme = urlparse(uri).scheme
+        if scheme not in SOURCE_SCHEMES:
+            raise ValueError(f"scheme must be one of {', '.join(SOURCE_SCHEMES)} (got {scheme or 'none'!r})")
+        if "{model_id}" not in uri:
+            raise ValueError("must contain {model_id}")
+        return uri
+
+
+class Multiplexing(_Model):
+    # None means "the @multiplexed decorator's argument, else Ray Serve's default".
+    max_models_per_replica: int | None = Field(default=None, ge=1, alias="maxModelsPerReplica")
+    matching_timeout_seconds: float = Field(default=DEFAULT_MATCHING_TIMEOUT_S, ge=0, alias="matchingTimeoutSeconds")
+    prewarm: tuple[str, ...] = ()
+
+
+class Batching(_Model):
+    # None means "the @batch decorator's argument, else Ray Serve's default".
+    max_batch_size: int | None = Field(default=None, ge=1, alias="maxBatchSize")
+    batch_wait_timeout_ms: float | None = Field(default=None, ge=0, alias="batchWaitTimeoutMs")
+
+
+class RouterSpec(_Model):
+    replicas: int = Field(default=1, ge=0)
+    port: int = Field(default=8000, ge=1, le=65535)
+
+
+class EnvVar(BaseModel):
+    """A container env entry; ``valueFrom`` is passed to Kubernetes as it is."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    name: str = Field(min_length=1)
+    value: str | None = None
+
+
+class Metrics(_Model):
+    # Off by default: a label per model id swamps Prometheus at thousands of models.
+    model_label: bool = Field(default=False, alias="modelLabel")
+
+
+class DeploymentSpec(_Model):
+    replicas: int = Field(default=1, ge=0)
+    image: str = Field(min_length=1)
+    handler: str | None = Field(
+        default=None,
+        description="module:Class of the model handler; the built-in TorchScript handler when unset.",
+    )
+    model_source: ModelSource | None = Field(default=None, alias="modelSource")
+    multiplexing: Multiplexing = Multiplexing()
+    batching: Batching = Batching()
+    max_ongoing_requests: int = Field(default=DEFAULT_MAX_ONGOING_REQUESTS, ge=1, alias="maxOngoingRequests")
+    max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, alias="maxRequestBytes")
+    resources: dict[str, Any] = Field(default_factory=dict)
+    env: tuple[EnvVar, ...] = ()
+    router: RouterSpec = RouterSpec()
+    metrics: Metrics = Metrics()
+
+    @field_validator("handler")
+    @classmethod
+    def _check_handler(cls, handler: str | None) -> str | None:
+        if handler is not None and not _HANDLER.match(handler):
+            raise ValueError(f"must look like 'module.path:ClassName' (got {handler!r})")
+        return handler
+
+    @model_validator(mode="after")
+    def _builtin_handler_needs_a_source(self) -> DeploymentSpec:
+        if self.handler is None and self.model_source is None:
+            raise ValueError("modelSource is required when no handler is given (the built-in handler reads it)")
+        return self
+
+    @property
+    def batch_wait_timeout_s(self) -> float | None:
+        ms = self.batching.batch_wait_timeout_ms
+        return None if ms is None else ms / 1000.0
+
+
+class Deployment(_Model):
+    """One MultiplexedDeployment: its identity, its spec, and the folder its manifest came from."""
+
+    name: str
+    namespace: str = "default"
+    spec: DeploymentSpec
+    # The manifest's folder: handler modules and relative file: URIs are found there.
+    base_dir: Path | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, name: str) -> str:
+        if len(name) > 50 or not _DNS_LABEL.match(name):
+            raise ValueError(f"must be a DNS label of at most 50 characters (got {name!r})")
+        return name
+
+
+def _describe(error: ValidationError, prefix: str) -> list[str]:
+    problems = []
+    for item in error.errors():
+        loc = ".".join(str(part) for part in (prefix, *item["loc"]) if part != "")
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "missing":
+            problems.append(f"{loc}: required")
+        elif item["type"] == "extra_forbidden":
+            problems.append(f"{loc}: unknown field")
+        else:
+            problems.append(f"{loc}: {message} (got {item.get('input')!r})")
+    return problems
+
+
+def parse_spec(spec: dict[str, Any], *, source: str = "") -> DeploymentSpec:
+    """Validate a ``spec`` mapping (as stored in the custom resource)."""
+    try:
+        return DeploymentSpec.model_validate(spec or {})
+    except ValidationError as error:
+        raise SpecError(_describe(error, "spec"), source) from None
+
+
+def parse_deployment(document: dict[str, Any], *, base_dir: Path | None = None, source: str = "") -> Deployment:
+    """Validate one MultiplexedDeployment document (apiVersion, kind, metadata, spec)."""
+    if not isinstance(document, dict):
+        raise SpecError([f"document: must be a mapping (got {type(document).__name__})"], source)
+    problems = []
+    api_version = document.get("apiVersion")
+    if api_version != f"{API_GROUP}/{API_VERSION}":
+        problems.append(f"apiVersion: must be {API_GROUP}/{API_VERSION} (got {api_version!r})")
+    if document.get("kind") != KIND:
+        problems.append(f"kind: must be {KIND} (got {document.get('kind')!r})")
+    metadata = document.get("metadata") or {}
+    if problems:
+        raise SpecError(problems, source)
+    spec = parse_spec(document.get("spec") or {}, source=source)
+    try:
+        return Deployment(
+            name=metadata.get("name", ""),
+            namespace=metadata.get("namespace") or "default",
+            spec=spec,
+            base_dir=base_dir,
+        )
+    except ValidationError as error:
+        raise SpecError(_describe(error, "metadata"), source) from None
+
+
+def load_manifests(path: str | Path) -> list[Deployment]:
+    """Read every MultiplexedDeployment in a YAML file (multi-document files allowed)."""
+    path = Path(path)
+    try:
+        documents = [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+    except OSError as error:
+        raise SpecError([f"cannot read manifest: {error.strerror}"], str(path)) from None
+    except yaml.YAMLError as error:
+        raise SpecError([f"not valid YAML: {error}"], str(path)) from None
+    if not documents:
+        raise SpecError(["no MultiplexedDeployment in the file"], str(path))
+    base_dir = path.resolve().parent
+    return [parse_deployment(doc, base_dir=base_dir, source=str(path)) for doc in documents]
+
+
+def load_manifest(path: str | Path, name: str | None = None) -> Deployment:
+    """The one deployment of a manifest file (or the one called ``name``)."""
+    deployments = load_manifests(path)
+    if name is not None:
+        for deployment in deployments:
+            if deployment.name == name:
+                return deployment
+        raise SpecError([f"no deployment named {name!r}"], str(path))
+    if len(deployments) != 1:
+        raise SpecError([f"holds {len(deployments)} deployments; name one"], str(path))
+    return deployments[0]
+
+
+def to_manifest(deployment: Deployment) -> dict[str, Any]:
+    """The document form of a deployment (what the operator writes into the spec ConfigMap)."""
+    return {
+        "apiVersion": f"{API_GROUP}/{API_VERSION}",
+        "kind": KIND,
+        "metadata": {"name": deployment.name, "namespace": deployment.namespace},
+        "spec": deployment.spec.model_dump(by_alias=True, exclude_none=True, mode="json"),
+    }
+

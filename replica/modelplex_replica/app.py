@@ -1,0 +1,310 @@
+"""The replica's internal HTTP API (DESIGN.md, port 9000), as an aiohttp app factory."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from modelplex.cache import ModelCache
+from modelplex.context import reset_multiplexed_model_id, set_multiplexed_model_id
+from modelplex.errors import BadRequest, HandlerError, ModelplexError, NotFound, NotReady, Overloaded
+from modelplex.http import StreamAborted, encode_body, error_middleware, is_json
+from modelplex.ids import InvalidModelId, validate_model_id
+from modelplex.multiplex import find_cache
+from modelplex.names import MODEL_ID_HEADER
+from modelplex.runtime import runtime
+from modelplex.spec import Deployment
+from modelplex_replica.metrics import ReplicaMetrics
+from modelplex_replica.reporter import AnnotationReporter, Patch
+
+log = logging.getLogger("modelplex.replica")
+
+
+@dataclass
+class ReplicaState:
+    """Everything a request handler needs, kept on the app under :data:`STATE`."""
+
+    deployment: Deployment
+    handler: Any
+    cache: ModelCache | None
+    metrics: ReplicaMetrics
+    mode: str  # "stream" (async generator), "async" or "sync"
+    inflight: int = 0
+    ready: bool = False
+    reporter: AnnotationReporter | None = None
+    prewarm_errors: dict[str, str] = field(default_factory=dict)
+
+    def models_document(self) -> dict[str, Any]:
+        """The loaded-models document: the pod annotation and ``GET /v1/models``."""
+        if self.cache is None:
+            return {"models": [], "capacity": 0, "version": 0, "loading": []}
+        return {
+            "models": self.cache.loaded,
+            "capacity": self.cache.capacity,
+            "version": self.cache.version,
+            "loading": self.cache.loading,
+        }
+
+
+STATE = web.AppKey("state", ReplicaState)
+
+
+def _call_mode(handler: Any) -> str:
+    target = handler if inspect.isroutine(handler) else getattr(type(handler), "__call__", None)
+    if inspect.isasyncgenfunction(target):
+        return "stream"
+    return "async" if inspect.iscoroutinefunction(target) else "sync"
+
+
+def create_app(deployment: Deployment, handler: Any, *, patch_pod: Patch | None = None) -> web.Application:
+    """The replica app for ``handler``; ``patch_pod`` publishes the loaded-models annotation."""
+    spec = deployment.spec
+    metrics = ReplicaMetrics(deployment.name, per_model=spec.metrics.model_label)
+    state = ReplicaState(
+        deployment=deployment,
+        handler=handler,
+        cache=find_cache(handler),
+        metrics=metrics,
+        mode=_call_mode(handler),
+    )
+    app = web.Application(middlewares=[error_middleware], client_max_size=spec.max_request_bytes)
+    app[STATE] = state
+    app.cleanup_ctx.append(_lifecycle(patch_pod))
+    app.router.add_post("/v1/invoke", invoke)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_post("/v1/models/{model_id}/load", load_model)
+    app.router.add_delete("/v1/models/{model_id}", unload_model)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_endpoint)
+    return app
+
+
+def _lifecycle(patch_pod: Patch | None):
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        state = app[STATE]
+        runtime.batch_observers.append(state.metrics.on_batch)
+        runtime.cache_observers.append(state.metrics.on_cache_event)
+        runtime.cache_observers.append(lambda *_: _cache_changed(state))
+        if patch_pod is not None and state.cache is not None:
+            state.reporter = AnnotationReporter(state.models_document, patch_pod)
+            await state.reporter.start()
+        prewarm = asyncio.create_task(_prewarm(state), name="prewarm")
+        yield
+        prewarm.cancel()
+        await asyncio.gather(prewarm, return_exceptions=True)
+        if state.reporter is not None:
+            await state.reporter.stop()
+        if state.cache is not None:
+            await state.cache.close()
+        runtime.batch_observers.clear()
+        runtime.cache_observers.clear()
+
+    return lifecycle
+
+
+def _cache_changed(state: ReplicaState) -> None:
+    state.metrics.models_loaded.labels(state.deployment.name).set(len(state.cache.loaded) if state.cache else 0)
+    if state.reporter is not None:
+        state.reporter.changed()
+
+
+async def _prewarm(state: ReplicaState) -> None:
+    model_ids = state.deployment.spec.multiplexing.prewarm
+    if model_ids and state.cache is None:
+        log.warning("prewarm is set but the handler has no @multiplexed loader; nothing to prewarm")
+    elif model_ids:
+        started = time.monotonic()
+        results = await asyncio.gather(*(state.cache.get(m) for m in model_ids), return_exceptions=True)
+        for model_id, result in zip(model_ids, results):
+            if isinstance(result, BaseException):
+                state.prewarm_errors[model_id] = str(result)
+                log.error("prewarming model %r failed: %s", model_id, result)
+        log.info("prewarm done: %d model(s) in %.3f s", len(model_ids), time.monotonic() - started)
+    state.ready = True
+
+
+def _model_id(raw: str) -> str:
+    try:
+        return validate_model_id(raw)
+    except InvalidModelId as error:
+        raise BadRequest(str(error)) from None
+
+
+async def _read_body(request: web.Request) -> Any:
+    data = await request.read()  # over client_max_size: HTTPRequestEntityTooLarge → 413
+    if is_json(request.content_type):
+        try:
+            return json.loads(data)
+        except ValueError as error:
+            raise BadRequest(f"body is not valid JSON: {error}") from None
+    return data
+
+
+async def invoke(request: web.Request) -> web.StreamResponse:
+    """One request for the handler; the model id is in the ``serve_multiplexed_model_id`` header."""
+    state = request.app[STATE]
+    raw_id = request.headers.get(MODEL_ID_HEADER, "")
+    model_id = _model_id(raw_id) if raw_id else ""
+    limit = state.deployment.spec.max_ongoing_requests
+    if state.inflight >= limit:
+        state.metrics.observe_request(model_id, 503, 0.0)
+        raise Overloaded(f"replica is at maxOngoingRequests ({limit})", retry_after=1)
+    started = time.perf_counter()
+    state.inflight += 1
+    state.metrics.inflight.labels(state.deployment.name).inc()
+    status = 500
+    token = set_multiplexed_model_id(model_id)
+    try:
+        body = await _read_body(request)
+        pin = state.cache.pinned(model_id) if state.cache is not None and model_id else nullcontext()
+        with pin:
+            response = await _call_handler(state, request, body)
+        status = response.status
+        return response
+    except ModelplexError as error:
+        status = error.status
+        raise
+    except web.HTTPException as error:
+        status = error.status
+        raise
+    finally:
+        reset_multiplexed_model_id(token)
+        state.inflight -= 1
+        state.metrics.inflight.labels(state.deployment.name).dec()
+        state.metrics.observe_request(model_id, status, time.perf_counter() - started)
+
+
+async def _call_handler(state: ReplicaState, request: web.Request, body: Any) -> web.StreamResponse:
+    handler = state.handler
+    try:
+        if state.mode == "stream":
+            return await _stream(request, handler(body))
+        if state.mode == "async":
+            result = await handler(body)
+        else:  # a blocking handler runs in a thread so the replica keeps serving
+            result = await asyncio.to_thread(handler, body)
+    except (ModelplexError, StreamAborted, asyncio.CancelledError):
+        raise
+    except Exception as error:  # noqa: BLE001 - the user's code: report, never a traceback
+        log.exception("handler failed")
+        raise HandlerError(f"handler raised {type(error).__name__}: {error}") from None
+    payload, content_type = encode_body(result)
+    return web.Response(body=payload, content_type=content_type.split(";")[0], charset=_charset(content_type))
+
+
+def _charset(content_type: str) -> str | None:
+    return "utf-8" if "charset" in content_type else None
+
+
+async def _stream(request: web.Request, chunks: AsyncIterator[Any]) -> web.StreamResponse:
+    """Send each chunk as it is produced. Errors before the first chunk get a JSON error;
+    after it, the stream ends with an error record and the connection is cut, so a client
+    never mistakes a broken stream for a finished one."""
+    sse = "text/event-stream" in request.headers.get("Accept", "")
+    iterator = chunks.__aiter__()
+    try:
+        first = await iterator.__anext__()
+    except StopAsyncIteration:
+        first = None
+    response = web.StreamResponse(headers={"Content-Type": _stream_content_type(first, sse)})
+    response.enable_chunked_encoding()
+    await response.prepare(request)
+    if first is None:
+        await response.write_eof()
+        return response
+    try:
+        await response.write(_frame(first, sse))
+        async for chunk in iterator:
+            await response.write(_frame(chunk, sse))
+    except (ConnectionResetError, asyncio.CancelledError):
+        await iterator.aclose()  # the client went away: stop the producer
+        raise
+    except Exception as error:  # noqa: BLE001
+        log.exception("streaming handler failed mid-stream")
+        failure = error if isinstance(error, ModelplexError) else HandlerError(f"handler raised {type(error).__name__}: {error}")
+        try:
+            await response.write(_error_frame(failure, sse))
+        except ConnectionResetError:
+            pass
+        raise StreamAborted(failure.message) from None
+    await response.write_eof()
+    return response
+
+
+def _stream_content_type(first: Any, sse: bool) -> str:
+    if sse:
+        return "text/event-stream"
+    if isinstance(first, (bytes, bytearray, memoryview)):
+        return "application/octet-stream"
+    if isinstance(first, str):
+        return "text/plain; charset=utf-8"
+    return "application/x-ndjson"
+
+
+def _frame(chunk: Any, sse: bool) -> bytes:
+    if isinstance(chunk, (bytes, bytearray, memoryview)) and not sse:
+        return bytes(chunk)
+    if isinstance(chunk, str):
+        data = chunk
+    elif isinstance(chunk, (bytes, bytearray, memoryview)):
+        data = bytes(chunk).decode("utf-8", "replace")
+    else:
+        return (f"data: {json.dumps(chunk)}\n\n" if sse else json.dumps(chunk) + "\n").encode()
+    return f"data: {data}\n\n".encode() if sse else data.encode()
+
+
+def _error_frame(error: ModelplexError, sse: bool) -> bytes:
+    record = json.dumps(error.to_dict())
+    return f"event: error\ndata: {record}\n\n".encode() if sse else (record + "\n").encode()
+
+
+async def list_models(request: web.Request) -> web.Response:
+    return web.json_response(request.app[STATE].models_document())
+
+
+def _require_cache(state: ReplicaState) -> ModelCache:
+    if state.cache is None:
+        raise NotFound("this handler has no @multiplexed model loader")
+    return state.cache
+
+
+async def load_model(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    model_id = _model_id(request.match_info["model_id"])
+    started = time.monotonic()
+    await _require_cache(state).get(model_id)
+    return web.json_response({"model": model_id, "loaded": True, "seconds": round(time.monotonic() - started, 6)})
+
+
+async def unload_model(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    model_id = _model_id(request.match_info["model_id"])
+    if not await _require_cache(state).evict(model_id):
+        raise NotFound(f"model {model_id!r} is not loaded")
+    return web.json_response({"model": model_id, "loaded": False})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if not state.ready:
+        raise NotReady("prewarming models")
+    return web.json_response({"status": "ready", "prewarm_errors": state.prewarm_errors})
+
+
+async def metrics_endpoint(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[STATE].metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
