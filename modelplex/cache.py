@@ -151,12 +151,12 @@ class ModelCache:
         log.info("Loaded model %r in %.3f s.", model_id, seconds)
         future.set_result(model)
         self._notify("loaded", model_id, seconds)
-        await self._make_room()
+        await self._make_room(keep=model_id)
 
-    async def _make_room(self) -> None:
+    async def _make_room(self, keep: str | None = None) -> None:
         """Evict idle models, least recently used first, until loaded + loading fits."""
         while len(self._models) + len(self._loading) > self.capacity:
-            victim = next((m for m in self._models if self._pins[m] == 0), None)
+            victim = next((m for m in self._models if self._pins[m] == 0 and m != keep), None)
             if victim is None:
                 return  # every loaded model serves a request: evict when one goes idle
             await self._unload(victim)

@@ -1,0 +1,44 @@
+"""Handlers for the replica's integration tests (copied beside each test's manifest)."""
+
+import asyncio
+import os
+from pathlib import Path
+
+from modelplex import batch, get_multiplexed_model_id, multiplexed
+
+
+class Probe:
+    """Multiplexed (capacity from the spec) and batched; reports batch sizes back."""
+
+    @multiplexed(max_num_models_per_replica=3)
+    async def load_model(self, model_id: str) -> dict:
+        if model_id.startswith("broken"):
+            raise RuntimeError(f"weights of {model_id} are corrupt")
+        await asyncio.sleep(0.01)
+        return {"id": model_id}
+
+    @batch(max_batch_size=4, batch_wait_timeout_s=5.0)
+    async def __call__(self, requests: list) -> list:
+        model = await self.load_model(get_multiplexed_model_id())
+        if os.environ.get("PROBE_SLOW_S"):
+            await asyncio.sleep(float(os.environ["PROBE_SLOW_S"]))
+        return [{"model": model["id"], "batch_size": len(requests), "echo": r} for r in requests]
+
+
+class Streamer:
+    """Yields a first chunk, then waits for the test's signal file before the last one."""
+
+    async def __call__(self, body: dict):
+        signal = Path(body["signal"])
+        yield {"chunk": "first", "model": get_multiplexed_model_id()}
+        for _ in range(600):  # bounded: at most 60 s
+            if signal.exists():
+                break
+            await asyncio.sleep(0.1)
+        yield {"chunk": "last", "signal_seen": signal.exists()}
+
+
+class FailsMidStream:
+    async def __call__(self, body):
+        yield {"chunk": 1}
+        raise RuntimeError("stage exploded")

@@ -1,0 +1,171 @@
+"""A real replica process over HTTP: LRU eviction, batching, streaming, errors, limits."""
+
+import asyncio
+import json
+
+import aiohttp
+
+from modelplex.names import MODEL_ID_HEADER
+
+from support.servers import metric, wait_ready, wait_until
+
+TIMEOUT = aiohttp.ClientTimeout(total=60)
+
+
+async def invoke(session, url, model_id, body, **kwargs):
+    headers = {MODEL_ID_HEADER: model_id} if model_id else {}
+    async with session.post(url + "/v1/invoke", json=body, headers=headers, **kwargs) as response:
+        return response.status, await response.json(), response.headers
+
+
+async def test_capacity_two_and_three_models_evicts_the_least_recently_used(processes, manifest):
+    replica = processes.replica(manifest(multiplexing={"maxModelsPerReplica": 2}, batching={"batchWaitTimeoutMs": 1}))
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        await wait_ready(session, replica)
+        for model_id in ["a", "b", "a", "c"]:  # b becomes least recently used
+            status, body, _ = await invoke(session, replica.url, model_id, {"x": 1})
+            assert status == 200 and body["model"] == model_id
+        async with session.get(replica.url + "/v1/models") as response:
+            document = await response.json()
+        assert document["models"] == ["a", "c"]
+        assert document["capacity"] == 2
+        assert document["version"] == 4  # three loads and one eviction
+        assert await metric(session, replica.url, "modelplex_model_evictions_total") == 1
+        assert await metric(session, replica.url, "modelplex_model_loads_total") == 3
+        assert await metric(session, replica.url, "modelplex_models_loaded") == 2
+
+
+async def test_eight_concurrent_requests_form_two_batches_of_four(processes, manifest):
+    # A 5 s wait timeout: only the size trigger can form these batches quickly.
+    replica = processes.replica(manifest(batching={"maxBatchSize": 4}))
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        await wait_ready(session, replica)
+        await invoke(session, replica.url, "m", {"warm": True}, params={})  # loads m (a batch of 1 after 5 s)
+        results = await asyncio.gather(*(invoke(session, replica.url, "m", {"i": i}) for i in range(8)))
+        assert [status for status, _, _ in results] == [200] * 8
+        assert [body["batch_size"] for _, body, _ in results] == [4] * 8
+        assert [body["echo"] for _, body, _ in results] == [{"i": i} for i in range(8)]
+        assert await metric(session, replica.url, "modelplex_batch_size_count") == 3
+
+
+async def test_streaming_first_chunk_arrives_before_the_last_is_produced(processes, manifest, tmp_path):
+    replica = processes.replica(manifest(handler="probe:Streamer"))
+    signal = tmp_path / "go-on"
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        await wait_ready(session, replica)
+        headers = {MODEL_ID_HEADER: "s1"}
+        async with session.post(replica.url + "/v1/invoke", json={"signal": str(signal)}, headers=headers) as response:
+            assert response.status == 200
+            assert response.headers["Content-Type"].startswith("application/x-ndjson")
+            first = json.loads(await asyncio.wait_for(response.content.readline(), 30))
+            # The handler is still waiting for the signal: nothing buffered the stream.
+            assert first == {"chunk": "first", "model": "s1"}
+            signal.touch()
+            last = json.loads(await asyncio.wait_for(response.content.readline(), 30))
+            assert last == {"chunk": "last", "signal_seen": True}
+
+
+async def test_streaming_as_server_sent_events(processes, manifest, tmp_path):
+    replica = processes.replica(manifest(handler="probe:Streamer"))
+    signal = tmp_path / "go"
+    signal.touch()
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        await wait_ready(session, replica)
+        headers = {MODEL_ID_HEADER: "s1", "Accept": "text/event-stream"}
+        async with session.post(replica.url + "/v1/invoke", json={"signal": str(signal)}, headers=headers) as response:
+            assert response.headers["Content-Type"].startswith("text/event-stream")
+            text = await response.text()
+    events = [json.loads(line.removeprefix("data: ")) for line in text.split("\n\n") if line]
+    assert [event["chunk"] for event in events] == ["first", "last"]
+
+
+async def test_stream_that_fails_midway_ends_with_an_error_record_and_a_cut_connection(processes, manifest):
+    replica = processes.replica(manifest(handler="probe:FailsMidStream"))
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        await wait_ready(session, replica)
+        lines = []
+        try:
+            async with session.post(replica.url + "/v1/invoke", json={}) as response:
+                async for line in response.content:
+                    lines.append(json.loads(line))
+            broke = False
+        except aiohttp.ClientPayloadError:
+            broke = True
+    assert lines[0] == {"chunk": 1}
+    assert lines[-1]["error"]["code"] == "handler_error"
+    assert "stage exploded" in lines[-1]["error"]["message"]
+    assert broke, "a failed stream must not look like a finished one"
+
+
+async def test_bad_requests_get_the_right_status_and_a_json_error(processes, manifest):
+    replica = processes.replica(manifest(maxRequestBytes=4096, batching={"batchWaitTimeoutMs": 1}))
+    url = replica.url + "/v1/invoke"
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        await wait_ready(session, replica)
+        cases = [
+            ("malformed JSON", {"data": b"{not json", "headers": {"Content-Type": "application/json", MODEL_ID_HEADER: "m"}}, 400, "bad_request"),
+            ("traversal id", {"json": {}, "headers": {MODEL_ID_HEADER: "../../etc/passwd"}}, 400, "bad_request"),
+            ("encoded traversal id", {"json": {}, "headers": {MODEL_ID_HEADER: "%2e%2e%2fsecret"}}, 400, "bad_request"),
+            ("oversize body", {"data": b"x" * 10_000, "headers": {MODEL_ID_HEADER: "m"}}, 413, "payload_too_large"),
+            ("failing load", {"json": {}, "headers": {MODEL_ID_HEADER: "broken-1"}}, 500, "model_load_failed"),
+        ]
+        for what, kwargs, status, code in cases:
+            async with session.post(url, **kwargs) as response:
+                body = await response.json()
+                assert response.status == status, what
+                assert body["error"]["code"] == code, what
+                assert body["error"]["message"], what
+        async with session.get(replica.url + "/v1/nowhere") as response:
+            assert response.status == 404
+            assert (await response.json())["error"]["code"] == "not_found"
+        async with session.post(replica.url + "/v1/models/..%2F..%2Fx/load") as response:
+            assert response.status in (400, 404)
+            assert "error" in await response.json()
+
+
+async def test_unknown_model_file_is_404_from_the_builtin_handler(processes, tmp_path):
+    path = tmp_path / "zoo.yaml"
+    path.write_text(json.dumps({
+        "apiVersion": "modelplex.io/v1alpha1", "kind": "MultiplexedDeployment", "metadata": {"name": "zoo"},
+        "spec": {"image": "local", "modelSource": {"uri": "file:models/{model_id}.pt"}},
+    }))
+    replica = processes.replica(path)
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        await wait_ready(session, replica)
+        status, body, _ = await invoke(session, replica.url, "no-such-model", {"inputs": [1.0]})
+        assert status == 404
+        assert body["error"]["code"] == "model_not_found"
+        assert "no-such-model" in body["error"]["message"]
+
+
+async def test_max_ongoing_requests_is_enforced_with_retry_after(processes, manifest):
+    replica = processes.replica(manifest(maxOngoingRequests=2, batching={"maxBatchSize": 1}), env={"PROBE_SLOW_S": "1.5"})
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        await wait_ready(session, replica)
+        busy = [asyncio.create_task(invoke(session, replica.url, "m", {"i": i})) for i in range(2)]
+        await wait_until(lambda: metric(session, replica.url, "modelplex_inflight_requests"), what="2 in flight")
+        await asyncio.sleep(0.2)
+        status, body, headers = await invoke(session, replica.url, "m", {"i": 3})
+        assert status == 503
+        assert body["error"]["code"] == "overloaded"
+        assert int(headers["Retry-After"]) >= 1
+        assert [status for status, _, _ in await asyncio.gather(*busy)] == [200, 200]
+
+
+async def test_load_and_unload_endpoints_and_prewarm(processes, manifest):
+    replica = processes.replica(manifest(multiplexing={"prewarm": ["warm-1"]}))
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        await wait_ready(session, replica)
+        async with session.get(replica.url + "/v1/models") as response:
+            assert (await response.json())["models"] == ["warm-1"]
+        async with session.post(replica.url + "/v1/models/extra/load") as response:
+            assert response.status == 200 and (await response.json())["loaded"] is True
+        async with session.delete(replica.url + "/v1/models/warm-1") as response:
+            assert response.status == 200
+        async with session.delete(replica.url + "/v1/models/warm-1") as response:
+            assert response.status == 404
+        async with session.get(replica.url + "/v1/models") as response:
+            assert (await response.json())["models"] == ["extra"]
+    log = replica.log.read_text()
+    assert "Loading model 'extra'." in log and "Unloading model 'warm-1'." in log
+    assert "Loaded model 'extra' in" in log

@@ -1,0 +1,48 @@
+"""file: and http(s): model sources, against a real HTTP server on loopback."""
+
+import pytest
+from aiohttp import web
+
+from modelplex.errors import ModelNotFound
+from modelplex.ids import InvalidModelId
+from modelplex_replica.sources import ModelSource
+from support.servers import free_port
+
+
+@pytest.fixture
+async def model_server(tmp_path):
+    (tmp_path / "m1.pt").write_bytes(b"weights-of-m1")
+    app = web.Application()
+    app.router.add_static("/models", tmp_path)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_http_source_fetches_and_maps_404(model_server):
+    source = ModelSource(model_server + "/models/{model_id}.pt")
+    assert await source.fetch("m1") == b"weights-of-m1"
+    with pytest.raises(ModelNotFound):
+        await source.fetch("m2")
+
+
+async def test_relative_file_source_resolves_against_the_manifest_folder(tmp_path):
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "m1.pt").write_bytes(b"local")
+    source = ModelSource("file:store/{model_id}.pt", base_dir=tmp_path)
+    assert await source.fetch("m1") == b"local"
+    absolute = ModelSource(f"file://{tmp_path}/store/{{model_id}}.pt")
+    assert await absolute.fetch("m1") == b"local"
+
+
+async def test_escaping_ids_are_refused_before_any_access(tmp_path):
+    (tmp_path / "secret.pt").write_bytes(b"secret")
+    source = ModelSource("file:store/{model_id}.pt", base_dir=tmp_path)
+    for model_id in ["../secret", "..", "/etc/passwd", "a/b", "%2e%2e"]:
+        with pytest.raises(InvalidModelId):
+            await source.fetch(model_id)

@@ -1,0 +1,241 @@
+"""The dynamic batcher: size and timeout triggers, per-model queues, result routing, failures."""
+
+import asyncio
+
+import pytest
+
+from modelplex import batch, get_multiplexed_model_id
+from modelplex.context import reset_multiplexed_model_id, set_multiplexed_model_id
+from modelplex.errors import HandlerError
+
+LONG = 30.0  # a timeout that never fires in a passing test
+
+
+async def call_as(model_id, coroutine_function, *args):
+    token = set_multiplexed_model_id(model_id)
+    try:
+        return await coroutine_function(*args)
+    finally:
+        reset_multiplexed_model_id(token)
+
+
+class Doubler:
+    def __init__(self):
+        self.batches: list[tuple[str, list]] = []
+        self.release = asyncio.Event()
+        self.release.set()
+
+    @batch(max_batch_size=4, batch_wait_timeout_s=LONG)
+    async def __call__(self, requests):
+        self.batches.append((get_multiplexed_model_id(), list(requests)))
+        await self.release.wait()
+        return [request * 2 for request in requests]
+
+
+async def test_batch_forms_when_max_batch_size_requests_wait():
+    doubler = Doubler()
+    results = await asyncio.wait_for(asyncio.gather(*(call_as("m", doubler, i) for i in range(8))), 10)
+    assert results == [i * 2 for i in range(8)]
+    assert [len(requests) for _, requests in doubler.batches] == [4, 4]
+
+
+async def test_batch_forms_after_the_wait_timeout_with_fewer_requests():
+    class Slow:
+        def __init__(self):
+            self.sizes = []
+
+        @batch(max_batch_size=100, batch_wait_timeout_s=0.05)
+        async def __call__(self, requests):
+            self.sizes.append(len(requests))
+            return requests
+
+    handler = Slow()
+    results = await asyncio.wait_for(asyncio.gather(*(call_as("m", handler, i) for i in range(3))), 10)
+    assert results == [0, 1, 2]
+    assert handler.sizes == [3]
+
+
+async def test_batches_never_mix_model_ids():
+    doubler = Doubler()
+    calls = [call_as(f"model-{i % 2}", doubler, i) for i in range(8)]
+    results = await asyncio.wait_for(asyncio.gather(*calls), 10)
+    assert results == [i * 2 for i in range(8)]
+    for model_id, requests in doubler.batches:
+        assert {f"model-{r % 2}" for r in requests} == {model_id}
+    assert sorted(len(requests) for _, requests in doubler.batches) == [4, 4]
+
+
+async def test_a_batch_for_one_model_is_not_held_back_by_another_models_batch():
+    doubler = Doubler()
+    doubler.release.clear()  # model a's batch will hang in the handler
+    stuck = [asyncio.create_task(call_as("a", doubler, i)) for i in range(4)]
+    await asyncio.sleep(0.05)
+    doubler.release.set()
+    # b forms and finishes even though a's batch started first.
+    results = await asyncio.wait_for(asyncio.gather(*(call_as("b", doubler, i) for i in range(4))), 10)
+    assert results == [0, 2, 4, 6]
+    assert await asyncio.gather(*stuck) == [0, 2, 4, 6]
+
+
+async def test_each_result_goes_back_to_its_own_caller():
+    class Echo:
+        @batch(max_batch_size=8, batch_wait_timeout_s=0.01)
+        async def __call__(self, requests):
+            return [{"echo": request} for request in reversed(list(reversed(requests)))]
+
+    echo = Echo()
+    results = await asyncio.gather(*(call_as("m", echo, f"req-{i}") for i in range(20)))
+    assert results == [{"echo": f"req-{i}"} for i in range(20)]
+
+
+async def test_an_exception_fails_only_that_batchs_callers():
+    class Fragile:
+        def __init__(self):
+            self.calls = 0
+
+        @batch(max_batch_size=2, batch_wait_timeout_s=LONG)
+        async def __call__(self, requests):
+            self.calls += 1
+            if "boom" in requests:
+                raise ValueError("bad batch")
+            return requests
+
+    fragile = Fragile()
+    bad = asyncio.gather(call_as("m", fragile, "boom"), call_as("m", fragile, "x"), return_exceptions=True)
+    bad_results = await asyncio.wait_for(bad, 10)
+    good_results = await asyncio.wait_for(asyncio.gather(call_as("m", fragile, "y"), call_as("m", fragile, "z")), 10)
+    assert all(isinstance(result, ValueError) for result in bad_results)
+    assert good_results == ["y", "z"]
+
+
+async def test_an_exception_in_the_results_fails_only_that_caller():
+    class Picky:
+        @batch(max_batch_size=2, batch_wait_timeout_s=LONG)
+        async def __call__(self, requests):
+            return [ValueError("odd") if r % 2 else r for r in requests]
+
+    picky = Picky()
+    results = await asyncio.gather(call_as("m", picky, 2), call_as("m", picky, 3), return_exceptions=True)
+    assert results[0] == 2
+    assert isinstance(results[1], ValueError)
+
+
+async def test_wrong_number_of_results_is_a_clear_error():
+    class Short:
+        @batch(max_batch_size=2, batch_wait_timeout_s=LONG)
+        async def __call__(self, requests):
+            return requests[:1]
+
+    short = Short()
+    results = await asyncio.gather(call_as("m", short, 1), call_as("m", short, 2), return_exceptions=True)
+    assert all(isinstance(result, HandlerError) for result in results)
+    assert "1 results for a batch of 2" in str(results[0])
+
+
+async def test_a_caller_that_goes_away_does_not_break_the_batcher():
+    doubler = Doubler()
+    doubler.release.clear()
+    first = [asyncio.create_task(call_as("m", doubler, i)) for i in range(4)]
+    await asyncio.sleep(0.05)
+    first[1].cancel()  # the client disconnected while its batch runs
+    doubler.release.set()
+    results = await asyncio.gather(*first, return_exceptions=True)
+    assert results[0] == 0 and results[2] == 4 and results[3] == 6
+    assert isinstance(results[1], asyncio.CancelledError)
+    # The batcher keeps serving.
+    assert await asyncio.wait_for(asyncio.gather(*(call_as("m", doubler, i) for i in range(4))), 10) == [0, 2, 4, 6]
+
+
+async def test_a_caller_cancelled_before_its_batch_forms_is_left_out():
+    class Recorder:
+        def __init__(self):
+            self.seen = []
+
+        @batch(max_batch_size=3, batch_wait_timeout_s=0.2)
+        async def __call__(self, requests):
+            self.seen.append(list(requests))
+            return requests
+
+    recorder = Recorder()
+    gone = asyncio.create_task(call_as("m", recorder, "gone"))
+    await asyncio.sleep(0.01)
+    gone.cancel()
+    results = await asyncio.wait_for(asyncio.gather(call_as("m", recorder, "a"), call_as("m", recorder, "b")), 10)
+    assert results == ["a", "b"]
+    assert recorder.seen == [["a", "b"]]
+
+
+async def test_spec_overrides_decorator_arguments():
+    from modelplex.runtime import runtime
+
+    class Handler:
+        def __init__(self):
+            self.sizes = []
+
+        @batch(max_batch_size=100, batch_wait_timeout_s=LONG)
+        async def __call__(self, requests):
+            self.sizes.append(len(requests))
+            return requests
+
+    runtime.max_batch_size, runtime.batch_wait_timeout_s = 2, 0.01
+    try:
+        handler = Handler()
+        await asyncio.wait_for(asyncio.gather(*(call_as("m", handler, i) for i in range(4))), 10)
+    finally:
+        runtime.max_batch_size = runtime.batch_wait_timeout_s = None
+    assert handler.sizes == [2, 2]
+
+
+async def test_batched_generator_gives_each_caller_its_own_stream():
+    class Streamer:
+        @batch(max_batch_size=3, batch_wait_timeout_s=LONG)
+        async def __call__(self, requests):
+            for step in range(max(requests)):
+                yield [f"{r}:{step}" if step < r else StopIteration for r in requests]
+
+    streamer = Streamer()
+
+    async def collect(n):
+        token = set_multiplexed_model_id("m")
+        try:
+            return [chunk async for chunk in streamer(n)]
+        finally:
+            reset_multiplexed_model_id(token)
+
+    results = await asyncio.wait_for(asyncio.gather(collect(1), collect(3), collect(2)), 10)
+    assert results == [["1:0"], ["3:0", "3:1", "3:2"], ["2:0", "2:1"]]
+
+
+async def test_batched_generator_error_reaches_every_open_stream():
+    class Broken:
+        @batch(max_batch_size=2, batch_wait_timeout_s=LONG)
+        async def __call__(self, requests):
+            yield requests
+            raise RuntimeError("decoder died")
+
+    broken = Broken()
+
+    async def collect():
+        token = set_multiplexed_model_id("m")
+        chunks = []
+        try:
+            async for chunk in broken("x"):
+                chunks.append(chunk)
+        except RuntimeError as error:
+            return chunks, str(error)
+        finally:
+            reset_multiplexed_model_id(token)
+        return chunks, None
+
+    results = await asyncio.wait_for(asyncio.gather(collect(), collect()), 10)
+    assert results == [(["x"], "decoder died"), (["x"], "decoder died")]
+
+
+def test_decorator_refuses_bad_arguments_and_sync_functions():
+    with pytest.raises(ValueError, match="max_batch_size"):
+        batch(max_batch_size=0)
+    with pytest.raises(TypeError, match="async"):
+
+        @batch
+        def not_async(requests):
+            return requests

@@ -1,0 +1,116 @@
+"""The spec: defaults as DESIGN.md says, and errors that name the field and the value."""
+
+import pytest
+
+from modelplex.spec import (
+    DEFAULT_MATCHING_TIMEOUT_S,
+    SpecError,
+    load_manifest,
+    load_manifests,
+    parse_deployment,
+    parse_spec,
+    to_manifest,
+)
+
+MINIMAL = {"image": "repo/img:1", "modelSource": {"uri": "s3://models/{model_id}/model.pt"}}
+
+
+def document(spec=None, name="recs"):
+    return {
+        "apiVersion": "modelplex.io/v1alpha1",
+        "kind": "MultiplexedDeployment",
+        "metadata": {"name": name},
+        "spec": spec if spec is not None else dict(MINIMAL),
+    }
+
+
+def test_defaults_follow_ray_serve():
+    spec = parse_spec(MINIMAL)
+    assert spec.replicas == 1
+    assert spec.multiplexing.matching_timeout_seconds == DEFAULT_MATCHING_TIMEOUT_S == 1.0
+    # Unset batching/multiplexing sizes defer to the decorators' arguments.
+    assert spec.multiplexing.max_models_per_replica is None
+    assert spec.batching.max_batch_size is None
+    assert spec.router.port == 8000 and spec.router.replicas == 1
+    assert spec.metrics.model_label is False
+
+
+def test_design_example_parses():
+    spec = parse_spec({
+        "replicas": 3, "image": "registry.example.com/recs:1.4", "handler": "recs.models:Recommender",
+        "modelSource": {"uri": "s3://models/{model_id}/model.pt", "secretRef": {"name": "s3-credentials"}},
+        "multiplexing": {"maxModelsPerReplica": 3, "matchingTimeoutSeconds": 1.0, "prewarm": ["model-a"]},
+        "batching": {"maxBatchSize": 8, "batchWaitTimeoutMs": 10},
+        "maxOngoingRequests": 16, "resources": {"limits": {"nvidia.com/gpu": 1}},
+        "env": [{"name": "LOG_LEVEL", "value": "info"}], "router": {"replicas": 1, "port": 8000},
+    })
+    assert spec.batch_wait_timeout_s == pytest.approx(0.01)
+    assert spec.model_source.secret_ref.name == "s3-credentials"
+    assert spec.multiplexing.prewarm == ("model-a",)
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"replicas": -1}, "spec.replicas: Input should be greater than or equal to 0 (got -1)"),
+        ({"batching": {"maxBatchSize": 0}}, "spec.batching.maxBatchSize: Input should be greater than or equal to 1 (got 0)"),
+        ({"modelSource": {"uri": "ftp://x/{model_id}"}}, "spec.modelSource.uri: scheme must be one of"),
+        ({"modelSource": {"uri": "s3://bucket/fixed.pt"}}, "spec.modelSource.uri: must contain {model_id}"),
+        ({"handler": "no colon"}, "spec.handler: must look like 'module.path:ClassName'"),
+        ({"maxOngoingRequests": 0}, "spec.maxOngoingRequests"),
+        ({"replicaz": 2}, "spec.replicaz: unknown field"),
+        ({"multiplexing": {"maxModels": 2}}, "spec.multiplexing.maxModels: unknown field"),
+    ],
+)
+def test_bad_field_is_named_with_its_value(change, expected):
+    with pytest.raises(SpecError) as error:
+        parse_spec({**MINIMAL, **change})
+    assert expected in str(error.value)
+
+
+def test_missing_image_is_named():
+    with pytest.raises(SpecError, match="spec.image: required"):
+        parse_spec({"modelSource": MINIMAL["modelSource"]})
+
+
+def test_builtin_handler_needs_a_model_source():
+    with pytest.raises(SpecError, match="modelSource is required"):
+        parse_spec({"image": "x"})
+    assert parse_spec({"image": "x", "handler": "mod:Cls"}).model_source is None
+
+
+def test_wrong_kind_and_bad_name_are_named():
+    with pytest.raises(SpecError, match="kind: must be MultiplexedDeployment"):
+        parse_deployment({**document(), "kind": "Deployment"})
+    with pytest.raises(SpecError, match="metadata.name: must be a DNS label"):
+        parse_deployment(document(name="Bad_Name"))
+
+
+def test_multi_document_manifest_and_base_dir(tmp_path):
+    path = tmp_path / "two.yaml"
+    path.write_text(
+        "apiVersion: modelplex.io/v1alpha1\nkind: MultiplexedDeployment\nmetadata: {name: a}\n"
+        "spec: {image: x, handler: 'm:C'}\n---\n"
+        "apiVersion: modelplex.io/v1alpha1\nkind: MultiplexedDeployment\nmetadata: {name: b}\n"
+        "spec: {image: x, handler: 'm:C'}\n"
+    )
+    deployments = load_manifests(path)
+    assert [d.name for d in deployments] == ["a", "b"]
+    assert deployments[0].base_dir == tmp_path
+    assert load_manifest(path, "b").name == "b"
+    with pytest.raises(SpecError, match="holds 2 deployments"):
+        load_manifest(path)
+
+
+def test_unreadable_and_invalid_yaml_files_get_clear_errors(tmp_path):
+    with pytest.raises(SpecError, match="cannot read manifest"):
+        load_manifests(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("spec: [unclosed")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_manifests(bad)
+
+
+def test_manifest_round_trips():
+    deployment = parse_deployment(document())
+    assert parse_deployment(to_manifest(deployment)) == deployment
