@@ -1,0 +1,328 @@
+"""``modelplex local``: whole deployments on this machine, from the same manifests as a cluster.
+
+For each MultiplexedDeployment (several manifests, or multi-document YAML) this starts
+``spec.replicas`` replica processes on 127.0.0.1 (free ports) and one router process, the
+first deployment's router on ``--port`` and the next ones on the ports after it. Every child
+gets ``MODELPLEX_ROUTER_<NAME>=http://host:port`` for every deployment, so handles between
+deployments resolve by name as they would in a cluster.
+
+Children run in process groups of their own (a Ctrl-C in the terminal reaches only this
+supervisor, which then stops them in order) and get SIGTERM should the supervisor die
+(``PR_SET_PDEATHSIG``), so nothing is left behind. A child that exits is restarted with a
+growing delay, as a Kubernetes Deployment would.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from modelplex.names import MODEL_ID_HEADER
+from modelplex.spec import Deployment, SpecError, load_manifests
+
+ENV_ROUTER_PREFIX = "MODELPLEX_ROUTER_"
+#: How long children get between SIGTERM and SIGKILL.
+STOP_GRACE_S = 10.0
+RESTART_BACKOFF_MAX_S = 30.0
+_PR_SET_PDEATHSIG = 1
+
+
+def router_env_name(deployment: str) -> str:
+    """``MODELPLEX_ROUTER_<NAME>``: NAME upper-cased, ``-`` as ``_``."""
+    return ENV_ROUTER_PREFIX + deployment.upper().replace("-", "_")
+
+
+@dataclass
+class Plan:
+    """One deployment to run: where its router and replicas listen."""
+
+    deployment: Deployment
+    manifest: Path
+    router_host: str
+    router_port: int
+    replica_ports: list[int]
+
+    @property
+    def router_url(self) -> str:
+        return f"http://{_connect_host(self.router_host)}:{self.router_port}"
+
+    def replica_name(self, index: int) -> str:
+        return f"{self.deployment.name}-{index}"
+
+    def replica_url(self, index: int) -> str:
+        return f"http://127.0.0.1:{self.replica_ports[index]}"
+
+
+@dataclass(eq=False)
+class Child:
+    """A supervised process: a replica or a router."""
+
+    name: str
+    argv: list[str]
+    ready_url: str
+    proc: subprocess.Popen | None = None
+    started_at: float = 0.0
+    ready: bool = False
+    restarts: int = 0
+    restart_at: float | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def plan(manifest_paths: list[str], *, host: str, port: int) -> list[Plan]:
+    """Read the manifests and give every deployment its ports. Raises SpecError."""
+    found: list[tuple[Deployment, Path]] = []
+    for path in manifest_paths:
+        found.extend((deployment, Path(path).resolve()) for deployment in load_manifests(path))
+    names = [d.name for d, _ in found]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise SpecError([f"deployment {n!r} is defined more than once" for n in duplicates])
+    plans = []
+    for index, (deployment, manifest) in enumerate(found):
+        router_port = port + index
+        if not _port_free(host, router_port):
+            raise SpecError([f"port {router_port} on {host} is in use (router of {deployment.name!r}); "
+                             "pass --port to pick another"])
+        plans.append(Plan(deployment, manifest, host, router_port, free_ports(deployment.spec.replicas)))
+    return plans
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports nothing listens on now (all held open until all are found)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((host, 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _connect_host(host: str) -> str:
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the supervisor dies, however it dies."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the process group still gets stopped
+        pass
+
+
+class LocalRun:
+    """Starts, watches and stops the children of a set of :class:`Plan` s."""
+
+    def __init__(self, plans: list[Plan], *, out=None, log_level: str | None = None):
+        self.plans = plans
+        self.out = out or sys.stdout
+        self.stop = threading.Event()
+        self.log_level = log_level or logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
+        self.env = dict(os.environ)
+        self.env["PYTHONUNBUFFERED"] = "1"
+        for p in plans:
+            self.env[router_env_name(p.deployment.name)] = p.router_url
+        self.replicas: list[Child] = []
+        self.routers: list[Child] = []
+        for p in plans:
+            name = p.deployment.name
+            base = [sys.executable, "-m", "modelplex.cli", "--log-level", self.log_level]
+            for i, replica_port in enumerate(p.replica_ports):
+                self.replicas.append(Child(
+                    name=p.replica_name(i),
+                    argv=[*base, "replica", "--spec", str(p.manifest), "--name", name,
+                          "--host", "127.0.0.1", "--port", str(replica_port)],
+                    ready_url=p.replica_url(i) + "/readyz",
+                ))
+            router_argv = [*base, "router", "--spec", str(p.manifest), "--name", name,
+                           "--host", p.router_host, "--port", str(p.router_port)]
+            for i in range(len(p.replica_ports)):
+                router_argv += ["--replica", f"{p.replica_name(i)}={p.replica_url(i)}"]
+            self.routers.append(Child(name=f"{name} router", argv=router_argv,
+                                      ready_url=p.router_url + "/readyz", extra={"plan": p}))
+
+    @property
+    def children(self) -> list[Child]:
+        return self.replicas + self.routers
+
+    def say(self, message: str) -> None:
+        print(message, file=self.out, flush=True)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Start everything, wait until ready, serve until SIGINT/SIGTERM; the exit code."""
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            for p in self.plans:
+                self.say(f"modelplex local: {p.deployment.name}: {len(p.replica_ports)} replica(s), "
+                         f"router on {p.router_url}")
+            for child in self.children:
+                self._start(child)
+            if not self._wait_ready():
+                return 0 if self.stop.is_set() else 1
+            self._print_ready()
+            self._supervise()
+            return 0
+        finally:
+            self.shutdown()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _on_signal(self, signum: int, frame) -> None:
+        if not self.stop.is_set():
+            self.say(f"\nmodelplex local: {signal.Signals(signum).name}: stopping")
+        self.stop.set()
+
+    def _start(self, child: Child) -> None:
+        child.proc = subprocess.Popen(
+            child.argv,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group: killpg reaches its children too
+            preexec_fn=_die_with_parent,
+        )
+        child.started_at = time.monotonic()
+        child.ready = False
+        child.restart_at = None
+
+    def _wait_ready(self) -> bool:
+        started = time.monotonic()
+        last_note = started
+        while not self.stop.is_set():
+            for child in self.children:
+                code = child.proc.poll() if child.proc else None
+                if code is not None:
+                    self.say(f"modelplex local: {child.name} exited with code {code} while starting; "
+                             "see its output above")
+                    return False
+                if not child.ready and self._probe(child):
+                    child.ready = True
+                    self.say(f"  {child.name} ready ({time.monotonic() - started:.1f} s)")
+            if all(child.ready for child in self.children):
+                return True
+            now = time.monotonic()
+            if now - last_note >= 10:
+                waiting = ", ".join(c.name for c in self.children if not c.ready)
+                self.say(f"  still starting after {now - started:.0f} s: {waiting}")
+                last_note = now
+            self.stop.wait(0.1)
+        return False
+
+    def _probe(self, child: Child) -> bool:
+        try:
+            with urllib.request.urlopen(child.ready_url, timeout=1.0) as response:
+                body = response.read()
+                if response.status != 200:
+                    return False
+        except (OSError, urllib.error.URLError):
+            return False
+        plan_ = child.extra.get("plan")
+        if plan_ is None:
+            return True
+        # A router is ready for us once it sees every replica (not merely one).
+        try:
+            return json.loads(body).get("ready_replicas", 0) >= len(plan_.replica_ports)
+        except ValueError:
+            return False
+
+    def _print_ready(self) -> None:
+        self.say("")
+        for p in self.plans:
+            spec = p.deployment.spec
+            model = spec.multiplexing.prewarm[0] if spec.multiplexing.prewarm else "model-01"
+            self.say(f"{p.deployment.name} is ready at {p.router_url}  ({router_env_name(p.deployment.name)})")
+            self.say(f"  curl -s --json '{{\"inputs\": [[1.0, 2.0, 3.0]]}}' "
+                     f"-H '{MODEL_ID_HEADER}: {model}' {p.router_url}/")
+            self.say(f"  curl -s {p.router_url}/v1/replicas")
+        self.say("Press Ctrl-C to stop.")
+
+    def _supervise(self) -> None:
+        while not self.stop.wait(0.2):
+            now = time.monotonic()
+            for child in self.children:
+                if child.restart_at is not None:
+                    if now >= child.restart_at:
+                        self.say(f"modelplex local: restarting {child.name}")
+                        self._start(child)
+                    continue
+                code = child.proc.poll()
+                if code is None:
+                    continue
+                # Back off like a crash-looping pod: 1, 2, 4 ... 30 s; reset after a good run.
+                if now - child.started_at > 60:
+                    child.restarts = 0
+                delay = min(2.0 ** child.restarts, RESTART_BACKOFF_MAX_S)
+                child.restarts += 1
+                child.restart_at = now + delay
+                self.say(f"modelplex local: {child.name} exited with code {code}; restarting in {delay:.0f} s")
+
+    def shutdown(self) -> None:
+        """SIGTERM every child's process group, wait, SIGKILL what is left. Idempotent."""
+        running = [c for c in self.children if c.proc is not None and c.proc.poll() is None]
+        # Routers first, so they stop taking requests before their replicas go.
+        for group in (self.routers, self.replicas):
+            for child in group:
+                if child in running:
+                    _signal_group(child.proc, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for child in running:
+            try:
+                child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.say(f"modelplex local: {child.name} did not stop in {STOP_GRACE_S:.0f} s; killing it")
+        for child in self.children:
+            if child.proc is not None:
+                # Whatever is left in the group (the child, or processes it started) goes too.
+                _signal_group(child.proc, signal.SIGKILL)
+                try:
+                    child.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)  # the group id is the child's pid (start_new_session)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_local(manifest_paths: list[str], *, host: str = "127.0.0.1", port: int = 8000) -> int:
+    """Run the deployments of ``manifest_paths`` here until Ctrl-C / SIGTERM; the exit code."""
+    try:
+        plans = plan(list(manifest_paths), host=host, port=port)
+    except SpecError as error:
+        print(f"modelplex local: {error}", file=sys.stderr)
+        return 2
+    return LocalRun(plans).run()

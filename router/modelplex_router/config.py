@@ -1,0 +1,68 @@
+"""The router's settings: from the deployment's spec, plus a few environment overrides."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+from modelplex.spec import Deployment
+from modelplex_router.policy import POLICIES, Params
+
+# Not MODELPLEX_ROUTER_*: local mode exports MODELPLEX_ROUTER_<DEPLOYMENT> for every
+# deployment, and a deployment may well be called "policy".
+ENV_POLICY = "MODELPLEX_ROUTING_POLICY"
+ENV_QUEUE_TIMEOUT = "MODELPLEX_ROUTING_QUEUE_TIMEOUT_S"
+ENV_POLL_INTERVAL = "MODELPLEX_ROUTING_POLL_INTERVAL_S"
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """Everything the router app needs to know besides where the replicas are."""
+
+    deployment: str
+    params: Params
+    policy: str = "cache-aware"
+    max_request_bytes: int = 8 * 1024 * 1024
+    model_label: bool = False
+    #: How long a request may wait for a replica slot before a 503 with Retry-After.
+    queue_timeout_s: float = 10.0
+    #: How many requests may wait for a slot at once before new ones get a 503 at once.
+    max_queued: int = 1000
+    #: Until the first byte of the answer (a model load included) before a 504.
+    first_byte_timeout_s: float = 300.0
+    connect_timeout_s: float = 5.0
+    #: Static discovery: how often each replica's /v1/models and /readyz are read.
+    poll_interval_s: float = 0.15
+
+    @classmethod
+    def from_deployment(cls, deployment: Deployment, env: Mapping[str, str] = os.environ) -> RouterConfig:
+        spec = deployment.spec
+        policy = env.get(ENV_POLICY, "cache-aware")
+        if policy not in POLICIES:
+            raise ValueError(f"{ENV_POLICY}: must be one of {', '.join(POLICIES)} (got {policy!r})")
+        return cls(
+            deployment=deployment.name,
+            params=Params(
+                max_ongoing=spec.max_ongoing_requests,
+                matching_timeout_s=spec.multiplexing.matching_timeout_seconds,
+            ),
+            policy=policy,
+            max_request_bytes=spec.max_request_bytes,
+            model_label=spec.metrics.model_label,
+            queue_timeout_s=_positive(env, ENV_QUEUE_TIMEOUT, 10.0),
+            poll_interval_s=_positive(env, ENV_POLL_INTERVAL, 0.15),
+        )
+
+
+def _positive(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}: must be a number (got {raw!r})") from None
+    if value <= 0:
+        raise ValueError(f"{name}: must be > 0 (got {raw!r})")
+    return value

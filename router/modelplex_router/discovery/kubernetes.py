@@ -1,0 +1,209 @@
+"""Kubernetes discovery: watch the replica pods of a deployment, read their annotation.
+
+Pods are selected by ``modelplex.io/deployment=<name>,modelplex.io/role=replica`` in the
+router's namespace. Each pod gives a replica: its IP (and the container port named ``http``,
+else 9000), its ``Ready`` condition, and the ``modelplex.io/loaded-models`` annotation.
+
+The blocking ``kubernetes`` client runs in a daemon thread: list, then watch from the list's
+resourceVersion; on a watch error it resumes from the last resourceVersion seen after a short
+backoff, and on 410 Gone (that version is too old) it lists again. The translation from pod
+events to table operations (:class:`PodTracker`) is pure and tested with plain dicts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from typing import Any, Callable, Iterable
+
+from modelplex.names import ANNOTATION_LOADED_MODELS, LABEL_DEPLOYMENT, LABEL_ROLE, REPLICA_PORT, ROLE_REPLICA
+from modelplex_router.discovery.base import Discovery, parse_models_document
+from modelplex_router.table import ReplicaInfo, RoutingTable
+
+log = logging.getLogger("modelplex.router.discovery")
+
+#: Server-side watch timeout: the watch is renewed (from the last resourceVersion) this often.
+WATCH_TIMEOUT_S = 300
+BACKOFF_MIN_S = 0.5
+BACKOFF_MAX_S = 10.0
+
+# Table operations, applied on the event loop: ("list", [ReplicaInfo]), ("apply", ReplicaInfo),
+# ("remove", name).
+Op = tuple[str, Any]
+
+
+class Gone(Exception):
+    """The watch's resourceVersion is too old (HTTP 410): list again."""
+
+
+def selector(deployment: str) -> str:
+    return f"{LABEL_DEPLOYMENT}={deployment},{LABEL_ROLE}={ROLE_REPLICA}"
+
+
+def replica_port(pod: dict) -> int:
+    """The container port named ``http`` of the pod, else the replica's default port."""
+    for container in (pod.get("spec") or {}).get("containers") or ():
+        for port in container.get("ports") or ():
+            if port.get("name") == "http" and port.get("containerPort"):
+                return int(port["containerPort"])
+    return REPLICA_PORT
+
+
+def replica_from_pod(pod: dict) -> ReplicaInfo | None:
+    """The replica a pod (API JSON, camelCase keys) stands for; ``None`` without a name."""
+    meta = pod.get("metadata") or {}
+    name = meta.get("name")
+    if not name:
+        return None
+    status = pod.get("status") or {}
+    ip = status.get("podIP") or ""
+    ready_condition = any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ()
+    )
+    # A terminating pod may still show Ready for a while: send it nothing new.
+    ready = bool(ip) and ready_condition and not meta.get("deletionTimestamp")
+    raw = (meta.get("annotations") or {}).get(ANNOTATION_LOADED_MODELS)
+    models, capacity, version, loading = parse_models_document(raw, source=f"pod {name}") if raw else ((), 0, 0, ())
+    url = f"http://{_host(ip)}:{replica_port(pod)}" if ip else ""
+    return ReplicaInfo(name, url, ready, models, capacity, version, loading)
+
+
+def _host(ip: str) -> str:
+    return f"[{ip}]" if ":" in ip else ip
+
+
+class PodTracker:
+    """Turns a pod list and watch events into table operations; remembers the resourceVersion."""
+
+    def __init__(self) -> None:
+        self.resource_version: str | None = None
+
+    def on_list(self, pod_list: dict) -> list[Op]:
+        """A ``list`` response (``{"metadata": {"resourceVersion"}, "items": [...]}``)."""
+        self.resource_version = (pod_list.get("metadata") or {}).get("resourceVersion")
+        infos = [info for info in map(replica_from_pod, pod_list.get("items") or ()) if info is not None]
+        return [("list", infos)]
+
+    def on_event(self, event: dict) -> list[Op]:
+        """One watch event ``{"type": ..., "object": {...}}``; raises :class:`Gone` on 410."""
+        kind = event.get("type")
+        obj = event.get("raw_object") or event.get("object") or {}
+        if kind == "ERROR":
+            code = obj.get("code") if isinstance(obj, dict) else None
+            if code == 410:
+                self.resource_version = None
+                raise Gone(obj.get("message", "resource version too old"))
+            raise RuntimeError(f"watch error: {obj}")
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if version:
+            self.resource_version = version
+        if kind == "BOOKMARK":
+            return []
+        info = replica_from_pod(obj)
+        if info is None:
+            return []
+        if kind == "DELETED":
+            return [("remove", info.name)]
+        if kind in ("ADDED", "MODIFIED"):
+            return [("apply", info)]
+        return []
+
+
+def apply_ops(table: RoutingTable, ops: Iterable[Op], now: float) -> None:
+    """Carry out a tracker's operations on the table (on the event loop)."""
+    for op, arg in ops:
+        if op == "list":
+            table.replace_all(arg, now)
+        elif op == "apply":
+            table.apply(arg, now)
+        elif op == "remove":
+            table.remove(arg)
+
+
+class KubernetesDiscovery(Discovery):
+    """Watches the replica pods of ``deployment`` in ``namespace``."""
+
+    # The replica patches its annotation within ~100 ms of a change; the event then crosses
+    # the API server. Trust the router's own observations for about a second over it.
+    lag_s = 1.0
+
+    def __init__(self, deployment: str, namespace: str):
+        self.deployment = deployment
+        self.namespace = namespace
+        self.selector = selector(deployment)
+
+    async def run(self, table: RoutingTable, clock: Callable[[], float]) -> None:
+        loop = asyncio.get_running_loop()
+        stop = threading.Event()
+
+        def emit(ops: list[Op]) -> None:
+            if ops:
+                loop.call_soon_threadsafe(lambda: apply_ops(table, ops, clock()))
+
+        thread = threading.Thread(target=self._watch_forever, args=(emit, stop), name="pod-watch", daemon=True)
+        thread.start()
+        try:
+            await asyncio.Event().wait()  # until cancelled
+        finally:
+            # The thread notices at its next event or watch renewal; it is a daemon and touches
+            # nothing but this (now finished) loop through call_soon_threadsafe, which it guards.
+            stop.set()
+
+    def _watch_forever(self, emit: Callable[[list[Op]], None], stop: threading.Event) -> None:
+        from kubernetes import client, config, watch  # heavy: only where the source is used
+        from kubernetes.client.rest import ApiException
+
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        api = client.CoreV1Api(client.ApiClient())
+        tracker = PodTracker()
+        backoff = BACKOFF_MIN_S
+        log.info("watching pods %s in namespace %s", self.selector, self.namespace)
+
+        def safe_emit(ops: list[Op]) -> None:
+            try:
+                emit(ops)
+            except RuntimeError:  # the event loop is closed: the router is stopping
+                stop.set()
+
+        while not stop.is_set():
+            try:
+                if tracker.resource_version is None:
+                    response = api.list_namespaced_pod(
+                        self.namespace, label_selector=self.selector, _preload_content=False, _request_timeout=30
+                    )
+                    safe_emit(tracker.on_list(json.loads(response.data)))
+                stream = watch.Watch().stream(
+                    api.list_namespaced_pod,
+                    self.namespace,
+                    label_selector=self.selector,
+                    resource_version=tracker.resource_version,
+                    allow_watch_bookmarks=True,
+                    timeout_seconds=WATCH_TIMEOUT_S,
+                    _request_timeout=WATCH_TIMEOUT_S + 30,
+                )
+                for event in stream:
+                    if stop.is_set():
+                        return
+                    safe_emit(tracker.on_event(event))
+                    backoff = BACKOFF_MIN_S
+            except Gone as gone:
+                log.info("pod watch: %s; listing again", gone)
+                tracker.resource_version = None
+            except ApiException as error:
+                if error.status == 410:
+                    log.info("pod watch: resource version too old; listing again")
+                    tracker.resource_version = None
+                    continue
+                log.warning("pod watch failed (%s %s); retrying in %.1f s", error.status, error.reason, backoff)
+                stop.wait(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX_S)
+            except Exception as error:  # noqa: BLE001 - a watch must survive anything the API does
+                log.warning("pod watch failed (%s); retrying in %.1f s", error, backoff)
+                stop.wait(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX_S)
+

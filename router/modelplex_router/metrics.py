@@ -1,0 +1,96 @@
+"""The router's Prometheus metrics, in a registry of its own (one per app, so tests and several
+routers in one process do not collide).
+
+Names follow DESIGN.md. A ``model`` label is added only when ``spec.metrics.modelLabel`` is
+on: thousands of models would otherwise swamp Prometheus. Label children are cached, since
+``labels()`` takes a lock and builds a key on every call.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from modelplex_router.policy import Kind
+
+# From sub-millisecond (router overhead on a cached model) to minutes (a cold load).
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class RouterMetrics:
+    """Counters and histograms of one router; ``render()`` gives the exposition text."""
+
+    def __init__(self, deployment: str, *, model_label: bool = False):
+        self.deployment = deployment
+        self.model_label = model_label
+        self.registry = CollectorRegistry(auto_describe=True)
+        extra = ["model"] if model_label else []
+        r = self.registry
+        self._requests = Counter(
+            "modelplex_requests_total", "Requests answered by the router, by HTTP status.",
+            ["deployment", "code", *extra], registry=r,
+        )
+        self._latency = Histogram(
+            "modelplex_request_latency_seconds", "Time from request to the end of the response.",
+            ["deployment", *extra], buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self._hits = Counter(
+            "modelplex_router_cache_hits_total", "Requests sent to a replica holding (or loading) their model.",
+            ["deployment", *extra], registry=r,
+        )
+        self._misses = Counter(
+            "modelplex_router_cache_misses_total",
+            "Requests sent to a replica without their model (it loads it); fallbacks included.",
+            ["deployment", *extra], registry=r,
+        )
+        self._fallbacks = Counter(
+            "modelplex_router_fallbacks_total",
+            "Requests placed on a replica without their model although holders existed (all full).",
+            ["deployment", *extra], registry=r,
+        )
+        self._inflight = Gauge(
+            "modelplex_inflight_requests", "Requests in the router now (waiting or being answered).",
+            ["deployment"], registry=r,
+        )
+        self._retries = Counter(
+            "modelplex_router_retries_total", "Requests sent again to another replica, by reason.",
+            ["deployment", "reason"], registry=r,
+        )
+        self.inflight = self._inflight.labels(deployment)
+        self._children: dict[tuple, object] = {}
+
+    def _child(self, metric, *labels: str):
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(self.deployment, *labels)
+        return child
+
+    def observe(self, status: int, seconds: float, model: str) -> None:
+        """One request answered with ``status`` after ``seconds``."""
+        if self.model_label:
+            self._child(self._requests, str(status), model).inc()
+            self._child(self._latency, model).observe(seconds)
+        else:
+            self._child(self._requests, str(status)).inc()
+            self._child(self._latency).observe(seconds)
+
+    def routed(self, kind: Kind, model: str) -> None:
+        """One routing decision of kind ``kind``."""
+        if kind is Kind.ANY:
+            return
+        labels = (model,) if self.model_label else ()
+        if kind is Kind.HIT:
+            self._child(self._hits, *labels).inc()
+            return
+        self._child(self._misses, *labels).inc()
+        if kind is Kind.FALLBACK:
+            self._child(self._fallbacks, *labels).inc()
+
+    def retried(self, reason: str) -> None:
+        self._child(self._retries, reason).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

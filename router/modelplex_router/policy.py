@@ -1,0 +1,186 @@
+"""The routing policy of DESIGN.md, as pure functions over replica views.
+
+Nothing here does I/O, reads a clock or keeps state: the caller passes the replicas it may
+use, how long the request has waited, and a random source, and gets a :class:`Decision` back
+(or ``None``: "wait for a slot to free up, then ask again"). That keeps every tier testable
+with plain objects and a fake clock.
+
+For a request naming model M, among the ready replicas:
+
+1. *holders* of M (loaded, or being loaded because of a request this router sent) with room:
+   the less busy of two picked at random (power of two choices);
+2. when no replica holds M, the replica with the fewest models, ties broken by rendezvous
+   hashing on (M, replica name) so that several routers place a new model on the same
+   replica; when every holder is full, M *spreads* to one more replica the same way rather
+   than queueing behind the holders (the hot-model spread: ray-project/ray#48741), unless a
+   holder is still loading M, in which case the request waits up to
+   ``matching_timeout_s`` for that load before spreading further;
+3. otherwise any replica with room (the least busy).
+
+A request with no model id goes to the least busy replica.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import random
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+
+class Kind(enum.Enum):
+    """Why a replica was picked; the router counts these as cache hits, misses, fallbacks."""
+
+    HIT = "hit"  # the replica holds M (loaded, or loading it already)
+    MISS = "miss"  # no replica held M: this one will load it
+    FALLBACK = "fallback"  # holders of M exist but were full: M goes to one more replica
+    ANY = "any"  # the request named no model
+
+
+class ReplicaView(Protocol):
+    """What the policy reads of a replica (see :class:`modelplex_router.table.Replica`)."""
+
+    name: str
+    inflight: int
+
+    def holds(self, model: str) -> bool:
+        """M is loaded there, or is being loaded there."""
+
+    def is_loading(self, model: str) -> bool:
+        """M is being loaded there and is not loaded yet."""
+
+    @property
+    def model_count(self) -> int:
+        """Models loaded or loading there, at most the replica's capacity."""
+
+
+@dataclass(frozen=True, slots=True)
+class Params:
+    """The knobs of the policy; from the spec (``maxOngoingRequests``, ``matchingTimeoutSeconds``)."""
+
+    max_ongoing: int
+    matching_timeout_s: float = 1.0
+    hot_spread: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    replica: ReplicaView
+    kind: Kind
+
+
+def choose(
+    replicas: Sequence[ReplicaView],
+    model: str,
+    params: Params,
+    *,
+    waited_s: float = 0.0,
+    rng: random.Random | None = None,
+) -> Decision | None:
+    """Pick a replica for a request for ``model`` ("" for none) among ``replicas`` (all ready).
+
+    ``waited_s`` is how long the request has waited for a slot so far. ``None`` means no
+    replica may take it now: wait for a change (a slot freed, a load done) and call again.
+    """
+    rng = rng or random
+    limit = params.max_ongoing
+    if not model:
+        replica = least_busy(replicas, limit, rng)
+        return Decision(replica, Kind.ANY) if replica is not None else None
+
+    holders = []
+    others = []
+    for replica in replicas:
+        (holders if replica.holds(model) else others).append(replica)
+
+    if holders:
+        with_room = [r for r in holders if r.inflight < limit]
+        if with_room:
+            return Decision(two_choices(with_room, rng), Kind.HIT)
+        # Every holder is full. Spread M to one more replica now (hot-model spread), but not
+        # while a holder is still loading it: a burst for a new model must not load it
+        # everywhere. Past the matching timeout the request stops waiting for that load.
+        still_loading = any(r.is_loading(model) for r in holders)
+        if not (params.hot_spread and not still_loading) and waited_s < params.matching_timeout_s:
+            return None
+        kind = Kind.FALLBACK
+    else:
+        kind = Kind.MISS
+
+    target = place(others, model, limit)
+    if target is None:
+        target = least_busy(others, limit, rng)
+    return Decision(target, kind) if target is not None else None
+
+
+def place(replicas: Sequence[ReplicaView], model: str, limit: int) -> ReplicaView | None:
+    """Tier 2: of the replicas with the fewest models, the one ``model`` hashes to (with room).
+
+    ``None`` when every replica with the fewest models is full (the caller falls to tier 3).
+    """
+    if not replicas:
+        return None
+    fewest = min(r.model_count for r in replicas)
+    best = None
+    best_score = b""
+    for replica in replicas:
+        if replica.model_count != fewest or replica.inflight >= limit:
+            continue
+        score = rendezvous_score(model, replica.name)
+        if best is None or score > best_score:
+            best, best_score = replica, score
+    return best
+
+
+def rendezvous_score(model: str, replica_name: str) -> bytes:
+    """A stable, well-spread score of (model, replica): the same on every router and run.
+
+    Python's ``hash()`` is salted per process, so routers would disagree; blake2b is not.
+    """
+    return hashlib.blake2b(f"{model}\0{replica_name}".encode(), digest_size=8).digest()
+
+
+def two_choices(replicas: Sequence[ReplicaView], rng: random.Random) -> ReplicaView:
+    """Power of two choices: the less busy of two distinct replicas drawn at random."""
+    n = len(replicas)
+    if n == 1:
+        return replicas[0]
+    i = rng.randrange(n)
+    j = rng.randrange(n - 1)
+    if j >= i:
+        j += 1
+    a, b = replicas[i], replicas[j]
+    return a if a.inflight <= b.inflight else b
+
+
+def least_busy(replicas: Sequence[ReplicaView], limit: int, rng: random.Random) -> ReplicaView | None:
+    """The replica with the fewest requests in flight and room for one more (ties: random)."""
+    n = len(replicas)
+    if n == 0:
+        return None
+    start = rng.randrange(n) if n > 1 else 0
+    best = None
+    for k in range(n):
+        replica = replicas[(start + k) % n]
+        if replica.inflight < limit and (best is None or replica.inflight < best.inflight):
+            best = replica
+    return best
+
+
+def choose_random(
+    replicas: Sequence[ReplicaView], model: str, params: Params, *, rng: random.Random | None = None, **_: object
+) -> Decision | None:
+    """The baseline the benchmark compares against: any replica with room, uniformly."""
+    rng = rng or random
+    with_room = [r for r in replicas if r.inflight < params.max_ongoing]
+    if not with_room:
+        return None
+    replica = with_room[rng.randrange(len(with_room))]
+    if not model:
+        return Decision(replica, Kind.ANY)
+    return Decision(replica, Kind.HIT if replica.holds(model) else Kind.MISS)
+
+
+#: Policies by name (``MODELPLEX_ROUTING_POLICY``); "random" exists for the benchmark only.
+POLICIES = {"cache-aware": choose, "random": choose_random}

@@ -1,0 +1,193 @@
+"""The streaming proxy: one request to one replica, retried elsewhere while that is still safe.
+
+The client's response is committed only when the replica's first body chunk arrives (or its
+empty body ends): until then nothing has reached the client, so a replica that refuses (503,
+full or not ready) or fails (connection refused or dropped, body cut short) is replaced by
+another one. After that, chunks are relayed as they come, ``iter_any()`` to ``write()``,
+with no per-chunk parsing; the replica's status, content type and encoding pass through
+(the session never decompresses).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Callable
+
+import aiohttp
+from aiohttp import hdrs, web
+from multidict import CIMultiDict
+from yarl import URL
+
+from modelplex.errors import Overloaded, ReplicaFailed, UpstreamTimeout
+from modelplex.names import MODEL_ID_HEADER
+from modelplex_router.metrics import RouterMetrics
+from modelplex_router.scheduler import Lease, Scheduler
+
+log = logging.getLogger("modelplex.router.proxy")
+
+INVOKE_PATH = "/v1/invoke"
+
+#: Request headers the replica may use; the rest (cookies, auth, hop-by-hop) stay here.
+#: Not Content-Encoding: aiohttp has already decoded the body (within client_max_size).
+FORWARDED_REQUEST_HEADERS = (
+    hdrs.CONTENT_TYPE,
+    hdrs.ACCEPT,
+    hdrs.ACCEPT_ENCODING,
+    "X-Request-Id",
+    "traceparent",
+    "tracestate",
+)
+#: Response headers that describe one hop, not the answer.
+HOP_BY_HOP = frozenset(
+    h.lower()
+    for h in (
+        hdrs.CONNECTION, hdrs.KEEP_ALIVE, hdrs.TRANSFER_ENCODING, hdrs.TE, hdrs.TRAILER, hdrs.UPGRADE,
+        hdrs.PROXY_AUTHENTICATE, hdrs.PROXY_AUTHORIZATION, hdrs.CONTENT_LENGTH, hdrs.DATE, hdrs.SERVER,
+    )
+)
+REPLICA_HEADER = "X-Modelplex-Replica"
+#: Set on a response cut short after it was committed: the status to count it as.
+ABORTED = "modelplex_aborted"
+
+#: Connection-level failures: the replica may not have seen the request or died with it.
+_FAILURES = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
+
+
+class _Retry(Exception):
+    """This replica cannot answer; another may (nothing reached the client yet)."""
+
+    def __init__(self, reason: str, *, failed: bool, retry_after: float | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.failed = failed  # a connection failure (limited retries), not a refusal
+        self.retry_after = retry_after
+
+
+class Proxy:
+    """Sends requests through ``scheduler`` over one shared ``session``."""
+
+    #: Connection failures tolerated per request: "retry once on another replica".
+    max_failures = 1
+
+    def __init__(self, scheduler: Scheduler, session: aiohttp.ClientSession, metrics: RouterMetrics,
+                 *, first_byte_timeout_s: float, clock: Callable[[], float]):
+        self.scheduler = scheduler
+        self.session = session
+        self.metrics = metrics
+        self.first_byte_timeout_s = first_byte_timeout_s
+        self.clock = clock
+        self._urls: dict[str, URL] = {}
+
+    async def forward(self, request: web.Request, model: str, body: bytes) -> web.StreamResponse:
+        """Answer ``request`` (already read into ``body``) from a replica, for ``model``."""
+        headers = {name: value for name in FORWARDED_REQUEST_HEADERS if (value := request.headers.get(name))}
+        if model:
+            headers[MODEL_ID_HEADER] = model
+        failures = 0
+        refusals = 0
+        exclude: set[str] = set()
+        since = self.clock()  # one bound on waiting for the whole request, retries included
+        while True:
+            lease = await self.scheduler.acquire(model, exclude, since=since)
+            self.metrics.routed(lease.kind, model)
+            try:
+                return await self._attempt(request, lease, headers, body)
+            except _Retry as retry:
+                exclude.add(lease.replica.name)
+                if retry.failed:
+                    failures += 1
+                    if failures > self.max_failures:
+                        raise ReplicaFailed(
+                            f"replica {lease.replica.name} failed ({retry.reason}) and so did the retry"
+                        ) from None
+                else:
+                    refusals += 1
+                    if refusals > 4 * max(1, len(self.scheduler.table)):
+                        raise Overloaded(f"every replica refused the request ({retry.reason})",
+                                         retry_after=retry.retry_after or 1.0) from None
+                self.metrics.retried("replica_failed" if retry.failed else "replica_full")
+                log.debug("retrying a request for %r elsewhere: %s %s", model, lease.replica.name, retry.reason)
+
+    async def _attempt(self, request: web.Request, lease: Lease, headers: dict, body: bytes) -> web.StreamResponse:
+        replica = lease.replica
+        ok = False  # the replica answered successfully: it holds the model
+        clean = False  # the replica's response was read to its end: the connection is reusable
+        upstream: aiohttp.ClientResponse | None = None
+        try:
+            try:
+                async with asyncio.timeout(self.first_byte_timeout_s):
+                    upstream = await self.session.post(self._url(replica.url), data=body, headers=headers)
+                    if upstream.status == 503:
+                        await upstream.read()
+                        clean = True
+                        raise _Retry("503 " + (upstream.reason or ""), failed=False,
+                                     retry_after=_retry_after(upstream))
+                    first = await upstream.content.readany()
+            except _FAILURES as error:
+                if isinstance(error, aiohttp.ClientConnectorError):
+                    # Nothing listens there: take it out of rotation until discovery sees it again.
+                    self.scheduler.table.failed(replica, self.clock())
+                raise _Retry(type(error).__name__, failed=True) from None
+            except TimeoutError:
+                raise UpstreamTimeout(
+                    f"replica {replica.name} sent nothing for {self.first_byte_timeout_s:g} s"
+                ) from None
+
+            # Commit: from here on the client has the status line; no more retries.
+            out = CIMultiDict()
+            for name, value in upstream.headers.items():
+                if name.lower() not in HOP_BY_HOP:
+                    out.add(name, value)
+            out[REPLICA_HEADER] = replica.name
+            length = upstream.content_length
+            if length is not None and len(first) == length and upstream.content.at_eof():
+                # The whole (unary) answer came in one read: send headers and body in one write.
+                clean = True
+                ok = upstream.status < 400
+                return web.Response(status=upstream.status, reason=upstream.reason, body=first, headers=out)
+            response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=out)
+            if length is not None:
+                response.content_length = length
+            try:
+                await response.prepare(request)
+                if first:
+                    await response.write(first)
+                async for chunk in upstream.content.iter_any():
+                    await response.write(chunk)
+                clean = True
+                ok = upstream.status < 400
+                await response.write_eof()
+            except ConnectionResetError:
+                # The client went away. Returning (not raising) lets aiohttp close quietly;
+                # closing the replica's connection (below) stops the handler there.
+                response[ABORTED] = 499
+            except _FAILURES as error:
+                # The replica died mid-stream. The client must see a cut, never a clean end:
+                # close its connection before aiohttp could finish the chunked body.
+                log.warning("replica %s failed mid-response (%s); cutting the client's stream",
+                            replica.name, type(error).__name__)
+                if request.transport is not None:
+                    request.transport.close()
+                response[ABORTED] = 502
+            return response
+        finally:
+            if upstream is not None:
+                if clean:
+                    upstream.release()
+                else:
+                    upstream.close()  # unread or broken: never hand the connection back
+            lease.release(ok)
+
+    def _url(self, base: str) -> URL:
+        url = self._urls.get(base)
+        if url is None:
+            url = self._urls[base] = URL(base + INVOKE_PATH)
+        return url
+
+
+def _retry_after(response: aiohttp.ClientResponse) -> float | None:
+    try:
+        return float(response.headers.get(hdrs.RETRY_AFTER, ""))
+    except ValueError:
+        return None

@@ -1,0 +1,53 @@
+"""``modelplex router``: serve one deployment's router until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from aiohttp import web
+
+from modelplex.names import ENV_POD_NAMESPACE
+from modelplex.spec import Deployment
+from modelplex_router.app import create_app
+from modelplex_router.config import RouterConfig
+from modelplex_router.discovery.base import Discovery
+
+log = logging.getLogger("modelplex.router")
+
+
+def make_discovery(deployment: Deployment, replica_urls: list[str], config: RouterConfig) -> Discovery:
+    """Static polling when replica URLs are given, else the Kubernetes pod watch."""
+    if replica_urls:
+        from modelplex_router.discovery.static import StaticDiscovery
+
+        return StaticDiscovery(replica_urls, interval_s=config.poll_interval_s)
+    from modelplex_router.discovery.kubernetes import KubernetesDiscovery
+
+    namespace = os.environ.get(ENV_POD_NAMESPACE) or deployment.namespace
+    return KubernetesDiscovery(deployment.name, namespace)
+
+
+def run_router(deployment: Deployment, *, host: str, port: int, replica_urls: list[str] | None = None) -> int:
+    """Run the router of ``deployment`` on ``host:port``; blocks, returns the exit code."""
+    try:
+        config = RouterConfig.from_deployment(deployment)
+        discovery = make_discovery(deployment, list(replica_urls or ()), config)
+    except ValueError as error:
+        log.error("%s", error)
+        return 2
+    app = create_app(config, discovery)
+    source = f"{len(replica_urls)} static replica(s)" if replica_urls else "the Kubernetes API"
+    log.info("router for %s on http://%s:%d (replicas from %s, policy %s)",
+             deployment.name, host, port, source, config.policy)
+    try:
+        # No access log: a line per request costs more than the routing does. Handler
+        # cancellation: a client that hangs up frees its replica slot at once (the proxy then
+        # closes the replica's connection, which stops the handler there), instead of when the
+        # next chunk fails to go out.
+        web.run_app(app, host=host, port=port, access_log=None, print=None, shutdown_timeout=5,
+                    handler_cancellation=True)
+    except OSError as error:
+        log.error("cannot serve on %s:%d: %s", host, port, error)
+        return 1
+    return 0

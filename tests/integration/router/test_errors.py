@@ -1,0 +1,115 @@
+"""Bad input and hard times get a clear JSON error with the right status, from a real router."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from modelplex.names import MODEL_ID_HEADER
+
+TIMEOUT = aiohttp.ClientTimeout(total=60)
+
+
+async def _error(resp) -> dict:
+    body = await resp.json()
+    assert set(body) == {"error"} and {"code", "message"} <= set(body["error"]), body
+    return body["error"]
+
+
+async def test_no_replica_ready_is_a_503_json(plex):
+    manifest = plex.write_manifest(replicas=1)
+    router_port, nobody = plex.free_port(), plex.free_port()
+    plex.processes.router(manifest, router_port, [f"http://127.0.0.1:{nobody}"])
+    url = f"http://127.0.0.1:{router_port}"
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        async def healthy():
+            async with session.get(url + "/healthz") as resp:
+                return resp.status == 200
+        await plex.wait_until(healthy, what="the router to serve")
+        async with session.get(url + "/readyz") as resp:
+            assert resp.status == 503
+        async with session.post(url + "/", json={}, headers={MODEL_ID_HEADER: "m"}) as resp:
+            assert resp.status == 503
+            assert resp.headers.get("Retry-After")
+            assert (await _error(resp))["code"] == "not_ready"
+        view = await plex.table(session, url)
+        assert [r["ready"] for r in view.values()] == [False]
+
+
+async def test_bad_requests_get_json_errors(plex):
+    cluster = await plex.start(replicas=1)
+    url = cluster.router_url
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        for bad in ("../etc/passwd", "a/b", ".hidden", "x" * 300):
+            async with session.post(url + "/", json={}, headers={MODEL_ID_HEADER: bad}) as resp:
+                assert resp.status == 400, bad
+                assert (await _error(resp))["code"] == "bad_request"
+        async with session.post(url + "/v1/models/bad..id/predict", json={}) as resp:
+            assert resp.status == 400
+            await _error(resp)
+        async with session.get(url + "/") as resp:
+            assert resp.status == 405
+            await _error(resp)
+        async with session.get(url + "/nowhere") as resp:
+            assert resp.status in (404, 405)
+            await _error(resp)
+        # Open Inference Protocol: JSON only, with an "inputs" list.
+        async with session.post(url + "/v2/models/m/infer", data=b"raw", headers={"Content-Type": "text/plain"}) as resp:
+            assert resp.status == 400
+            await _error(resp)
+        async with session.post(url + "/v2/models/m/infer", json={"no": "inputs"}) as resp:
+            assert resp.status == 400
+            await _error(resp)
+        async with session.post(url + "/", data=b"x" * (9 * 1024 * 1024), headers={MODEL_ID_HEADER: "m"}) as resp:
+            assert resp.status == 413
+            assert (await _error(resp))["code"] == "payload_too_large"
+
+
+async def test_the_model_can_be_named_in_the_path(plex):
+    cluster = await plex.start(replicas=1)
+    url = cluster.router_url
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        async with session.post(url + "/v1/models/m-path/predict", json={"a": 1}) as resp:
+            assert resp.status == 200
+            assert (await resp.json())["model"] == "m-path"
+        request = {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1.0, 2.0]}]}
+        async with session.post(url + "/v2/models/m-oip/infer", json=request) as resp:
+            assert resp.status == 200
+            body = await resp.json()
+            assert body["model"] == "m-oip" and body["echo"] == request
+        async with session.post(url + "/any/path", json={"b": 2}, headers={MODEL_ID_HEADER: "m-hdr"}) as resp:
+            assert resp.status == 200
+            assert (await resp.json())["model"] == "m-hdr"
+        async with session.post(url + "/", json={"c": 3}) as resp:  # no model at all
+            assert resp.status == 200
+            assert (await resp.json())["model"] is None
+        async with session.get(url + "/metrics") as resp:
+            text = await resp.text()
+        ok = [line for line in text.splitlines()
+              if line.startswith("modelplex_requests_total{") and 'code="200"' in line and 'deployment="plex"' in line]
+        assert len(ok) == 1 and float(ok[0].rsplit(" ", 1)[1]) == 4.0, ok
+        assert "modelplex_request_latency_seconds_bucket" in text
+        assert "modelplex_inflight_requests" in text
+
+
+async def test_full_replicas_past_the_bound_get_503_with_retry_after(plex, tmp_path):
+    gate = tmp_path / "gate"
+    cluster = await plex.start(replicas=1, max_ongoing=1,
+                               router_env={"MODELPLEX_ROUTING_QUEUE_TIMEOUT_S": "0.5"})
+    url = cluster.router_url
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        held = asyncio.create_task(session.post(url + "/", json={"gate": str(gate)}, headers={MODEL_ID_HEADER: "m"}))
+        try:
+            async def busy():
+                return (await plex.table(session, url))["r0"]["inflight"] == 1
+            await plex.wait_until(busy, what="the first request to hold the only slot")
+            async with session.post(url + "/", json={}, headers={MODEL_ID_HEADER: "m"}) as resp:
+                assert resp.status == 503
+                assert int(resp.headers["Retry-After"]) >= 1
+                assert (await _error(resp))["code"] == "overloaded"
+        finally:
+            gate.touch()
+        first = await asyncio.wait_for(held, 30)
+        assert first.status == 200
+        first.release()

@@ -1,0 +1,96 @@
+"""Router settings from the spec and the environment; the metrics' names and labels; imports."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from modelplex.spec import parse_deployment
+from modelplex_router.config import ENV_POLICY, ENV_QUEUE_TIMEOUT, RouterConfig
+from modelplex_router.metrics import RouterMetrics
+from modelplex_router.policy import Kind
+
+
+def deployment(**spec):
+    return parse_deployment({
+        "apiVersion": "modelplex.io/v1alpha1", "kind": "MultiplexedDeployment", "metadata": {"name": "recs"},
+        "spec": {"image": "i", "handler": "m:C", **spec},
+    })
+
+
+def test_the_config_follows_the_spec():
+    config = RouterConfig.from_deployment(deployment(
+        maxOngoingRequests=7, multiplexing={"matchingTimeoutSeconds": 0.25}, maxRequestBytes=4096,
+        metrics={"modelLabel": True},
+    ), env={})
+    assert config.deployment == "recs"
+    assert config.params.max_ongoing == 7 and config.params.matching_timeout_s == 0.25
+    assert config.max_request_bytes == 4096 and config.model_label
+    assert config.policy == "cache-aware"
+
+
+def test_environment_overrides_and_their_checks():
+    config = RouterConfig.from_deployment(deployment(), env={ENV_POLICY: "random", ENV_QUEUE_TIMEOUT: "0.5"})
+    assert config.policy == "random" and config.queue_timeout_s == 0.5
+    with pytest.raises(ValueError, match=ENV_POLICY):
+        RouterConfig.from_deployment(deployment(), env={ENV_POLICY: "round-robin"})
+    with pytest.raises(ValueError, match=ENV_QUEUE_TIMEOUT):
+        RouterConfig.from_deployment(deployment(), env={ENV_QUEUE_TIMEOUT: "-1"})
+
+
+def _samples(metrics: RouterMetrics) -> dict[str, float]:
+    out = {}
+    for line in metrics.render().decode().splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def test_metrics_count_requests_and_routing_decisions():
+    metrics = RouterMetrics("recs")
+    metrics.observe(200, 0.01, "m1")
+    metrics.observe(200, 0.02, "m2")
+    metrics.observe(503, 0.5, "m1")
+    for kind in (Kind.HIT, Kind.HIT, Kind.MISS, Kind.FALLBACK, Kind.ANY):
+        metrics.routed(kind, "m1")
+    metrics.retried("replica_failed")
+    samples = _samples(metrics)
+    assert samples['modelplex_requests_total{code="200",deployment="recs"}'] == 2
+    assert samples['modelplex_requests_total{code="503",deployment="recs"}'] == 1
+    assert samples['modelplex_request_latency_seconds_count{deployment="recs"}'] == 3
+    assert samples['modelplex_router_cache_hits_total{deployment="recs"}'] == 2
+    assert samples['modelplex_router_cache_misses_total{deployment="recs"}'] == 2  # a fallback is a miss too
+    assert samples['modelplex_router_fallbacks_total{deployment="recs"}'] == 1
+    assert samples['modelplex_router_retries_total{deployment="recs",reason="replica_failed"}'] == 1
+    assert 'modelplex_inflight_requests{deployment="recs"}' in samples
+    assert not any('model="' in name for name in samples)
+
+
+def test_the_model_label_only_when_turned_on():
+    metrics = RouterMetrics("recs", model_label=True)
+    metrics.observe(200, 0.01, "m1")
+    metrics.routed(Kind.HIT, "m1")
+    samples = _samples(metrics)
+    assert samples['modelplex_requests_total{code="200",deployment="recs",model="m1"}'] == 1
+    assert samples['modelplex_router_cache_hits_total{deployment="recs",model="m1"}'] == 1
+
+
+def test_each_router_has_its_own_registry():
+    first, second = RouterMetrics("recs"), RouterMetrics("recs")
+    first.observe(200, 0.01, "m")
+    assert 'modelplex_requests_total{code="200",deployment="recs"}' not in _samples(second)
+
+
+def test_the_router_imports_neither_the_replica_nor_torch():
+    script = (
+        "import sys\n"
+        "import modelplex_router.server, modelplex_router.app, modelplex_router.discovery.static\n"
+        "import modelplex_router.discovery.kubernetes, modelplex.local\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'modelplex_replica'))\n"
+        "print(bad)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

@@ -1,0 +1,150 @@
+"""Discovery: pod events to routing-table operations (plain dicts), and static replica lists."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from modelplex.names import ANNOTATION_LOADED_MODELS
+from modelplex_router.discovery.base import parse_models_document
+from modelplex_router.discovery.kubernetes import Gone, PodTracker, apply_ops, replica_from_pod, selector
+from modelplex_router.discovery.static import StaticDiscovery, parse_replica_arg
+from modelplex_router.table import RoutingTable
+
+
+def pod(name, ip="10.0.0.5", ready=True, models=None, rv="7", deleting=False, port=None, raw_annotation=None):
+    meta = {"name": name, "resourceVersion": rv, "labels": {"modelplex.io/deployment": "recs"}}
+    if models is not None:
+        meta["annotations"] = {ANNOTATION_LOADED_MODELS: json.dumps({"models": models, "capacity": 3, "version": 4})}
+    if raw_annotation is not None:
+        meta["annotations"] = {ANNOTATION_LOADED_MODELS: raw_annotation}
+    if deleting:
+        meta["deletionTimestamp"] = "2024-01-01T00:00:00Z"
+    status = {"conditions": [{"type": "PodScheduled", "status": "True"},
+                             {"type": "Ready", "status": "True" if ready else "False"}]}
+    if ip:
+        status["podIP"] = ip
+    spec = {"containers": [{"name": "replica", "ports": [{"name": "http", "containerPort": port}]}]} if port else {}
+    return {"metadata": meta, "status": status, "spec": spec}
+
+
+def test_the_selector_names_the_deployment_and_the_replica_role():
+    assert selector("recs") == "modelplex.io/deployment=recs,modelplex.io/role=replica"
+
+
+def test_a_ready_pod_with_its_annotation_is_a_ready_replica():
+    info = replica_from_pod(pod("recs-1", models=["m1", "m2"]))
+    assert info.name == "recs-1"
+    assert info.url == "http://10.0.0.5:9000"
+    assert info.ready
+    assert info.models == ("m1", "m2") and info.capacity == 3 and info.version == 4
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"ready": False}, {"ip": None}, {"deleting": True}],
+    ids=["not-ready", "no-ip-yet", "terminating"],
+)
+def test_pods_that_must_get_no_traffic_are_not_ready(kwargs):
+    assert not replica_from_pod(pod("recs-1", **kwargs)).ready
+
+
+def test_the_port_comes_from_the_http_container_port_and_ipv6_is_bracketed():
+    assert replica_from_pod(pod("p", port=9100)).url == "http://10.0.0.5:9100"
+    assert replica_from_pod(pod("p", ip="fd00::5")).url == "http://[fd00::5]:9000"
+
+
+def test_a_malformed_annotation_reads_as_no_models():
+    assert replica_from_pod(pod("p", raw_annotation="{not json")).models == ()
+    assert replica_from_pod(pod("p", raw_annotation='["a"]')).models == ()
+    assert replica_from_pod(pod("p")).models == ()  # no annotation yet
+    assert parse_models_document({"models": ["a"], "capacity": "x"}) == ((), 0, 0, ())
+
+
+def test_list_then_events_drive_the_table():
+    tracker = PodTracker()
+    table = RoutingTable(lag_s=1.0)
+    ops = tracker.on_list({"metadata": {"resourceVersion": "100"},
+                           "items": [pod("r1", models=["a"]), pod("r2", ip="10.0.0.6", ready=False)]})
+    apply_ops(table, ops, 1.0)
+    assert tracker.resource_version == "100"
+    assert [r.name for r in table.usable(1.0)] == ["r1"]
+
+    apply_ops(table, tracker.on_event({"type": "MODIFIED", "object": pod("r2", ip="10.0.0.6", models=["b"], rv="101")}), 2.0)
+    assert tracker.resource_version == "101"
+    assert sorted(r.name for r in table.usable(2.0)) == ["r1", "r2"]
+    assert table.get("r2").models == {"b"}
+
+    apply_ops(table, tracker.on_event({"type": "MODIFIED", "object": pod("r1", models=["a", "c"], rv="102")}), 3.0)
+    assert table.get("r1").models == {"a", "c"}
+
+    apply_ops(table, tracker.on_event({"type": "DELETED", "object": pod("r1", rv="103")}), 4.0)
+    assert [r.name for r in table.replicas()] == ["r2"]
+
+    apply_ops(table, tracker.on_event({"type": "ADDED", "object": pod("r3", ip="10.0.0.7", rv="104")}), 5.0)
+    assert sorted(r.name for r in table.replicas()) == ["r2", "r3"]
+    assert tracker.resource_version == "104"
+
+
+def test_the_raw_object_of_the_kubernetes_client_is_used_when_present():
+    tracker = PodTracker()
+    ops = tracker.on_event({"type": "ADDED", "object": object(), "raw_object": pod("r1", models=["x"], rv="9")})
+    assert ops[0][0] == "apply" and ops[0][1].models == ("x",)
+    assert tracker.resource_version == "9"
+
+
+def test_a_bookmark_only_moves_the_resource_version():
+    tracker = PodTracker()
+    assert tracker.on_event({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "555"}}}) == []
+    assert tracker.resource_version == "555"
+
+
+def test_410_gone_asks_for_a_new_list():
+    tracker = PodTracker()
+    tracker.on_list({"metadata": {"resourceVersion": "1"}, "items": []})
+    with pytest.raises(Gone):
+        tracker.on_event({"type": "ERROR", "object": {"kind": "Status", "code": 410, "message": "too old"}})
+    assert tracker.resource_version is None
+
+
+def test_other_watch_errors_raise_and_keep_the_resource_version():
+    tracker = PodTracker()
+    tracker.on_list({"metadata": {"resourceVersion": "5"}, "items": []})
+    with pytest.raises(RuntimeError):
+        tracker.on_event({"type": "ERROR", "object": {"kind": "Status", "code": 500}})
+    assert tracker.resource_version == "5"  # the watch resumes from here
+
+
+def test_a_relist_replaces_the_table():
+    tracker = PodTracker()
+    table = RoutingTable()
+    apply_ops(table, tracker.on_list({"metadata": {"resourceVersion": "1"}, "items": [pod("r1"), pod("r2")]}), 1.0)
+    apply_ops(table, tracker.on_list({"metadata": {"resourceVersion": "9"}, "items": [pod("r2")]}), 2.0)
+    assert [r.name for r in table.replicas()] == ["r2"]
+
+
+# -- static ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "arg, expected",
+    [
+        ("http://127.0.0.1:9001", ("127.0.0.1:9001", "http://127.0.0.1:9001")),
+        ("127.0.0.1:9001/", ("127.0.0.1:9001", "http://127.0.0.1:9001")),
+        ("recs-0=http://127.0.0.1:9001", ("recs-0", "http://127.0.0.1:9001")),
+    ],
+)
+def test_replica_arguments(arg, expected):
+    assert parse_replica_arg(arg) == expected
+
+
+@pytest.mark.parametrize("arg", ["http://127.0.0.1", "ftp://h:1", "x="])
+def test_bad_replica_arguments_are_refused(arg):
+    with pytest.raises(ValueError):
+        parse_replica_arg(arg)
+
+
+def test_static_replica_names_must_be_distinct():
+    with pytest.raises(ValueError):
+        StaticDiscovery(["a=http://127.0.0.1:1", "a=http://127.0.0.1:2"])

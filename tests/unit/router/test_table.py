@@ -1,0 +1,256 @@
+"""The routing table and the scheduler: loading bookkeeping, learned models, quarantine, bounds."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from modelplex.errors import NotReady, Overloaded
+from modelplex_router.policy import Kind, Params
+from modelplex_router.scheduler import Scheduler
+from modelplex_router.table import ReplicaInfo, RoutingTable
+
+
+class FakeClock:
+    def __init__(self, now: float = 100.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def info(name: str, models=(), ready=True, capacity=2, loading=(), version=1) -> ReplicaInfo:
+    return ReplicaInfo(name, f"http://{name}", ready, tuple(models), capacity, version, tuple(loading))
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+def make(clock, *names, lag_s=0.0, max_ongoing=4, **kwargs):
+    table = RoutingTable(lag_s=lag_s)
+    for name in names:
+        table.apply(info(name), clock())
+    scheduler = Scheduler(table, Params(max_ongoing=max_ongoing, matching_timeout_s=1.0), clock=clock,
+                          rng=random.Random(0), deployment="d", **kwargs)
+    return table, scheduler
+
+
+# -- loading bookkeeping ---------------------------------------------------------------------
+
+
+def test_a_burst_for_a_new_model_loads_it_on_one_replica(clock):
+    table, scheduler = make(clock, "a", "b", "c", max_ongoing=16)
+    leases = [scheduler.try_acquire("m") for _ in range(12)]
+    assert {lease.replica.name for lease in leases} == {leases[0].replica.name}
+    assert leases[0].kind is Kind.MISS
+    assert all(lease.kind is Kind.HIT for lease in leases[1:])
+    replica = leases[0].replica
+    assert replica.is_loading("m") and replica.holds("m") and not replica.loaded("m")
+    assert replica.to_dict()["loading"] == ["m"]
+
+
+def test_a_success_marks_the_model_loaded_and_clears_loading(clock):
+    table, scheduler = make(clock, "a", "b")
+    first, second = scheduler.try_acquire("m"), scheduler.try_acquire("m")
+    replica = first.replica
+    first.release(ok=True)
+    assert replica.loaded("m") and not replica.is_loading("m")
+    second.release(ok=True)
+    assert replica.pending == {} and replica.inflight == 0
+    assert replica.to_dict()["models"] == ["m"]
+
+
+def test_a_failed_request_leaves_nothing_loaded_or_loading(clock):
+    table, scheduler = make(clock, "a", "b")
+    lease = scheduler.try_acquire("m")
+    lease.release(ok=False)
+    lease.release(ok=False)  # releasing twice is harmless
+    assert not lease.replica.holds("m")
+    assert lease.replica.inflight == 0
+
+
+def test_the_replicas_own_loading_list_counts_as_holding(clock):
+    table, scheduler = make(clock, "a", "b")
+    table.apply(info("b", loading=["m"]), clock())
+    lease = scheduler.try_acquire("m")
+    assert lease.replica.name == "b" and lease.kind is Kind.HIT
+
+
+# -- what the router learned vs. what discovery says -----------------------------------------
+
+
+def test_a_later_snapshot_overrides_what_was_learned(clock):
+    table, scheduler = make(clock, "a")
+    table.apply(info("a", models=["m"]), clock())
+    lease = scheduler.try_acquire("n")
+    clock.advance(0.01)
+    lease.release(ok=True)
+    replica = table.get("a")
+    assert replica.loaded("n")
+    # A poll that started before the success does not know of it yet: keep what we learned.
+    table.apply(info("a", models=["m"]), clock() - 0.005)
+    assert replica.loaded("n")
+    # A poll that started after it is the truth (n was evicted since, say).
+    clock.advance(0.1)
+    table.apply(info("a", models=["m"]), clock())
+    assert not replica.loaded("n")
+    assert table.snapshot()[0]["models"] == ["m"]
+
+
+def test_with_a_lagging_source_learned_models_survive_early_snapshots(clock):
+    table, scheduler = make(clock, "a", lag_s=1.0)
+    lease = scheduler.try_acquire("n")
+    lease.release(ok=True)
+    clock.advance(0.5)
+    table.apply(info("a"), clock())
+    assert table.get("a").loaded("n")
+    clock.advance(0.6)
+    table.apply(info("a"), clock())
+    assert not table.get("a").loaded("n")
+
+
+def test_learned_models_expire_without_confirmation(clock):
+    table, scheduler = make(clock, "a", lag_s=1.0)
+    scheduler.try_acquire("n").release(ok=True)
+    clock.advance(table.learned_max_age_s - 0.1)
+    table.usable(clock())
+    assert table.get("a").loaded("n")
+    clock.advance(0.2)
+    table.usable(clock())
+    assert not table.get("a").loaded("n")
+
+
+def test_a_view_change_shows_in_the_snapshot(clock):
+    table, _ = make(clock, "a", "b")
+    table.apply(info("a", models=["m1", "m2"], version=5), clock())
+    table.apply(info("b", ready=False), clock())
+    snap = {r["name"]: r for r in table.snapshot()}
+    assert snap["a"]["models"] == ["m1", "m2"] and snap["a"]["version"] == 5 and snap["a"]["ready"]
+    assert not snap["b"]["ready"]
+    assert [r.name for r in table.usable(clock())] == ["a"]
+
+
+def test_replace_all_drops_replicas_that_are_gone(clock):
+    table, _ = make(clock, "a", "b")
+    table.replace_all([info("b"), info("c")], clock())
+    assert sorted(r.name for r in table.replicas()) == ["b", "c"]
+    table.remove("b")
+    table.remove("nope")
+    assert [r.name for r in table.usable(clock())] == ["c"]
+
+
+# -- failures --------------------------------------------------------------------------------
+
+
+def test_a_failed_replica_is_out_until_seen_alive_after_the_failure(clock):
+    table, scheduler = make(clock, "a", "b")
+    table.failed(table.get("a"), clock())
+    assert [r.name for r in table.usable(clock())] == ["b"]
+    assert not table.snapshot()[0]["ready"]
+    # A poll that began before the failure proves nothing.
+    table.apply(info("a"), clock() - 0.05)
+    assert [r.name for r in table.usable(clock())] == ["b"]
+    clock.advance(0.01)
+    table.apply(info("a"), clock())
+    assert sorted(r.name for r in table.usable(clock())) == ["a", "b"]
+
+
+def test_the_quarantine_runs_out(clock):
+    table, _ = make(clock, "a", "b")
+    table.failed(table.get("a"), clock())
+    clock.advance(table.quarantine_s - 0.1)
+    assert [r.name for r in table.usable(clock())] == ["b"]
+    clock.advance(0.2)
+    assert sorted(r.name for r in table.usable(clock())) == ["a", "b"]
+
+
+def test_no_ready_replica_is_refused_at_once(clock):
+    table, scheduler = make(clock)
+    with pytest.raises(NotReady):
+        scheduler.try_acquire("m")
+    table.apply(info("a", ready=False), clock())
+    with pytest.raises(NotReady):
+        scheduler.try_acquire("m")
+
+
+def test_per_replica_max_ongoing_requests(clock):
+    table, scheduler = make(clock, "a", "b", max_ongoing=2)
+    leases = [scheduler.try_acquire("") for _ in range(4)]
+    assert all(lease is not None for lease in leases)
+    assert sorted(r.inflight for r in table.replicas()) == [2, 2]
+    assert scheduler.try_acquire("") is None
+    assert scheduler.try_acquire("m") is None
+    leases[0].release(ok=True)
+    assert scheduler.try_acquire("").replica is leases[0].replica
+
+
+def test_excluded_replicas_are_skipped(clock):
+    table, scheduler = make(clock, "a", "b")
+    table.apply(info("a", models=["m"]), clock())
+    lease = scheduler.try_acquire("m", exclude={"a"})
+    assert lease.replica.name == "b"
+    assert scheduler.try_acquire("m", exclude={"a", "b"}) is None
+
+
+# -- waiting (real event loop; bounded) ------------------------------------------------------
+
+
+async def test_a_request_waits_for_a_slot_and_gets_it_when_one_frees():
+    table, scheduler = make(lambda: asyncio.get_running_loop().time(), "a", max_ongoing=1)
+    held = await scheduler.acquire("m")
+    waiter = asyncio.create_task(scheduler.acquire("m"))
+    await asyncio.sleep(0.05)
+    assert not waiter.done() and scheduler.queued == 1
+    held.release(ok=True)
+    lease = await asyncio.wait_for(waiter, 5)
+    assert lease.replica.name == "a" and lease.kind is Kind.HIT
+    assert scheduler.queued == 0
+
+
+async def test_requests_are_refused_with_503_past_the_queue_bound():
+    table, scheduler = make(lambda: asyncio.get_running_loop().time(), "a", max_ongoing=1,
+                            queue_timeout_s=0.2, max_queued=1)
+    await scheduler.acquire("m")
+    waiter = asyncio.create_task(scheduler.acquire("m"))
+    await asyncio.sleep(0.01)
+    with pytest.raises(Overloaded):  # the queue is full: at once
+        await scheduler.acquire("m")
+    with pytest.raises(Overloaded) as raised:  # waited past the bound
+        await asyncio.wait_for(waiter, 5)
+    assert raised.value.status == 503 and raised.value.retry_after
+    assert scheduler.queued == 0
+
+
+async def test_a_waiting_request_spreads_after_the_matching_timeout():
+    loop_clock = lambda: asyncio.get_running_loop().time()  # noqa: E731
+    table = RoutingTable()
+    table.apply(info("a"), 0.0)
+    table.apply(info("b"), 0.0)
+    scheduler = Scheduler(table, Params(max_ongoing=1, matching_timeout_s=0.1), clock=loop_clock,
+                          rng=random.Random(0))
+    loading = await scheduler.acquire("m")  # M is loading on one replica, which is now full
+    lease = await asyncio.wait_for(scheduler.acquire("m"), 5)
+    assert lease.replica is not loading.replica
+    assert lease.kind is Kind.FALLBACK
+
+
+async def test_wait_changed_wakes_on_a_release_and_times_out_otherwise():
+    table = RoutingTable()
+    table.apply(info("a"), 0.0)
+    replica = table.get("a")
+    table.dispatched(replica, "")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await table.wait_changed(0.05)
+    assert loop.time() - started >= 0.04
+    waiter = asyncio.create_task(table.wait_changed(30))
+    await asyncio.sleep(0)
+    table.finished(replica, "", False, True, 0.0)
+    await asyncio.wait_for(waiter, 5)
