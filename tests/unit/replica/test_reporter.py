@@ -1,0 +1,67 @@
+"""The loaded-models reporter coalesces bursts and always ends on the latest state.
+
+The patch function here records documents; the real Kubernetes patch is exercised end to
+end in the operator tests.
+"""
+
+import asyncio
+import json
+import threading
+
+from modelplex.names import ANNOTATION_LOADED_MODELS
+from modelplex_replica.reporter import AnnotationReporter
+
+
+class State:
+    def __init__(self):
+        self.version = 0
+
+    def document(self):
+        return {"models": [f"m{self.version}"], "capacity": 3, "version": self.version}
+
+
+async def wait_for_version(reporter, version):
+    for _ in range(500):
+        if reporter.published_version == version:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"published {reporter.published_version}, wanted {version}")
+
+
+async def test_a_burst_of_changes_is_coalesced_and_the_last_state_wins():
+    state, patches = State(), []
+    in_flight = threading.Event()
+    release = threading.Event()
+
+    def patch(body):
+        patches.append(json.loads(body["metadata"]["annotations"][ANNOTATION_LOADED_MODELS]))
+        in_flight.set()
+        release.wait(10)  # the API server is slow: changes pile up meanwhile
+
+    reporter = AnnotationReporter(state.document, patch)
+    await reporter.start()
+    await asyncio.to_thread(in_flight.wait, 10)
+    for _ in range(20):
+        state.version += 1
+        reporter.changed()
+    release.set()
+    await wait_for_version(reporter, 20)
+    await reporter.stop()
+    assert patches[0]["version"] == 0
+    assert patches[-1] == {"models": ["m20"], "capacity": 3, "version": 20}
+    assert len(patches) <= 3  # the initial state, then at most one or two for the burst
+
+
+async def test_a_failed_patch_is_retried_until_it_lands():
+    state, attempts = State(), []
+
+    def flaky_patch(body):
+        attempts.append(body)
+        if len(attempts) < 3:
+            raise ConnectionError("apiserver restarting")
+
+    reporter = AnnotationReporter(state.document, flaky_patch)
+    await reporter.start()
+    await wait_for_version(reporter, 0)
+    await reporter.stop()
+    assert len(attempts) == 3
