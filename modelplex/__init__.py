@@ -7,7 +7,8 @@ The user SDK mirrors Ray Serve's::
 
 from modelplex.batching import batch
 from modelplex.context import get_multiplexed_model_id
+from modelplex.handles import DeploymentHandle, handle
 from modelplex.multiplex import multiplexed
 
-__all__ = ["batch", "get_multiplexed_model_id", "multiplexed"]
+__all__ = ["DeploymentHandle", "batch", "get_multiplexed_model_id", "handle", "multiplexed"]
 __version__ = "0.1.0"

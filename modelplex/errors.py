@@ -79,3 +79,16 @@ class ReplicaFailed(ModelplexError):
 class UpstreamTimeout(ModelplexError):
     status = 504
     code = "timeout"
+
+
+def error_for_status(status: int, message: str, code: str | None = None) -> ModelplexError:
+    """The error a remote answer stands for (a handle re-raises what a deployment answered)."""
+    classes = [BadRequest, ModelNotFound, NotFound, PayloadTooLarge, Overloaded, NotReady, ModelLoadError,
+               HandlerError, ReplicaFailed, UpstreamTimeout]
+    match = next((cls for cls in classes if cls.code == code), None)
+    match = match or next((cls for cls in classes if cls.status == status), None)
+    if match is None:
+        error = ModelplexError(message)
+        error.status = status
+        return error
+    return match(message)

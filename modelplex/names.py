@@ -25,3 +25,11 @@ ENV_POD_IP = "POD_IP"
 
 REPLICA_PORT = 9000
 ROUTER_PORT = 8000
+
+#: ``modelplex local`` tells every process where each deployment's router is.
+ENV_ROUTER_PREFIX = "MODELPLEX_ROUTER_"
+
+
+def router_env_name(deployment: str) -> str:
+    """``MODELPLEX_ROUTER_<NAME>``: NAME upper-cased, ``-`` as ``_``."""
+    return ENV_ROUTER_PREFIX + deployment.upper().replace("-", "_")

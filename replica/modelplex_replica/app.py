@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from modelplex.cache import ModelCache
 from modelplex.context import reset_multiplexed_model_id, set_multiplexed_model_id
 from modelplex.errors import BadRequest, HandlerError, ModelplexError, NotFound, NotReady, Overloaded
+from modelplex.handles import close_handles
 from modelplex.http import StreamAborted, encode_body, error_middleware, is_json
 from modelplex.ids import InvalidModelId, validate_model_id
 from modelplex.multiplex import find_cache
@@ -106,6 +107,7 @@ def _lifecycle(patch_pod: Patch | None):
             await state.reporter.stop()
         if state.cache is not None:
             await state.cache.close()
+        await close_handles()
         runtime.batch_observers.clear()
         runtime.cache_observers.clear()
 

@@ -20,5 +20,7 @@ def run_replica(deployment: Deployment, *, host: str, port: int) -> int:
     app = create_app(deployment, handler, patch_pod=pod_patcher_from_environment())
     log.info("replica of %r serving on http://%s:%d (handler %s)", deployment.name, host, port,
              deployment.spec.handler or "built-in TorchScript")
-    web.run_app(app, host=host, port=port, access_log=None, print=None, shutdown_timeout=30)
+    # handler_cancellation: a client that goes away cancels its request's work.
+    web.run_app(app, host=host, port=port, access_log=None, print=None, shutdown_timeout=30,
+                handler_cancellation=True)
     return 0
