@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from modelplex.errors import ModelplexError
@@ -49,10 +49,20 @@ def is_json(content_type: str) -> bool:
     return content_type in JSON_CONTENT_TYPES or content_type.endswith("+json")
 
 
+def to_json(value: Any) -> bytes:
+    """JSON bytes; numpy arrays (and so ``tensor.numpy()``) are written natively, fast."""
+    return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def from_json(data: bytes | str) -> Any:
+    """Parse JSON; raises ``ValueError`` on malformed input."""
+    return orjson.loads(data)
+
+
 def encode_body(value: Any) -> tuple[bytes, str]:
     """A handler's return value as (body, content type): bytes raw, str as text, else JSON."""
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value), "application/octet-stream"
     if isinstance(value, str):
         return value.encode(), "text/plain; charset=utf-8"
-    return json.dumps(value, separators=(",", ":")).encode(), "application/json"
+    return to_json(value), "application/json"

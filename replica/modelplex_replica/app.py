@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import logging
 import time
 from contextlib import nullcontext
@@ -18,7 +17,7 @@ from modelplex.cache import ModelCache
 from modelplex.context import reset_multiplexed_model_id, set_multiplexed_model_id
 from modelplex.errors import BadRequest, HandlerError, ModelplexError, NotFound, NotReady, Overloaded
 from modelplex.handles import close_handles
-from modelplex.http import StreamAborted, encode_body, error_middleware, is_json
+from modelplex.http import StreamAborted, encode_body, error_middleware, from_json, is_json, to_json
 from modelplex.ids import InvalidModelId, validate_model_id
 from modelplex.multiplex import find_cache
 from modelplex.names import MODEL_ID_HEADER
@@ -146,7 +145,7 @@ async def _read_body(request: web.Request) -> Any:
     data = await request.read()  # over client_max_size: HTTPRequestEntityTooLarge → 413
     if is_json(request.content_type):
         try:
-            return json.loads(data)
+            return from_json(data)
         except ValueError as error:
             raise BadRequest(f"body is not valid JSON: {error}") from None
     return data
@@ -254,20 +253,18 @@ def _stream_content_type(first: Any, sse: bool) -> str:
 
 
 def _frame(chunk: Any, sse: bool) -> bytes:
-    if isinstance(chunk, (bytes, bytearray, memoryview)) and not sse:
-        return bytes(chunk)
-    if isinstance(chunk, str):
-        data = chunk
-    elif isinstance(chunk, (bytes, bytearray, memoryview)):
-        data = bytes(chunk).decode("utf-8", "replace")
+    if isinstance(chunk, (bytes, bytearray, memoryview)):
+        data = bytes(chunk)
+    elif isinstance(chunk, str):
+        data = chunk.encode()
     else:
-        return (f"data: {json.dumps(chunk)}\n\n" if sse else json.dumps(chunk) + "\n").encode()
-    return f"data: {data}\n\n".encode() if sse else data.encode()
+        data = to_json(chunk) if sse else to_json(chunk) + b"\n"  # NDJSON: one record a line
+    return b"data: " + data + b"\n\n" if sse else data
 
 
 def _error_frame(error: ModelplexError, sse: bool) -> bytes:
-    record = json.dumps(error.to_dict())
-    return f"event: error\ndata: {record}\n\n".encode() if sse else (record + "\n").encode()
+    record = to_json(error.to_dict())
+    return b"event: error\ndata: " + record + b"\n\n" if sse else record + b"\n"
 
 
 async def list_models(request: web.Request) -> web.Response:

@@ -64,9 +64,9 @@ class TorchScriptHandler:
             rows.extend(tensor)
         if rows:
             outputs = await asyncio.to_thread(self._forward, model, rows)
+            outputs = outputs.numpy()  # serialized natively by the replica's JSON writer
             for index, start, stop, single in spans:
-                values = outputs[start:stop].tolist()
-                results[index] = {"outputs": values[0] if single else values}
+                results[index] = {"outputs": outputs[start] if single else outputs[start:stop]}
         return results
 
     def _forward(self, model: torch.jit.ScriptModule, rows: list[torch.Tensor]) -> torch.Tensor:
