@@ -19,7 +19,6 @@ import random
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -87,7 +86,8 @@ class Stack:
             argv = [*cli, "router", "--spec", str(self.manifest), "--port", str(port)]
             for i, url in enumerate(self.replica_urls):
                 argv += ["--replica", f"r{i}={url}"]
-            self._start(argv, {**self.env, "MODELPLEX_ROUTING_POLICY": self.policy}, folder / f"{self.policy}-router.log")
+            self._start(argv, {**self.env, "MODELPLEX_ROUTING_POLICY": self.policy},
+                        folder / f"{self.policy}-router.log")
             asyncio.run(self._wait_ready())
         except BaseException:
             self.__exit__()
@@ -146,6 +146,7 @@ class Result:
     evictions: float
     router_hits: float
     router_misses: float
+    router_fallbacks: float
 
     def row(self) -> list[str]:
         lat = sorted(self.latencies)
@@ -155,7 +156,8 @@ class Result:
         routed = self.router_hits + self.router_misses
         return [self.policy, f"{self.ok}/{self.sent}", f"{hit_rate:.1%}",
                 f"{self.router_hits / routed:.1%}" if routed else "-", f"{self.loads:.0f}",
-                f"{self.evictions:.0f}", f"{p50:.1f}", f"{p99:.1f}", f"{self.ok / self.seconds:.0f}"]
+                f"{self.evictions:.0f}", f"{self.router_fallbacks:.0f}", f"{p50:.1f}", f"{p99:.1f}",
+                f"{self.ok / self.seconds:.0f}"]
 
 
 async def run_trace(stack: Stack, trace: list[str], concurrency: int, max_seconds: float) -> Result:
@@ -189,7 +191,8 @@ async def run_trace(stack: Stack, trace: list[str], concurrency: int, max_second
         evictions = sum([await metric(session, url, "modelplex_model_evictions_total") for url in stack.replica_urls])
         hits = await metric(session, stack.router_url, "modelplex_router_cache_hits_total")
         misses = await metric(session, stack.router_url, "modelplex_router_cache_misses_total")
-    return Result(stack.policy, sent, ok, seconds, latencies, loads, evictions, hits, misses)
+        fallbacks = await metric(session, stack.router_url, "modelplex_router_fallbacks_total")
+    return Result(stack.policy, sent, ok, seconds, latencies, loads, evictions, hits, misses, fallbacks)
 
 
 async def overhead(stack: Stack, n: int) -> dict[str, float]:
@@ -255,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
           f"concurrency {args.concurrency}, {args.replicas} replicas x {args.slots} slots, "
           f"load {args.load_s * 1000:.0f} ms, inference {args.infer_s * 1000:.0f} ms\n")
     print(table(["policy", "ok/sent", "hit rate (1 - loads/requests)", "router hit counter", "loads",
-                 "evictions", "p50 ms", "p99 ms", "req/s"], [r.row() for r in results]))
+                 "evictions", "hot spreads", "p50 ms", "p99 ms", "req/s"], [r.row() for r in results]))
     if over:
         direct50 = min(over["direct_p50"], over["direct2_p50"])
         direct99 = min(over["direct_p99"], over["direct2_p99"])

@@ -45,7 +45,8 @@ SESSION = web.AppKey("session", aiohttp.ClientSession)
 PROXY = web.AppKey("proxy", Proxy)
 
 
-def create_app(config: RouterConfig, discovery: Discovery, *, clock: Callable[[], float] = time.monotonic) -> web.Application:
+def create_app(config: RouterConfig, discovery: Discovery, *,
+               clock: Callable[[], float] = time.monotonic) -> web.Application:
     """A router for one deployment, its replicas found by ``discovery``."""
     app = web.Application(middlewares=[error_middleware], client_max_size=config.max_request_bytes)
     table = RoutingTable(lag_s=discovery.lag_s)

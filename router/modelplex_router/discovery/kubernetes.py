@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import threading
 from typing import Any, Callable, Iterable
 
@@ -155,23 +156,25 @@ class KubernetesDiscovery(Discovery):
         from kubernetes import client, config, watch  # heavy: only where the source is used
         from kubernetes.client.rest import ApiException
 
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
-        api = client.CoreV1Api(client.ApiClient())
-        tracker = PodTracker()
-        backoff = BACKOFF_MIN_S
-        log.info("watching pods %s in namespace %s", self.selector, self.namespace)
-
         def safe_emit(ops: list[Op]) -> None:
             try:
                 emit(ops)
             except RuntimeError:  # the event loop is closed: the router is stopping
                 stop.set()
 
+        api = None
+        tracker = PodTracker()
+        backoff = BACKOFF_MIN_S
         while not stop.is_set():
             try:
+                if api is None:
+                    try:
+                        config.load_incluster_config()
+                    except config.ConfigException:
+                        # KUBECONFIG as it is now (the client reads it once, at import), else ~/.kube/config
+                        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
+                    api = client.CoreV1Api(client.ApiClient())
+                    log.info("watching pods %s in namespace %s", self.selector, self.namespace)
                 if tracker.resource_version is None:
                     response = api.list_namespaced_pod(
                         self.namespace, label_selector=self.selector, _preload_content=False, _request_timeout=30
@@ -183,13 +186,14 @@ class KubernetesDiscovery(Discovery):
                     label_selector=self.selector,
                     resource_version=tracker.resource_version,
                     allow_watch_bookmarks=True,
-                    timeout_seconds=WATCH_TIMEOUT_S,
+                    timeout_seconds=WATCH_TIMEOUT_S,  # also turns off the client's own 410 retry
                     _request_timeout=WATCH_TIMEOUT_S + 30,
                 )
                 for event in stream:
                     if stop.is_set():
                         return
-                    safe_emit(tracker.on_event(event))
+                    if isinstance(event, dict):  # the client yields None for blank lines
+                        safe_emit(tracker.on_event(event))
                     backoff = BACKOFF_MIN_S
             except Gone as gone:
                 log.info("pod watch: %s; listing again", gone)
@@ -203,7 +207,6 @@ class KubernetesDiscovery(Discovery):
                 stop.wait(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
             except Exception as error:  # noqa: BLE001 - a watch must survive anything the API does
-                log.warning("pod watch failed (%s); retrying in %.1f s", error, backoff)
+                log.warning("pod watch failed (%s: %s); retrying in %.1f s", type(error).__name__, error, backoff)
                 stop.wait(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
-

@@ -55,7 +55,8 @@ async def test_bad_requests_get_json_errors(plex):
             assert resp.status in (404, 405)
             await _error(resp)
         # Open Inference Protocol: JSON only, with an "inputs" list.
-        async with session.post(url + "/v2/models/m/infer", data=b"raw", headers={"Content-Type": "text/plain"}) as resp:
+        text = {"Content-Type": "text/plain"}
+        async with session.post(url + "/v2/models/m/infer", data=b"raw", headers=text) as resp:
             assert resp.status == 400
             await _error(resp)
         async with session.post(url + "/v2/models/m/infer", json={"no": "inputs"}) as resp:

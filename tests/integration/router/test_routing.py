@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 from collections import Counter, defaultdict
 
 import aiohttp
@@ -58,7 +57,8 @@ async def test_a_concurrent_burst_for_new_models_loads_each_once(plex):
             assert status == 200, body
             served[body["model"]].add(replica)
         assert all(len(r) == 1 for r in served.values()), served
-        loads = [await plex.metric(session, url, "modelplex_model_loads_total") for url in cluster.replica_urls.values()]
+        loads = [await plex.metric(session, url, "modelplex_model_loads_total")
+                 for url in cluster.replica_urls.values()]
         assert sum(loads) == 4, loads
 
 
@@ -95,7 +95,8 @@ async def _equals(models, expected):
 
 
 async def test_a_hot_model_under_load_ends_up_on_two_replicas(plex):
-    cluster = await plex.start(replicas=2, capacity=2, max_ongoing=2)
+    # A matching timeout far past the test: only the hot-model spread can place it twice.
+    cluster = await plex.start(replicas=2, capacity=2, max_ongoing=2, matching_timeout=60.0)
     async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
         replicas = set()
         for _ in range(10):  # bounded: waves of 8 concurrent requests, each holding its slot a while

@@ -71,7 +71,8 @@ def test_list_then_events_drive_the_table():
     assert tracker.resource_version == "100"
     assert [r.name for r in table.usable(1.0)] == ["r1"]
 
-    apply_ops(table, tracker.on_event({"type": "MODIFIED", "object": pod("r2", ip="10.0.0.6", models=["b"], rv="101")}), 2.0)
+    modified = pod("r2", ip="10.0.0.6", models=["b"], rv="101")
+    apply_ops(table, tracker.on_event({"type": "MODIFIED", "object": modified}), 2.0)
     assert tracker.resource_version == "101"
     assert sorted(r.name for r in table.usable(2.0)) == ["r1", "r2"]
     assert table.get("r2").models == {"b"}
