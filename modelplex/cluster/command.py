@@ -1,0 +1,303 @@
+"""``modelplex cluster up|down|status|build``.
+
+``up`` starts a detached supervisor process that runs etcd, kube-apiserver,
+kube-controller-manager and the test kubelet, waits until they answer, and
+prints shell lines for ``eval "$(modelplex cluster up)"``. Everything else
+(progress, where the logs are) goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+STATE_ENTRIES = ("pki", "etcd", "logs", "kubelet", "pids", "kubeconfig", "ready", "endpoints.json",
+                 "supervisor.pid", "supervisor.log")
+
+
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def cluster_dir() -> Path:
+    env = os.environ.get("MODELPLEX_CLUSTER_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "modelplex" / "cluster"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie is not alive
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _environ_has(pid: int, needle: str) -> bool:
+    try:
+        return needle.encode() in Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+
+
+def _supervisor_pid(state: Path) -> int | None:
+    pid = _read_pid(state / "supervisor.pid")
+    if pid and _alive(pid) and "modelplex.cluster" in _cmdline(pid):
+        return pid
+    return None
+
+
+def _exports(state: Path, bin_dir: str) -> str:
+    kubeconfig = state / "kubeconfig"
+    return (f"export KUBECONFIG={shlex.quote(str(kubeconfig))}\n"
+            f"export PATH={shlex.quote(bin_dir)}:\"$PATH\"\n")
+
+
+def _api_ready(state: Path) -> bool:
+    try:
+        info = json.loads((state / "ready").read_text())
+    except (OSError, ValueError):
+        return False
+    import ssl
+    import http.client
+    import urllib.parse
+
+    url = urllib.parse.urlsplit(info["server"])
+    pki = state / "pki"
+    try:
+        ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        conn = http.client.HTTPSConnection(url.hostname, url.port, timeout=3, context=ctx)
+        conn.request("GET", "/readyz")
+        ok = conn.getresponse().status == 200
+        conn.close()
+        return ok
+    except (OSError, ssl.SSLError, http.client.HTTPException):
+        return False
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def cmd_build(args) -> int:
+    from modelplex.cluster.controlplane import ControlPlaneError, build_binaries
+
+    try:
+        print(build_binaries(force=args.force))
+    except ControlPlaneError as exc:
+        say(f"error: {exc}")
+        return 1
+    return 0
+
+
+def cmd_up(args) -> int:
+    from modelplex.cluster.controlplane import ControlPlaneError, build_binaries, repo_root, tail
+
+    state = cluster_dir()
+    pid = _supervisor_pid(state)
+    if pid and (state / "ready").exists():
+        info = json.loads((state / "ready").read_text())
+        say(f"cluster already running (supervisor pid {pid}, state in {state}); `modelplex cluster down` stops it")
+        sys.stdout.write(_exports(state, info["bin_dir"]))
+        return 0
+    if pid:
+        say(f"a cluster supervisor (pid {pid}) is running but not ready; stopping it first")
+        _stop(state)
+
+    try:
+        bin_dir = build_binaries()
+    except ControlPlaneError as exc:
+        say(f"error: {exc}")
+        return 1
+
+    state.mkdir(parents=True, exist_ok=True)
+    for entry in STATE_ENTRIES:  # a fresh cluster each time
+        path = state / entry
+        if path.is_dir():
+            import shutil
+
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    workdir = Path(args.workdir).resolve() if args.workdir else (repo_root() or Path.cwd())
+    log_path = state / "supervisor.log"
+    env = dict(os.environ)
+    pkg_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg_root, env.get("PYTHONPATH")]))
+    env.pop("KUBECONFIG", None)
+    argv = [sys.executable, "-m", "modelplex.cluster", "_serve", f"--bin-dir={bin_dir}", f"--state-dir={state}",
+            f"--workdir={workdir}", f"--pod-ip-prefix={args.pod_ip_prefix}"]
+    say(f"==> starting the control plane (state and logs in {state})")
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                env=env, cwd=str(state), start_new_session=True)
+    (state / "supervisor.pid").write_text(f"{proc.pid}\n")
+    deadline = time.monotonic() + args.timeout
+    t0 = time.monotonic()
+    while time.monotonic() < deadline:
+        if (state / "ready").exists():
+            break
+        if proc.poll() is not None:
+            say(f"error: the control plane failed to start (exit code {proc.returncode}); log: {log_path}")
+            say(tail(log_path, 40))
+            return 1
+        time.sleep(0.3)
+    else:
+        say(f"error: the control plane was not ready after {args.timeout:.0f}s; log: {log_path}")
+        say(tail(log_path, 40))
+        _stop(state)
+        return 1
+    say(f"==> cluster ready in {time.monotonic() - t0:.1f}s: kubeconfig {state / 'kubeconfig'}; "
+        f"logs in {state / 'logs'}, pod logs in {state / 'kubelet' / 'pods'}")
+    say('    (use: eval "$(modelplex cluster up)"; stop with: modelplex cluster down)')
+    sys.stdout.write(_exports(state, str(bin_dir)))
+    return 0
+
+
+def _kill_leftovers(state: Path) -> list[str]:
+    """Kill recorded component and pod processes that outlived the supervisor."""
+    killed = []
+    for pid_file in sorted((state / "pids").glob("*.pid")) if (state / "pids").exists() else []:
+        pid = _read_pid(pid_file)
+        name = pid_file.stem
+        if pid and _alive(pid) and (name in _cmdline(pid) or "modelplex.cluster" in _cmdline(pid)):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+            killed.append(f"{name} ({pid})")
+    try:
+        procs = json.loads((state / "kubelet" / "processes.json").read_text())
+    except (OSError, ValueError):
+        procs = []
+    marker = str(state / "kubelet" / "pods")
+    for item in procs:
+        pid = item.get("pid")
+        if pid and _alive(pid) and _environ_has(pid, marker):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+            killed.append(f"pod {item.get('namespace')}/{item.get('pod')} ({pid})")
+    return killed
+
+
+def _stop(state: Path, timeout: float = 60) -> bool:
+    pid = _supervisor_pid(state)
+    stopped = False
+    if pid:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.2)
+        if _alive(pid):
+            say(f"supervisor {pid} did not stop in {timeout:.0f}s; killing it")
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        stopped = True
+    leftovers = _kill_leftovers(state)
+    if leftovers:
+        say("killed leftover processes: " + ", ".join(leftovers))
+    (state / "ready").unlink(missing_ok=True)
+    return stopped or bool(leftovers)
+
+
+def cmd_down(args) -> int:
+    state = cluster_dir()
+    if _stop(state):
+        say(f"cluster stopped (state in {state})")
+    else:
+        say(f"no cluster running (state dir {state})")
+    return 0
+
+
+def cmd_status(args) -> int:
+    state = cluster_dir()
+    pid = _supervisor_pid(state)
+    if not pid:
+        print(f"not running (state dir {state})")
+        return 1
+    ready = _api_ready(state)
+    print(f"running: supervisor pid {pid}, API {'ready' if ready else 'NOT ready'}")
+    try:
+        info = json.loads((state / "ready").read_text())
+        print(f"server: {info['server']}")
+        print(f"kubeconfig: {info['kubeconfig']}")
+        print(f"binaries: {info['bin_dir']}")
+        for name, p in info.get("pids", {}).items():
+            print(f"  {name}: pid {p}{'' if _alive(p) else ' (gone)'}")
+    except (OSError, ValueError, KeyError):
+        pass
+    print(f"logs: {state / 'logs'}  pod logs: {state / 'kubelet' / 'pods'}")
+    return 0 if ready else 1
+
+
+def cmd_serve(args) -> int:
+    from modelplex.cluster.controlplane import _supervise
+
+    argv = [f"--bin-dir={args.bin_dir}", f"--state-dir={args.state_dir}", f"--pod-ip-prefix={args.pod_ip_prefix}"]
+    if args.workdir:
+        argv.append(f"--workdir={args.workdir}")
+    return _supervise(argv)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="modelplex cluster",
+        description="A local Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager and a "
+                    "test kubelet that runs pods as local processes). "
+                    'Start it with: eval "$(modelplex cluster up)"',
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="build or reuse the binaries, start the cluster, print shell exports")
+    up.add_argument("--workdir", help="working directory of pod processes (default: the repository root)")
+    up.add_argument("--pod-ip-prefix", default="127.0", help="pods get addresses 127.N.x.y (default 127.0)")
+    up.add_argument("--timeout", type=float, default=240, help="seconds to wait for the API (default 240)")
+    up.set_defaults(func=cmd_up)
+    sub.add_parser("down", help="stop the cluster and every pod process").set_defaults(func=cmd_down)
+    sub.add_parser("status", help="say whether the cluster runs").set_defaults(func=cmd_status)
+    build = sub.add_parser("build", help="build or reuse the binaries; print their folder")
+    build.add_argument("--force", action="store_true", help="rebuild even when cached")
+    build.set_defaults(func=cmd_build)
+    serve = sub.add_parser("_serve")  # the detached supervisor started by `up`
+    serve.add_argument("--bin-dir", required=True)
+    serve.add_argument("--state-dir", required=True)
+    serve.add_argument("--workdir")
+    serve.add_argument("--pod-ip-prefix", default="127.0")
+    serve.set_defaults(func=cmd_serve)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
