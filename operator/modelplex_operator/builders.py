@@ -1,0 +1,360 @@
+"""The objects the operator makes for a MultiplexedDeployment, as pure functions.
+
+For a resource named N (DESIGN.md, "What the operator makes"), all owned by it and labelled
+``modelplex.io/deployment=N`` plus the ``app.kubernetes.io/*`` labels:
+
+- ServiceAccounts ``N-replica`` and ``N-router``;
+- Roles and RoleBindings ``N-replica`` (pods get/patch: a replica patches its own annotation)
+  and ``N-router`` (pods get/list/watch: the router watches the replica pods);
+- ConfigMap ``N-spec`` holding the spec the pods read (``spec.yaml``);
+- Service ``N`` in front of the router pods;
+- Deployments ``N-replica`` (``modelplex replica``) and ``N-router`` (``modelplex router``).
+
+The list is in apply order: what a pod needs exists before the pod. Every function here is
+pure (no I/O, no clock), so the whole desired state is unit-tested without a cluster.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from modelplex.names import (
+    API_GROUP,
+    API_VERSION,
+    ENV_POD_IP,
+    ENV_POD_NAME,
+    ENV_POD_NAMESPACE,
+    ENV_SPEC,
+    KIND,
+    LABEL_DEPLOYMENT,
+    LABEL_ROLE,
+    REPLICA_PORT,
+    ROLE_REPLICA,
+    ROLE_ROUTER,
+)
+from modelplex.spec import Deployment, to_manifest
+from modelplex_operator import MANAGED_BY
+from modelplex_operator.config import DEFAULT_ROUTER_IMAGE
+
+#: The pod template annotation whose change rolls the pods.
+ANNOTATION_SPEC_HASH = "modelplex.io/spec-hash"
+SPEC_MOUNT = "/etc/modelplex"
+SPEC_FILE = "spec.yaml"
+SPEC_PATH = f"{SPEC_MOUNT}/{SPEC_FILE}"
+SPEC_VOLUME = "spec"
+PORT_NAME = "http"
+#: The replica server drains in-flight requests for up to 30 s on SIGTERM.
+REPLICA_GRACE_S = 45
+ROUTER_GRACE_S = 15
+COMPONENT_SPEC = "spec"
+
+
+@dataclass(frozen=True)
+class BuildSettings:
+    """What the builders need beyond the resource: the operator's own settings."""
+
+    router_image: str = DEFAULT_ROUTER_IMAGE
+    image_pull_policy: str = ""
+
+
+# --------------------------------------------------------------------------- names and labels
+
+
+def replica_name(name: str) -> str:
+    return f"{name}-{ROLE_REPLICA}"
+
+
+def router_name(name: str) -> str:
+    return f"{name}-{ROLE_ROUTER}"
+
+
+def config_map_name(name: str) -> str:
+    return f"{name}-{COMPONENT_SPEC}"
+
+
+def service_name(name: str) -> str:
+    return name
+
+
+def labels(name: str, component: str) -> dict[str, str]:
+    """The labels of every object made for resource ``name``."""
+    return {
+        "app.kubernetes.io/name": "modelplex",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/part-of": "modelplex",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        LABEL_DEPLOYMENT: name,
+    }
+
+
+def role_labels(name: str, role: str) -> dict[str, str]:
+    """Labels of a replica or router object (and of its pods): the common ones plus the role."""
+    return {**labels(name, role), LABEL_ROLE: role}
+
+
+def selector(name: str, role: str) -> dict[str, str]:
+    """The pod selector of a role: never changes (a Deployment's selector is immutable)."""
+    return {LABEL_DEPLOYMENT: name, LABEL_ROLE: role}
+
+
+def selector_string(name: str, role: str = ROLE_REPLICA) -> str:
+    return ",".join(f"{k}={v}" for k, v in selector(name, role).items())
+
+
+def owner_reference(body: dict[str, Any]) -> dict[str, Any]:
+    """The controller owner reference to the resource: deleting it deletes what it owns."""
+    meta = body["metadata"]
+    return {
+        "apiVersion": f"{API_GROUP}/{API_VERSION}",
+        "kind": KIND,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(name: str, namespace: str, object_labels: dict[str, str], owner: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "namespace": namespace, "labels": dict(object_labels), "ownerReferences": [dict(owner)]}
+
+
+# --------------------------------------------------------------------------- the spec and its hash
+
+
+def spec_document(deployment: Deployment) -> str:
+    """The ConfigMap's ``spec.yaml``: the deployment in the manifest form the pods read."""
+    return yaml.safe_dump(to_manifest(deployment), sort_keys=True)
+
+
+def spec_hash(deployment: Deployment) -> str:
+    """A hash of everything a pod reads, but not of the replica counts: scaling rolls nothing."""
+    manifest = to_manifest(deployment)
+    spec = dict(manifest["spec"])
+    spec.pop("replicas", None)
+    spec["router"] = {k: v for k, v in dict(spec.get("router") or {}).items() if k != "replicas"}
+    canonical = json.dumps({"metadata": manifest["metadata"], "spec": spec}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------- objects
+
+
+def service_accounts(deployment: Deployment, owner: dict[str, Any]) -> list[dict[str, Any]]:
+    name, ns = deployment.name, deployment.namespace
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": _metadata(object_name, ns, role_labels(name, role), owner),
+        }
+        for role, object_name in ((ROLE_REPLICA, replica_name(name)), (ROLE_ROUTER, router_name(name)))
+    ]
+
+
+#: Least privilege: a replica reads and patches pods (its own annotation; RBAC cannot name a pod
+#: that does not exist yet); the router reads and watches the replica pods.
+ROLE_RULES: dict[str, list[dict[str, Any]]] = {
+    ROLE_REPLICA: [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}],
+    ROLE_ROUTER: [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
+}
+
+
+def roles(deployment: Deployment, owner: dict[str, Any]) -> list[dict[str, Any]]:
+    name, ns = deployment.name, deployment.namespace
+    out = []
+    for role, object_name in ((ROLE_REPLICA, replica_name(name)), (ROLE_ROUTER, router_name(name))):
+        out.append({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _metadata(object_name, ns, role_labels(name, role), owner),
+            "rules": [dict(rule) for rule in ROLE_RULES[role]],
+        })
+    return out
+
+
+def role_bindings(deployment: Deployment, owner: dict[str, Any]) -> list[dict[str, Any]]:
+    name, ns = deployment.name, deployment.namespace
+    out = []
+    for role, object_name in ((ROLE_REPLICA, replica_name(name)), (ROLE_ROUTER, router_name(name))):
+        out.append({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _metadata(object_name, ns, role_labels(name, role), owner),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": object_name},
+            "subjects": [{"kind": "ServiceAccount", "name": object_name, "namespace": ns}],
+        })
+    return out
+
+
+def config_map(deployment: Deployment, owner: dict[str, Any]) -> dict[str, Any]:
+    name, ns = deployment.name, deployment.namespace
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(config_map_name(name), ns, labels(name, COMPONENT_SPEC), owner),
+        "data": {SPEC_FILE: spec_document(deployment)},
+    }
+
+
+def service(deployment: Deployment, owner: dict[str, Any]) -> dict[str, Any]:
+    name, ns = deployment.name, deployment.namespace
+    port = deployment.spec.router.port
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(service_name(name), ns, role_labels(name, ROLE_ROUTER), owner),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector(name, ROLE_ROUTER),
+            "ports": [{"name": PORT_NAME, "port": port, "targetPort": PORT_NAME, "protocol": "TCP"}],
+        },
+    }
+
+
+def _downward_env() -> list[dict[str, Any]]:
+    def field(env_name: str, path: str) -> dict[str, Any]:
+        return {"name": env_name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
+
+    return [
+        {"name": ENV_SPEC, "value": SPEC_PATH},
+        field(ENV_POD_NAME, "metadata.name"),
+        field(ENV_POD_NAMESPACE, "metadata.namespace"),
+        field(ENV_POD_IP, "status.podIP"),
+    ]
+
+
+def _probe(path: str, *, period: int, failures: int, initial_delay: int = 0) -> dict[str, Any]:
+    probe = {
+        "httpGet": {"path": path, "port": PORT_NAME},
+        "periodSeconds": period,
+        "timeoutSeconds": 2,
+        "failureThreshold": failures,
+    }
+    if initial_delay:
+        probe["initialDelaySeconds"] = initial_delay
+    return probe
+
+
+_CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def _pod_template(
+    deployment: Deployment,
+    role: str,
+    container: dict[str, Any],
+    *,
+    grace: int,
+    pod_security: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    name = deployment.name
+    spec: dict[str, Any] = {
+        "serviceAccountName": replica_name(name) if role == ROLE_REPLICA else router_name(name),
+        "terminationGracePeriodSeconds": grace,
+        "containers": [container],
+        "volumes": [{"name": SPEC_VOLUME, "configMap": {"name": config_map_name(name)}}],
+    }
+    if pod_security:
+        spec["securityContext"] = dict(pod_security)
+    return {
+        "metadata": {
+            "labels": role_labels(name, role),
+            "annotations": {ANNOTATION_SPEC_HASH: spec_hash(deployment)},
+        },
+        "spec": spec,
+    }
+
+
+def _deployment_object(
+    deployment: Deployment, owner: dict[str, Any], role: str, replicas: int, template: dict[str, Any]
+) -> dict[str, Any]:
+    name, ns = deployment.name, deployment.namespace
+    object_name = replica_name(name) if role == ROLE_REPLICA else router_name(name)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(object_name, ns, role_labels(name, role), owner),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector(name, role)},
+            # Keep the serving capacity while pods roll: a new pod first, then an old one goes.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "revisionHistoryLimit": 3,
+            "template": template,
+        },
+    }
+
+
+def replica_deployment(deployment: Deployment, owner: dict[str, Any], settings: BuildSettings) -> dict[str, Any]:
+    spec = deployment.spec
+    container: dict[str, Any] = {
+        "name": ROLE_REPLICA,
+        "image": spec.image,
+        "command": ["modelplex", "replica"],
+        "ports": [{"name": PORT_NAME, "containerPort": REPLICA_PORT, "protocol": "TCP"}],
+        "env": _downward_env() + [env.model_dump(exclude_none=True) for env in spec.env],
+        "volumeMounts": [{"name": SPEC_VOLUME, "mountPath": SPEC_MOUNT, "readOnly": True}],
+        "readinessProbe": _probe("/readyz", period=2, failures=3),
+        # Generous: a replica busy loading big models must not be killed for a slow answer.
+        "livenessProbe": _probe("/healthz", period=10, failures=6, initial_delay=30),
+        "securityContext": dict(_CONTAINER_SECURITY),
+    }
+    if spec.model_source is not None and spec.model_source.secret_ref is not None:
+        container["envFrom"] = [{"secretRef": {"name": spec.model_source.secret_ref.name}}]
+    if spec.resources:
+        container["resources"] = json.loads(json.dumps(spec.resources))
+    if settings.image_pull_policy:
+        container["imagePullPolicy"] = settings.image_pull_policy
+    template = _pod_template(deployment, ROLE_REPLICA, container, grace=REPLICA_GRACE_S)
+    return _deployment_object(deployment, owner, ROLE_REPLICA, spec.replicas, template)
+
+
+def router_deployment(deployment: Deployment, owner: dict[str, Any], settings: BuildSettings) -> dict[str, Any]:
+    spec = deployment.spec
+    port = spec.router.port
+    container: dict[str, Any] = {
+        "name": ROLE_ROUTER,
+        "image": settings.router_image,
+        "command": ["modelplex", "router"],
+        "args": ["--port", str(port)],
+        "ports": [{"name": PORT_NAME, "containerPort": port, "protocol": "TCP"}],
+        "env": _downward_env(),
+        "volumeMounts": [{"name": SPEC_VOLUME, "mountPath": SPEC_MOUNT, "readOnly": True}],
+        # The router is ready while a replica is: a Service never sends to a router with none.
+        "readinessProbe": _probe("/readyz", period=2, failures=3),
+        "livenessProbe": _probe("/healthz", period=10, failures=3, initial_delay=10),
+        "securityContext": dict(_CONTAINER_SECURITY),
+    }
+    if settings.image_pull_policy:
+        container["imagePullPolicy"] = settings.image_pull_policy
+    # The router image is ours (docker/router.Dockerfile): it runs as a non-root user.
+    template = _pod_template(
+        deployment, ROLE_ROUTER, container, grace=ROUTER_GRACE_S,
+        pod_security={"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001},
+    )
+    return _deployment_object(deployment, owner, ROLE_ROUTER, spec.router.replicas, template)
+
+
+def desired_objects(
+    deployment: Deployment, owner: dict[str, Any], settings: BuildSettings = BuildSettings()
+) -> list[dict[str, Any]]:
+    """Every object for ``deployment``, in apply order (what a pod needs comes first)."""
+    return [
+        *service_accounts(deployment, owner),
+        *roles(deployment, owner),
+        *role_bindings(deployment, owner),
+        config_map(deployment, owner),
+        service(deployment, owner),
+        replica_deployment(deployment, owner, settings),
+        router_deployment(deployment, owner, settings),
+    ]
+
+
+def describe(obj: dict[str, Any]) -> str:
+    """``Kind name`` of an object, for messages."""
+    return f"{obj['kind']} {obj['metadata']['name']}"

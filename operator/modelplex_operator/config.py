@@ -1,0 +1,67 @@
+"""The operator's settings, read once from its environment (the chart sets them)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+ENV_WATCH_NAMESPACES = "MODELPLEX_WATCH_NAMESPACES"
+ENV_ROUTER_IMAGE = "MODELPLEX_ROUTER_IMAGE"
+ENV_LOG_LEVEL = "MODELPLEX_LOG_LEVEL"
+ENV_HEALTH = "MODELPLEX_OPERATOR_HEALTH"
+ENV_RESYNC = "MODELPLEX_OPERATOR_RESYNC_SECONDS"
+ENV_IMAGE_PULL_POLICY = "MODELPLEX_IMAGE_PULL_POLICY"
+
+DEFAULT_ROUTER_IMAGE = "modelplex/router:0.1.0"
+DEFAULT_HEALTH = "http://0.0.0.0:8080/healthz"
+DEFAULT_RESYNC_S = 300.0
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(ValueError):
+    """An operator setting that cannot be used; the message names the variable and the value."""
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    #: Namespaces to watch; empty means the whole cluster.
+    namespaces: tuple[str, ...] = ()
+    router_image: str = DEFAULT_ROUTER_IMAGE
+    log_level: str = "info"
+    #: kopf's liveness endpoint (``http://host:port/path``); empty turns it off.
+    health_endpoint: str = DEFAULT_HEALTH
+    #: Every this many seconds each resource's objects are applied again (drift repair).
+    resync_seconds: float = DEFAULT_RESYNC_S
+    #: imagePullPolicy of the pods; empty leaves Kubernetes' default.
+    image_pull_policy: str = ""
+
+    @property
+    def clusterwide(self) -> bool:
+        return not self.namespaces
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
+        env = os.environ if env is None else env
+        namespaces = tuple(dict.fromkeys(ns.strip() for ns in env.get(ENV_WATCH_NAMESPACES, "").split(",") if ns.strip()))
+        level = (env.get(ENV_LOG_LEVEL) or env.get("LOG_LEVEL") or "info").strip().lower()
+        if level not in LOG_LEVELS:
+            raise ConfigError(f"{ENV_LOG_LEVEL}: must be one of {', '.join(LOG_LEVELS)} (got {level!r})")
+        raw_resync = env.get(ENV_RESYNC, "").strip()
+        try:
+            resync = float(raw_resync) if raw_resync else DEFAULT_RESYNC_S
+        except ValueError:
+            raise ConfigError(f"{ENV_RESYNC}: must be a number of seconds (got {raw_resync!r})") from None
+        if resync < 1:
+            raise ConfigError(f"{ENV_RESYNC}: must be at least 1 (got {raw_resync!r})")
+        policy = env.get(ENV_IMAGE_PULL_POLICY, "").strip()
+        if policy and policy not in ("Always", "IfNotPresent", "Never"):
+            raise ConfigError(f"{ENV_IMAGE_PULL_POLICY}: must be Always, IfNotPresent or Never (got {policy!r})")
+        return cls(
+            namespaces=namespaces,
+            router_image=env.get(ENV_ROUTER_IMAGE, "").strip() or DEFAULT_ROUTER_IMAGE,
+            log_level=level,
+            health_endpoint=env.get(ENV_HEALTH, DEFAULT_HEALTH).strip(),
+            resync_seconds=resync,
+            image_pull_policy=policy,
+        )

@@ -1,0 +1,176 @@
+"""The status keeper: the one writer of every MultiplexedDeployment's status.
+
+Handlers *poke* it with a resource's key whenever something that status depends on changed
+(the resource, one of its Deployments, one of its replica pods). A single task takes the poked
+keys after a short pause (so a burst of annotation patches makes one write), computes the
+status from the indexes (:func:`modelplex_operator.status.compute_status`), and patches it
+when it differs. It posts Events when Ready flips or a Deployment reports trouble.
+
+It also repairs: a poke with ``repair=True`` (an owned Deployment was deleted, or the
+periodic resync) applies the desired objects again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+from typing import Any, Callable
+
+import kopf
+
+from modelplex.spec import SpecError
+from modelplex_operator.handlers import reconcile
+from modelplex_operator.handlers.context import Key, OperatorContext
+from modelplex_operator.handlers.observe import Indexes, resource_of
+from modelplex_operator.kube import KubeError
+from modelplex_operator.status import compute_status, status_differs, transitions
+from modelplex_operator.validation import problems_of, validate
+
+log = logging.getLogger("modelplex.operator.status")
+
+DEBOUNCE_S = 0.2
+RETRY_S = 5.0
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class StatusKeeper:
+    def __init__(
+        self,
+        ctx: OperatorContext,
+        *,
+        debounce_s: float = DEBOUNCE_S,
+        resync_s: float | None = None,
+        clock: Callable[[], str] = utc_now,
+    ):
+        self.ctx = ctx
+        self.debounce_s = debounce_s
+        self.resync_s = resync_s if resync_s is not None else ctx.config.resync_seconds
+        self.clock = clock
+        self.indexes: Indexes | None = None
+        self._dirty: dict[Key, bool] = {}
+        self._wake: asyncio.Event | None = None
+        self._tasks: list[asyncio.Task] = []
+        # key -> (status written, resourceVersion the index showed when writing it)
+        self._written: dict[Key, tuple[dict[str, Any], str | None]] = {}
+        self.writes = 0
+
+    # ------------------------------------------------------------------ inputs
+
+    def poke(self, key: Key, indexes: Indexes | None = None, *, repair: bool = False) -> None:
+        """Refresh ``key`` soon (and apply its objects again with ``repair``)."""
+        if indexes is not None:
+            self.indexes = indexes
+        self._dirty[key] = self._dirty.get(key, False) or repair
+        self._ensure_running()
+        assert self._wake is not None
+        self._wake.set()
+
+    def _ensure_running(self) -> None:
+        if self._wake is None:
+            self._wake = asyncio.Event()
+        self._tasks = [task for task in self._tasks if not task.done()]
+        if not self._tasks:
+            loop = asyncio.get_running_loop()
+            # Tasks copy this context: kopf's event poster is reachable from them.
+            self._tasks.append(loop.create_task(self._run(), name="modelplex-status-keeper"))
+            self._tasks.append(loop.create_task(self._resync(), name="modelplex-resync"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - stopping
+                pass
+        self._tasks = []
+
+    @property
+    def alive(self) -> bool:
+        return all(not task.done() for task in self._tasks)
+
+    # ------------------------------------------------------------------ the loops
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await asyncio.sleep(self.debounce_s)
+            batch, self._dirty = self._dirty, {}
+            for key, repair in batch.items():
+                try:
+                    await self.refresh(key, repair=repair)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as error:  # noqa: BLE001 - keep the keeper alive; try again later
+                    log.warning("status of %s/%s not updated (%s); retrying in %.0fs", *key, error, RETRY_S)
+                    asyncio.get_running_loop().call_later(RETRY_S, self._poke_later, key, repair)
+
+    def _poke_later(self, key: Key, repair: bool) -> None:
+        try:
+            self.poke(key, repair=repair)
+        except RuntimeError:  # the loop is closing
+            pass
+
+    async def _resync(self) -> None:
+        while True:
+            await asyncio.sleep(self.resync_s)
+            if self.indexes is None:
+                continue
+            for key in self.indexes.resource_keys():
+                self.poke(key, repair=True)
+
+    # ------------------------------------------------------------------ one resource
+
+    async def refresh(self, key: Key, *, repair: bool = False) -> dict[str, Any] | None:
+        """Compute and (when it changed) write the status of ``key``; returns what was written."""
+        if self.indexes is None:
+            return None
+        view = self.indexes.resource(key)
+        if view is None:  # deleted: forget it
+            self._written.pop(key, None)
+            self.ctx.forget(key)
+            return None
+        meta = view["metadata"]
+        if meta.get("deletionTimestamp"):
+            return None
+        if repair:
+            await reconcile.repair(self.ctx, view)
+        try:
+            validate(view)
+            problem = ""
+        except SpecError as error:
+            problem = problems_of(error)
+        resource = resource_of(view, problem)
+        written, seen_version = self._written.get(key, (None, None))
+        base = dict(resource.status)
+        stale = written is not None and seen_version == meta.get("resourceVersion")
+        if stale:
+            base = {**base, **written}  # the index has not caught up with our last write yet
+        resource = resource_of({**view, "status": base}, problem)
+        desired = compute_status(
+            resource,
+            self.indexes.deployments_of(key),
+            self.indexes.pods_of(key),
+            self.ctx.outcomes.get(key),
+            self.clock(),
+        )
+        if not status_differs(base, desired):
+            return None
+        try:
+            await self.ctx.kube.apatch_status(resource.namespace, resource.name, resource.uid, desired)
+        except KubeError as error:
+            if error.status in (404, 409, 422):  # gone, or replaced by a new object of that name
+                log.info("status of %s/%s not written: %s", *key, error)
+                return None
+            raise
+        self.writes += 1
+        self._written[key] = (desired, meta.get("resourceVersion"))
+        for etype, reason, message in transitions(base, desired):
+            kopf.event(view, type=etype, reason=reason, message=message[:1000])
+        return desired

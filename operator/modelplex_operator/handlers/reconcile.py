@@ -1,0 +1,171 @@
+"""Reconcile one MultiplexedDeployment: validate, apply the desired objects, report.
+
+``reconcile`` is the kopf handler for create, update and resume. It raises
+``kopf.PermanentError`` for what retrying cannot fix (an invalid spec, an object the API
+refuses) and ``kopf.TemporaryError(delay=...)`` with a growing delay for what it may fix
+(the API unreachable or throttling, RBAC not granted yet, an object of ours owned by someone
+else). Every apply is a server-side apply of a complete object, so running it again, after a
+crash halfway or an operator restart, converges on the same objects: nothing is doubled.
+
+``repair`` does the same apply without kopf's error protocol, for the status keeper (an owned
+Deployment was deleted, or the periodic resync).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable, Mapping
+
+import kopf
+
+from modelplex.spec import Deployment, SpecError
+from modelplex_operator import builders
+from modelplex_operator.handlers.context import Key, OperatorContext
+from modelplex_operator.kube import ApplyResult, KubeError, NotOwned
+from modelplex_operator.status import CONFLICT, INVALID, OK, REJECTED, RETRYING, Outcome
+from modelplex_operator.validation import problems_of, validate
+
+log = logging.getLogger("modelplex.operator.reconcile")
+
+MAX_DELAY_S = 30.0
+CONFLICT_DELAY_S = 30.0
+
+
+def backoff(retry: int) -> float:
+    """Seconds before retry number ``retry`` (0-based): 1, 2, 4, ... capped at 30."""
+    return float(min(2 ** max(retry, 0), MAX_DELAY_S))
+
+
+def key_of(body: Mapping[str, Any]) -> Key:
+    meta = body["metadata"]
+    return meta.get("namespace") or "default", meta["name"]
+
+
+async def apply_all(ctx: OperatorContext, body: Mapping[str, Any], deployment: Deployment) -> list[tuple[dict, ApplyResult]]:
+    """Apply every desired object in order; stops at the first error (the next run resumes)."""
+    meta = body["metadata"]
+    owner = builders.owner_reference({"metadata": dict(meta)})
+    objects = builders.desired_objects(deployment, owner, ctx.build_settings)
+    results = []
+    async with ctx.lock(key_of(body)):
+        for obj in objects:
+            results.append((obj, await ctx.kube.aapply(obj, meta["uid"])))
+    return results
+
+
+def _template_hash(obj: Mapping[str, Any] | None) -> str | None:
+    template = ((obj or {}).get("spec") or {}).get("template") or {}
+    return ((template.get("metadata") or {}).get("annotations") or {}).get(builders.ANNOTATION_SPEC_HASH)
+
+
+def describe_changes(results: Iterable[tuple[Mapping[str, Any], ApplyResult]]) -> list[tuple[str, str, str]]:
+    """The Events an apply deserves, as ``(type, reason, message)``: what was created, what
+    was scaled, which pods roll because the spec changed, what else was updated."""
+    created, updated, scaled, rolled = [], [], [], []
+    for obj, result in results:
+        what = builders.describe(dict(obj))
+        if result.action == "created":
+            created.append(what)
+        elif result.action == "updated":
+            if obj["kind"] == "Deployment":
+                old_n = ((result.before or {}).get("spec") or {}).get("replicas")
+                new_n = (result.after.get("spec") or {}).get("replicas")
+                old_h, new_h = _template_hash(result.before), _template_hash(result.after)
+                if old_n != new_n:
+                    scaled.append(f"{what} from {old_n} to {new_n}")
+                if old_h != new_h:
+                    rolled.append(f"{what} (spec {old_h} -> {new_h})")
+                if old_n == new_n and old_h == new_h:
+                    updated.append(what)
+            else:
+                updated.append(what)
+    events = []
+    if created:
+        events.append(("Normal", "Created", "created " + ", ".join(created)))
+    if scaled:
+        events.append(("Normal", "Scaled", "scaled " + ", ".join(scaled)))
+    if rolled:
+        events.append(("Normal", "RollingUpdate", "the spec changed: rolling the pods of " + ", ".join(rolled)))
+    if updated:
+        events.append(("Normal", "Updated", "updated " + ", ".join(updated)))
+    return events
+
+
+def post(body: Mapping[str, Any], events: Iterable[tuple[str, str, str]]) -> None:
+    for etype, reason, message in events:
+        kopf.event(dict(body), type=etype, reason=reason, message=message[:1000])
+
+
+async def reconcile(ctx: OperatorContext, body: Mapping[str, Any], retry: int) -> None:
+    """The create/update/resume handler."""
+    meta = body["metadata"]
+    key = key_of(body)
+    uid, generation = meta["uid"], int(meta.get("generation") or 1)
+
+    def finish(outcome: Outcome) -> None:
+        ctx.record(key, outcome)
+        if ctx.keeper is not None:
+            ctx.keeper.poke(key)
+
+    try:
+        deployment = validate(body)
+    except SpecError as error:
+        message = problems_of(error)
+        finish(Outcome(uid, generation, INVALID, "InvalidSpec", message))
+        post(body, [("Warning", "InvalidSpec", message)])
+        log.warning("%s/%s: invalid spec (generation %s): %s", *key, generation, message)
+        raise kopf.PermanentError(f"invalid spec: {message}") from None
+
+    try:
+        results = await apply_all(ctx, body, deployment)
+    except NotOwned as error:
+        finish(Outcome(uid, generation, CONFLICT, "ObjectConflict", str(error)))
+        post(body, [("Warning", "ObjectConflict", str(error))])
+        raise kopf.TemporaryError(str(error), delay=CONFLICT_DELAY_S) from None
+    except KubeError as error:
+        if not error.retryable:
+            finish(Outcome(uid, generation, REJECTED, "ApplyRejected", str(error)))
+            post(body, [("Warning", "ApplyRejected", str(error))])
+            raise kopf.PermanentError(str(error)) from None
+        delay = backoff(retry)
+        finish(Outcome(uid, generation, RETRYING, "ApplyFailed", f"{error} (retry {retry + 1} in {delay:.0f}s)"))
+        log.warning("%s/%s: %s; retrying in %.0fs", *key, error, delay)
+        raise kopf.TemporaryError(str(error), delay=delay) from None
+
+    finish(Outcome(uid, generation, OK, "Reconciled", f"applied {len(results)} objects"))
+    changes = describe_changes(results)
+    post(body, changes)
+    log.info("%s/%s: reconciled generation %s: %s", *key, generation,
+             "; ".join(message for _, _, message in changes) or "nothing changed")
+
+
+async def repair(ctx: OperatorContext, body: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """Apply again (drift repair); records the outcome, returns the Events it posted."""
+    meta = body["metadata"]
+    key = key_of(body)
+    uid, generation = meta["uid"], int(meta.get("generation") or 1)
+    try:
+        deployment = validate(body)
+    except SpecError:
+        return []  # the reconcile handler reported it
+    previous = ctx.outcomes.get(key)
+    if previous is not None and previous.uid == uid and previous.generation == generation and not previous.final:
+        return []  # the reconcile handler is retrying this generation: leave it to kopf
+    try:
+        results = await apply_all(ctx, body, deployment)
+    except NotOwned as error:
+        ctx.record(key, Outcome(uid, generation, CONFLICT, "ObjectConflict", str(error)))
+        return []
+    except KubeError as error:
+        state = RETRYING if error.retryable else REJECTED
+        ctx.record(key, Outcome(uid, generation, state, "ApplyFailed" if error.retryable else "ApplyRejected", str(error)))
+        log.warning("repairing %s/%s failed: %s", *key, error)
+        return []
+    if previous is None or previous.uid != uid or previous.generation <= generation:
+        ctx.record(key, Outcome(uid, generation, OK, "Reconciled", f"applied {len(results)} objects"))
+    events = [(etype, "Repaired" if reason == "Created" else reason, message)
+              for etype, reason, message in describe_changes(results)]
+    post(body, events)
+    if events:
+        log.info("repaired %s/%s: %s", *key, "; ".join(m for _, _, m in events))
+    return events

@@ -1,0 +1,225 @@
+"""The operator's thin Kubernetes client: server-side apply of owned objects, status patches.
+
+kopf watches and posts Events with its own client; the objects the operator makes are written
+here with the ``kubernetes`` client (in a worker thread, so the event loop never blocks):
+
+- :meth:`Kube.apply` is create-or-patch in one idempotent call: a server-side apply with the
+  field manager ``modelplex-operator`` and ``force``. Fields the operator stopped setting are
+  removed; fields others set (the Service's cluster IP, a human's extra annotation) are kept.
+  Before it, a GET refuses to take over an object that another controller owns.
+- :meth:`Kube.patch_status` writes a MultiplexedDeployment's status subresource.
+
+Errors come out as :class:`KubeError` with ``retryable`` saying whether trying again may help.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from modelplex.names import API_GROUP, API_VERSION, PLURAL
+from modelplex_operator import FIELD_MANAGER
+
+log = logging.getLogger("modelplex.operator.kube")
+
+#: (apiVersion, kind) -> plural of the namespaced kinds the operator writes.
+PLURALS: dict[tuple[str, str], str] = {
+    ("v1", "ServiceAccount"): "serviceaccounts",
+    ("v1", "ConfigMap"): "configmaps",
+    ("v1", "Service"): "services",
+    ("apps/v1", "Deployment"): "deployments",
+    ("rbac.authorization.k8s.io/v1", "Role"): "roles",
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
+    (f"{API_GROUP}/{API_VERSION}", "MultiplexedDeployment"): PLURAL,
+}
+#: Statuses after which the same request may succeed later: timeouts, conflicts, throttling,
+#: server trouble, and 403/404 (RBAC being granted, a namespace or CRD appearing).
+RETRYABLE = frozenset({0, 403, 404, 408, 409, 410, 425, 429, 500, 502, 503, 504})
+REQUEST_TIMEOUT_S = 30
+
+
+class KubeError(Exception):
+    """A failed API call: ``status`` (0 for no answer), ``reason`` and the server's message."""
+
+    def __init__(self, status: int, reason: str, message: str, what: str = ""):
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.what = what
+        where = f"{what}: " if what else ""
+        super().__init__(f"{where}{status or 'no answer'} {reason}: {message}".strip())
+
+    @property
+    def retryable(self) -> bool:
+        return self.status in RETRYABLE
+
+
+class NotOwned(Exception):
+    """An object the operator would make exists and is controlled by something else."""
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    action: str  # "created", "updated" or "unchanged"
+    before: dict[str, Any] | None
+    after: dict[str, Any]
+
+
+def object_path(api_version: str, kind: str, namespace: str, name: str = "", subresource: str = "") -> str:
+    """The API path of a namespaced object (or of its collection when ``name`` is empty)."""
+    try:
+        plural = PLURALS[(api_version, kind)]
+    except KeyError:
+        raise ValueError(f"the operator does not write {kind} ({api_version})") from None
+    prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    path = f"{prefix}/namespaces/{namespace}/{plural}"
+    if name:
+        path += f"/{name}"
+    if subresource:
+        path += f"/{subresource}"
+    return path
+
+
+def controller_of(obj: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The owner reference with ``controller: true``, if any."""
+    for ref in ((obj or {}).get("metadata") or {}).get("ownerReferences") or ():
+        if ref.get("controller"):
+            return ref
+    return None
+
+
+def check_ownership(existing: dict[str, Any] | None, owner_uid: str, what: str) -> None:
+    """Refuse to take over an object that another controller (or an earlier owner) controls.
+
+    An object without a controller is adopted: a human or an earlier operator version made it.
+    """
+    ref = controller_of(existing)
+    if ref is not None and ref.get("uid") != owner_uid:
+        raise NotOwned(
+            f"{what} exists and is controlled by {ref.get('kind')} {ref.get('name')} "
+            f"(uid {ref.get('uid')}); delete or rename it"
+        )
+
+
+def error_from_api_exception(error: Exception, what: str = "") -> KubeError:
+    status = int(getattr(error, "status", 0) or 0)
+    reason = str(getattr(error, "reason", "") or "")
+    body = getattr(error, "body", None)
+    message = ""
+    if body:
+        try:
+            document = json.loads(body)
+            message = document.get("message", "") if isinstance(document, dict) else str(document)
+            reason = (document.get("reason") if isinstance(document, dict) else None) or reason
+        except (TypeError, ValueError):
+            message = str(body)[:500]
+    return KubeError(status, reason, message or str(error), what)
+
+
+class Kube:
+    """A few typed-free calls on top of ``kubernetes.client.ApiClient`` (JSON in, JSON out)."""
+
+    def __init__(self, api_client: Any, field_manager: str = FIELD_MANAGER, timeout: float = REQUEST_TIMEOUT_S):
+        self.api_client = api_client
+        self.field_manager = field_manager
+        self.timeout = timeout
+
+    @classmethod
+    def from_environment(cls) -> Kube:
+        """In-cluster credentials, else ``$KUBECONFIG`` / ``~/.kube/config``."""
+        from kubernetes import client, config
+
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        return cls(client.ApiClient())
+
+    def close(self) -> None:
+        close = getattr(self.api_client, "close", None)
+        if close is not None:
+            close()
+
+    # ------------------------------------------------------------------ raw calls
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        content_type: str = "application/json",
+        query: list[tuple[str, str]] | None = None,
+        what: str = "",
+    ) -> dict[str, Any]:
+        from kubernetes.client.rest import ApiException
+
+        try:
+            return self.api_client.call_api(
+                path,
+                method,
+                query_params=list(query or []),
+                header_params={"Accept": "application/json", "Content-Type": content_type},
+                body=body,
+                response_types_map={200: "object", 201: "object"},
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+                _preload_content=True,
+                _request_timeout=self.timeout,
+            )
+        except ApiException as error:
+            raise error_from_api_exception(error, what) from None
+        except Exception as error:  # noqa: BLE001 - urllib3/OSError/SSL: no answer from the server
+            raise KubeError(0, type(error).__name__, str(error), what) from None
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object, or None when it does not exist."""
+        try:
+            return self._call("GET", object_path(api_version, kind, namespace, name), what=f"get {kind} {name}")
+        except KubeError as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def apply(self, obj: dict[str, Any], owner_uid: str) -> ApplyResult:
+        """Create or update ``obj`` (server-side apply); says whether anything changed."""
+        meta = obj["metadata"]
+        kind, name, namespace = obj["kind"], meta["name"], meta["namespace"]
+        what = f"{kind} {name}"
+        before = self.get(obj["apiVersion"], kind, namespace, name)
+        check_ownership(before, owner_uid, what)
+        after = self._call(
+            "PATCH",
+            object_path(obj["apiVersion"], kind, namespace, name),
+            body=obj,
+            content_type="application/apply-patch+yaml",
+            query=[("fieldManager", self.field_manager), ("force", "true")],
+            what=f"apply {what}",
+        )
+        if before is None:
+            action = "created"
+        elif (before.get("metadata") or {}).get("resourceVersion") != (after.get("metadata") or {}).get(
+            "resourceVersion"
+        ):
+            action = "updated"
+        else:
+            action = "unchanged"
+        return ApplyResult(action, before, after)
+
+    def patch_status(self, namespace: str, name: str, uid: str, status: dict[str, Any]) -> dict[str, Any]:
+        """Merge ``status`` into a MultiplexedDeployment's status (only the object with ``uid``)."""
+        path = object_path(f"{API_GROUP}/{API_VERSION}", "MultiplexedDeployment", namespace, name, "status")
+        body = {"metadata": {"uid": uid}, "status": status}
+        return self._call("PATCH", path, body=body, content_type="application/merge-patch+json",
+                          what=f"status of MultiplexedDeployment {name}")
+
+    # ------------------------------------------------------------------ async (worker thread)
+
+    async def aapply(self, obj: dict[str, Any], owner_uid: str) -> ApplyResult:
+        return await asyncio.to_thread(self.apply, obj, owner_uid)
+
+    async def apatch_status(self, namespace: str, name: str, uid: str, status: dict[str, Any]) -> dict[str, Any]:
+        return await asyncio.to_thread(self.patch_status, namespace, name, uid, status)

@@ -1,0 +1,152 @@
+"""The switchboard: every kopf decorator of the operator, each handing off to ``handlers``.
+
+Every handler is ``async``: kopf would run plain functions in worker threads, and the
+status keeper they poke lives on the event loop.
+
+Nothing is decided here; read this file to see *what* the operator reacts to, and the
+handler modules for *how*:
+
+==========================================  ===============================================
+MultiplexedDeployment created/updated,      :func:`handlers.reconcile.reconcile`: validate,
+and every one seen at operator start        apply the owned objects, post Events
+any event on a MultiplexedDeployment,       the status keeper recomputes its status
+its replica pods or its Deployments         (:mod:`handlers.keeper`)
+an owned Deployment deleted                 the keeper applies the objects again
+==========================================  ===============================================
+
+``run_operator()`` is what ``modelplex operator`` runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+import kopf
+
+from modelplex.names import API_GROUP, API_VERSION, LABEL_DEPLOYMENT, PLURAL
+from modelplex_operator import MANAGED_BY
+from modelplex_operator.config import ConfigError, OperatorConfig
+from modelplex_operator.handlers import lifecycle, observe, reconcile
+from modelplex_operator.handlers.context import context_of
+
+CR = (API_GROUP, API_VERSION, PLURAL)
+PODS = lifecycle.PODS
+DEPLOYMENTS = lifecycle.DEPLOYMENTS
+OURS = {"app.kubernetes.io/managed-by": MANAGED_BY, LABEL_DEPLOYMENT: kopf.PRESENT}
+REPLICA_PODS = {**OURS, "modelplex.io/role": "replica"}
+
+
+# --------------------------------------------------------------------------- lifecycle
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    await lifecycle.startup(settings, memo, logger)
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    await lifecycle.cleanup(memo, logger)
+
+
+@kopf.on.probe(id="operator")
+async def probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
+    return lifecycle.probe(memo)
+
+
+# --------------------------------------------------------------------------- indexes
+
+
+@kopf.index(*CR)
+async def mxd_by_key(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict:
+    return observe.index_resource(body, namespace, name)
+
+
+@kopf.index(*PODS, labels=REPLICA_PODS)
+async def replica_pods_by_owner(body: kopf.Body, namespace: str, labels: kopf.Labels, **_: Any) -> dict | None:
+    return observe.index_replica_pod(body, namespace, labels)
+
+
+@kopf.index(*DEPLOYMENTS, labels=OURS)
+async def deployments_by_owner(body: kopf.Body, namespace: str, labels: kopf.Labels, **_: Any) -> dict | None:
+    return observe.index_deployment(body, namespace, labels)
+
+
+def _indexes(kwargs: dict[str, Any]) -> observe.Indexes:
+    return observe.Indexes(
+        resources=kwargs["mxd_by_key"],
+        pods=kwargs["replica_pods_by_owner"],
+        deployments=kwargs["deployments_by_owner"],
+    )
+
+
+# --------------------------------------------------------------------------- reconcile
+
+
+@kopf.on.resume(*CR)
+@kopf.on.create(*CR)
+@kopf.on.update(*CR)
+async def reconcile_resource(body: kopf.Body, memo: kopf.Memo, retry: int, **kwargs: Any) -> None:
+    ctx = context_of(memo)
+    if ctx.keeper is not None:
+        ctx.keeper.indexes = _indexes(kwargs)
+    await reconcile.reconcile(ctx, body, retry)
+
+
+# --------------------------------------------------------------------------- status
+
+
+@kopf.on.event(*CR)
+async def on_resource_event(namespace: str, name: str, memo: kopf.Memo, **kwargs: Any) -> None:
+    context_of(memo).keeper.poke((namespace, name), _indexes(kwargs))
+
+
+@kopf.on.event(*PODS, labels=REPLICA_PODS)
+async def on_replica_pod_event(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any) -> None:
+    key = observe.owner_key(namespace, labels)
+    if key is not None:
+        context_of(memo).keeper.poke(key, _indexes(kwargs))
+
+
+@kopf.on.event(*DEPLOYMENTS, labels=OURS)
+async def on_deployment_event(type: str, namespace: str, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any) -> None:
+    key = observe.owner_key(namespace, labels)
+    if key is not None:
+        context_of(memo).keeper.poke(key, _indexes(kwargs), repair=type == "DELETED")
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def run_operator() -> int:
+    """Run kopf with these handlers until SIGTERM/SIGINT; returns the exit code."""
+    try:
+        config = OperatorConfig.from_env()
+    except ConfigError as error:
+        print(f"modelplex operator: {error}", file=sys.stderr)
+        return 2
+    level = config.log_level.upper()
+    logging.getLogger().setLevel(level)
+    quiet = ["kubernetes.client.rest", "urllib3", "aiohttp.access"]
+    if level != "DEBUG":
+        # kopf says "Handler ... succeeded" for every pod event: the operator logs what matters itself.
+        quiet.append("kopf.objects")
+    for noisy in quiet:
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    memo = kopf.Memo(config=config)
+    kopf.run(
+        clusterwide=config.clusterwide,
+        namespaces=list(config.namespaces),
+        standalone=True,
+        liveness_endpoint=config.health_endpoint or None,
+        memo=memo,
+    )
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(run_operator())

@@ -1,0 +1,371 @@
+"""A MultiplexedDeployment's status, computed from what the operator sees (pure functions).
+
+Inputs are small views of the owned Deployments and of the replica pods (built from API
+objects by :func:`pod_view` and :func:`deployment_view`), the resource itself, and the outcome
+of the last reconcile. The output is the whole ``status``: counts, ``loadedModels`` (distinct
+models across the replica pods' ``modelplex.io/loaded-models`` annotations), ``routerService``,
+``observedGeneration``, the scale subresource's ``selector`` and three conditions:
+
+- ``Ready``: every wanted replica and router pod is ready on the current spec;
+- ``Progressing``: the operator or a rollout is still getting there;
+- ``Degraded``: something needs a person (an invalid spec, an object the API refused,
+  a Deployment that cannot create its pods or is past its progress deadline).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from modelplex.names import ANNOTATION_LOADED_MODELS, LABEL_ROLE, ROLE_REPLICA, ROLE_ROUTER
+from modelplex_operator.builders import selector_string
+
+READY = "Ready"
+PROGRESSING = "Progressing"
+DEGRADED = "Degraded"
+CONDITION_TYPES = (READY, PROGRESSING, DEGRADED)
+
+# Outcome states of a reconcile.
+OK = "ok"
+INVALID = "invalid"  # the spec cannot be used (PermanentError)
+REJECTED = "rejected"  # the API refused an object for good (PermanentError)
+RETRYING = "retrying"  # a retry may help (TemporaryError)
+CONFLICT = "conflict"  # an object of ours exists and belongs to someone else
+
+
+@dataclass(frozen=True)
+class PodView:
+    name: str
+    ready: bool = False
+    deleting: bool = False
+    models: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DeploymentView:
+    name: str
+    role: str
+    generation: int = 0
+    observed_generation: int = 0
+    replicas: int = 0  # wanted (spec)
+    status_replicas: int = 0
+    ready: int = 0
+    updated: int = 0
+    available: int = 0
+    conditions: tuple[tuple[str, str, str, str], ...] = ()  # (type, status, reason, message)
+
+    def condition(self, ctype: str) -> tuple[str, str, str, str] | None:
+        return next((c for c in self.conditions if c[0] == ctype), None)
+
+    @property
+    def rolled_out(self) -> bool:
+        """The Deployment controller has seen the latest template and every pod runs it."""
+        return (
+            self.observed_generation >= self.generation
+            and self.updated == self.replicas
+            and self.status_replicas == self.replicas
+        )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the last reconcile of one resource came to."""
+
+    uid: str
+    generation: int
+    state: str
+    reason: str = ""
+    message: str = ""
+
+    @property
+    def final(self) -> bool:
+        """The operator is done with this generation (success or refusal); not while retrying."""
+        return self.state in (OK, INVALID, REJECTED)
+
+
+@dataclass(frozen=True)
+class Resource:
+    """The parts of a MultiplexedDeployment that status needs."""
+
+    name: str
+    namespace: str
+    uid: str = ""
+    generation: int = 1
+    spec: Mapping[str, Any] = field(default_factory=dict)
+    status: Mapping[str, Any] = field(default_factory=dict)
+    deleting: bool = False
+    spec_problem: str = ""  # what validation found wrong with the current spec, if anything
+
+
+# --------------------------------------------------------------------------- views of API objects
+
+
+def _is_true(conditions: Iterable[Mapping[str, Any]] | None, ctype: str) -> bool:
+    return any(c.get("type") == ctype and c.get("status") == "True" for c in conditions or ())
+
+
+def loaded_models(annotations: Mapping[str, str] | None) -> tuple[str, ...]:
+    """The models a replica pod reports; nothing when the annotation is missing or malformed."""
+    raw = (annotations or {}).get(ANNOTATION_LOADED_MODELS)
+    if not raw:
+        return ()
+    try:
+        document = json.loads(raw)
+    except (TypeError, ValueError):
+        return ()
+    models = document.get("models") if isinstance(document, dict) else None
+    if not isinstance(models, list):
+        return ()
+    return tuple(m for m in models if isinstance(m, str) and m)
+
+
+def pod_view(pod: Mapping[str, Any]) -> PodView:
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    return PodView(
+        name=meta.get("name", ""),
+        ready=_is_true(status.get("conditions"), "Ready"),
+        deleting=bool(meta.get("deletionTimestamp")),
+        models=loaded_models(meta.get("annotations")),
+    )
+
+
+def deployment_view(deployment: Mapping[str, Any]) -> DeploymentView:
+    meta = deployment.get("metadata") or {}
+    spec = deployment.get("spec") or {}
+    status = deployment.get("status") or {}
+    conditions = tuple(
+        (str(c.get("type", "")), str(c.get("status", "")), str(c.get("reason", "")), str(c.get("message", "")))
+        for c in status.get("conditions") or ()
+    )
+    return DeploymentView(
+        name=meta.get("name", ""),
+        role=(meta.get("labels") or {}).get(LABEL_ROLE, ""),
+        generation=int(meta.get("generation") or 0),
+        observed_generation=int(status.get("observedGeneration") or 0),
+        replicas=int(spec.get("replicas") if spec.get("replicas") is not None else 1),
+        status_replicas=int(status.get("replicas") or 0),
+        ready=int(status.get("readyReplicas") or 0),
+        updated=int(status.get("updatedReplicas") or 0),
+        available=int(status.get("availableReplicas") or 0),
+        conditions=conditions,
+    )
+
+
+# --------------------------------------------------------------------------- the status
+
+
+def _condition(ctype: str, true: bool, reason: str, message: str, generation: int) -> dict[str, Any]:
+    return {
+        "type": ctype,
+        "status": "True" if true else "False",
+        "reason": reason,
+        "message": message,
+        "observedGeneration": generation,
+    }
+
+
+def _deployment_problem(view: DeploymentView | None) -> tuple[str, str] | None:
+    if view is None:
+        return None
+    failure = view.condition("ReplicaFailure")
+    if failure and failure[1] == "True":
+        return "ReplicaFailure", f"Deployment {view.name}: {failure[3] or failure[2]}"
+    progressing = view.condition("Progressing")
+    if progressing and progressing[1] == "False" and progressing[2] == "ProgressDeadlineExceeded":
+        return "ProgressDeadlineExceeded", f"Deployment {view.name}: {progressing[3] or progressing[2]}"
+    return None
+
+
+def compute_status(
+    resource: Resource,
+    deployments: Iterable[DeploymentView],
+    pods: Iterable[PodView],
+    outcome: Outcome | None,
+    now: str,
+) -> dict[str, Any]:
+    """The whole status of ``resource``; conditions keep their ``lastTransitionTime`` unless they flip."""
+    spec = resource.spec or {}
+    current = dict(resource.status or {})
+    by_role = {view.role: view for view in deployments}
+    replica, router = by_role.get(ROLE_REPLICA), by_role.get(ROLE_ROUTER)
+    want = _int(spec.get("replicas"), 1)
+    router_spec = spec.get("router") or {}
+    want_routers = _int(router_spec.get("replicas"), 1)
+    port = _int(router_spec.get("port"), 8000)
+    live_pods = [pod for pod in pods if not pod.deleting]
+    models = sorted({model for pod in live_pods for model in pod.models})
+
+    if outcome is not None and outcome.uid not in ("", resource.uid):
+        outcome = None  # an outcome of an earlier object of the same name
+    observed = current.get("observedGeneration")
+    if outcome is not None and outcome.final:
+        observed = outcome.generation
+    gen = resource.generation
+    current_outcome = outcome if outcome is not None and outcome.generation == gen else None
+
+    status: dict[str, Any] = {
+        "replicas": replica.status_replicas if replica else 0,
+        "readyReplicas": replica.ready if replica else 0,
+        "updatedReplicas": replica.updated if replica else 0,
+        "loadedModels": len(models),
+        "routerService": f"{resource.name}.{resource.namespace}.svc:{port}",
+        "selector": selector_string(resource.name),
+    }
+    if observed is not None:
+        status["observedGeneration"] = int(observed)
+
+    # Degraded: something a person must look at.
+    problem: tuple[str, str] | None = None
+    if resource.spec_problem:
+        problem = ("InvalidSpec", resource.spec_problem)
+    elif current_outcome is not None and current_outcome.state in (INVALID, REJECTED, RETRYING, CONFLICT):
+        problem = (current_outcome.reason or "ReconcileFailed", current_outcome.message)
+    elif outcome is None and _previous_problem(current, gen):
+        problem = _previous_problem(current, gen)  # the operator restarted: keep what it knew
+    else:
+        problem = _deployment_problem(replica) or _deployment_problem(router)
+    degraded = _condition(DEGRADED, problem is not None, problem[0] if problem else "AsExpected",
+                          problem[1] if problem else "", gen)
+
+    # Progressing / Ready.
+    caught_up = observed is not None and int(observed) >= gen
+    if resource.spec_problem or (problem and problem[0] in ("InvalidSpec", "ApplyRejected")):
+        progressing = _condition(PROGRESSING, False, problem[0], "the operator cannot act on this spec", gen)
+        ready = _condition(READY, False, problem[0], problem[1], gen)
+    else:
+        progress_reason, progress_message = _progress(caught_up, want, want_routers, replica, router)
+        progressing = _condition(PROGRESSING, progress_reason is not None,
+                                 progress_reason or "RolloutComplete",
+                                 progress_message or _counts(want, want_routers, replica, router), gen)
+        ready_reason, ready_message = _readiness(caught_up, want, want_routers, replica, router, problem)
+        ready = _condition(READY, ready_reason == "AllReplicasReady", ready_reason, ready_message, gen)
+
+    status["conditions"] = merge_conditions(current.get("conditions") or [], [ready, progressing, degraded], now)
+    return status
+
+
+def _int(value: Any, default: int) -> int:
+    try:
+        return int(value) if value is not None else default
+    except (TypeError, ValueError):
+        return default
+
+
+_OPERATOR_REASONS = ("InvalidSpec", "ApplyRejected", "ApplyFailed", "ObjectConflict")
+
+
+def _previous_problem(current: Mapping[str, Any], generation: int) -> tuple[str, str] | None:
+    for cond in current.get("conditions") or ():
+        if (cond.get("type") == DEGRADED and cond.get("status") == "True"
+                and cond.get("reason") in _OPERATOR_REASONS and cond.get("observedGeneration") == generation):
+            return cond.get("reason", ""), cond.get("message", "")
+    return None
+
+
+def _counts(want: int, want_routers: int, replica: DeploymentView | None, router: DeploymentView | None) -> str:
+    ready = replica.ready if replica else 0
+    routers = router.ready if router else 0
+    return f"{ready}/{want} replicas and {routers}/{want_routers} routers ready"
+
+
+def _progress(
+    caught_up: bool, want: int, want_routers: int, replica: DeploymentView | None, router: DeploymentView | None
+) -> tuple[str | None, str | None]:
+    if not caught_up:
+        return "Reconciling", "the operator is applying the latest spec"
+    if replica is None or router is None:
+        missing = ", ".join(n for n, v in (("replica", replica), ("router", router)) if v is None)
+        return "Creating", f"waiting for the {missing} Deployment"
+    for view, wanted, what in ((replica, want, "replica"), (router, want_routers, "router")):
+        if view.replicas != wanted or view.observed_generation < view.generation:
+            return "Reconciling", f"the {what} Deployment has not caught up with the spec yet"
+        if view.updated < wanted:
+            return "RollingOut", f"{view.updated}/{wanted} {what} pods run the latest spec"
+        if view.status_replicas > wanted:
+            verb = "RollingOut" if view.updated < view.status_replicas else "ScalingDown"
+            return verb, f"{view.status_replicas - wanted} old {what} pods are still terminating"
+        # A router is ready only while a replica is: with no replicas wanted, none will be.
+        if view.ready < wanted and not (what == "router" and want == 0):
+            return "ScalingUp", f"{view.ready}/{wanted} {what} pods ready"
+    return None, None
+
+
+def _readiness(
+    caught_up: bool,
+    want: int,
+    want_routers: int,
+    replica: DeploymentView | None,
+    router: DeploymentView | None,
+    problem: tuple[str, str] | None,
+) -> tuple[str, str]:
+    counts = _counts(want, want_routers, replica, router)
+    # Ready says whether the pool serves as the spec asks, now: a scale-up is not ready until the
+    # new pods are; a spec the operator has not applied yet does not by itself make it unready.
+    if problem is not None and problem[0] in ("ApplyFailed", "ObjectConflict") and not caught_up:
+        return problem[0], problem[1]
+    if want == 0:
+        return "ScaledToZero", "spec.replicas is 0: nothing serves"
+    if want_routers == 0:
+        return "NoRouter", "spec.router.replicas is 0: nothing routes"
+    if replica is None or replica.ready < want:
+        return "ReplicasNotReady", counts
+    if router is None or router.ready < want_routers:
+        return "RouterNotReady", counts
+    return "AllReplicasReady", counts
+
+
+def merge_conditions(old: Iterable[Mapping[str, Any]], new: Iterable[Mapping[str, Any]], now: str) -> list[dict[str, Any]]:
+    """``new`` with ``lastTransitionTime`` carried over from ``old`` where the status did not flip."""
+    previous = {c.get("type"): c for c in old}
+    merged = []
+    for cond in new:
+        cond = dict(cond)
+        before = previous.get(cond["type"])
+        if before is not None and before.get("status") == cond["status"] and before.get("lastTransitionTime"):
+            cond["lastTransitionTime"] = before["lastTransitionTime"]
+        else:
+            cond["lastTransitionTime"] = now
+        merged.append(cond)
+    return merged
+
+
+def condition(status: Mapping[str, Any] | None, ctype: str) -> Mapping[str, Any] | None:
+    return next((c for c in (status or {}).get("conditions") or () if c.get("type") == ctype), None)
+
+
+def transitions(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """Events worth posting for a status change: ``(type, reason, message)``.
+
+    Ready turning True (Normal) or False (Warning), and Degraded turning True for a reason the
+    Deployments gave (the operator posts its own refusals when it makes them).
+    """
+    events = []
+    before_ready, after_ready = condition(old, READY), condition(new, READY)
+    if after_ready is not None:
+        was = before_ready.get("status") if before_ready else None
+        now_ = after_ready.get("status")
+        if now_ == "True" and was != "True":
+            events.append(("Normal", "Ready", after_ready.get("message", "")))
+        elif now_ == "False" and was == "True" and _is_status(new, PROGRESSING, "False"):
+            # Unready while a rollout or scale-up is under way is expected: no Warning for it.
+            events.append(("Warning", "NotReady", f"{after_ready.get('reason')}: {after_ready.get('message', '')}"))
+    before_deg, after_deg = condition(old, DEGRADED), condition(new, DEGRADED)
+    if (after_deg is not None and after_deg.get("status") == "True"
+            and after_deg.get("reason") not in _OPERATOR_REASONS
+            and (before_deg is None or before_deg.get("status") != "True"
+                 or before_deg.get("reason") != after_deg.get("reason"))):
+        events.append(("Warning", after_deg.get("reason", "Degraded"), after_deg.get("message", "")))
+    return events
+
+
+def _is_status(status: Mapping[str, Any], ctype: str, value: str) -> bool:
+    cond = condition(status, ctype)
+    return cond is not None and cond.get("status") == value
+
+
+def status_differs(current: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> bool:
+    """True when writing ``desired`` would change the stored status."""
+    current = current or {}
+    return any(current.get(key) != value for key, value in desired.items())

@@ -1,0 +1,211 @@
+"""The desired objects: names, labels, ownership, pods that run `modelplex replica|router`."""
+
+from __future__ import annotations
+
+import yaml
+
+from unit.operator.objects import UID, body, deployment_of
+from modelplex.names import (
+    ANNOTATION_LOADED_MODELS,
+    ENV_POD_IP,
+    ENV_POD_NAME,
+    ENV_POD_NAMESPACE,
+    ENV_SPEC,
+    LABEL_DEPLOYMENT,
+    LABEL_ROLE,
+    REPLICA_PORT,
+)
+from modelplex.spec import load_manifest, to_manifest
+from modelplex_operator import builders
+from modelplex_operator.builders import BuildSettings
+
+SETTINGS = BuildSettings(router_image="registry.example.com/modelplex/router:0.1.0")
+
+
+def build(doc=None, settings=SETTINGS):
+    doc = doc or body()
+    return builders.desired_objects(deployment_of(doc), builders.owner_reference(doc), settings)
+
+
+def by_kind_name(objects):
+    return {(o["kind"], o["metadata"]["name"]): o for o in objects}
+
+
+def container(obj):
+    (only,) = obj["spec"]["template"]["spec"]["containers"]
+    return only
+
+
+def env_of(c):
+    return {e["name"]: e for e in c["env"]}
+
+
+def test_the_objects_of_design_md_in_apply_order():
+    objects = build()
+    assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [
+        ("ServiceAccount", "recs-replica"),
+        ("ServiceAccount", "recs-router"),
+        ("Role", "recs-replica"),
+        ("Role", "recs-router"),
+        ("RoleBinding", "recs-replica"),
+        ("RoleBinding", "recs-router"),
+        ("ConfigMap", "recs-spec"),
+        ("Service", "recs"),
+        ("Deployment", "recs-replica"),
+        ("Deployment", "recs-router"),
+    ]
+
+
+def test_every_object_is_owned_labelled_and_namespaced():
+    for obj in build():
+        meta = obj["metadata"]
+        assert meta["namespace"] == "team-a"
+        assert meta["ownerReferences"] == [{
+            "apiVersion": "modelplex.io/v1alpha1", "kind": "MultiplexedDeployment", "name": "recs",
+            "uid": UID, "controller": True, "blockOwnerDeletion": True,
+        }]
+        labels = meta["labels"]
+        assert labels[LABEL_DEPLOYMENT] == "recs"
+        assert labels["app.kubernetes.io/name"] == "modelplex"
+        assert labels["app.kubernetes.io/instance"] == "recs"
+        assert labels["app.kubernetes.io/managed-by"] == "modelplex-operator"
+        assert labels["app.kubernetes.io/part-of"] == "modelplex"
+        assert labels["app.kubernetes.io/component"]
+
+
+def test_rbac_is_least_privilege():
+    objects = by_kind_name(build())
+    assert objects["Role", "recs-replica"]["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}
+    ]
+    assert objects["Role", "recs-router"]["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    ]
+    for role in ("replica", "router"):
+        binding = objects["RoleBinding", f"recs-{role}"]
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"recs-{role}"}
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": f"recs-{role}", "namespace": "team-a"}]
+        pod = objects["Deployment", f"recs-{role}"]["spec"]["template"]["spec"]
+        assert pod["serviceAccountName"] == f"recs-{role}"
+
+
+def test_the_config_map_holds_the_manifest_the_pods_read(tmp_path):
+    doc = body()
+    cm = by_kind_name(build(doc))["ConfigMap", "recs-spec"]
+    path = tmp_path / "spec.yaml"
+    path.write_text(cm["data"]["spec.yaml"])
+    read_back = load_manifest(path)
+    assert read_back.name == "recs" and read_back.namespace == "team-a"
+    assert read_back.spec == deployment_of(doc).spec
+    assert yaml.safe_load(cm["data"]["spec.yaml"]) == to_manifest(deployment_of(doc))
+
+
+def test_replica_deployment_runs_modelplex_replica():
+    dep = by_kind_name(build())["Deployment", "recs-replica"]
+    assert dep["spec"]["replicas"] == 2
+    assert dep["spec"]["selector"] == {"matchLabels": {LABEL_DEPLOYMENT: "recs", LABEL_ROLE: "replica"}}
+    template = dep["spec"]["template"]
+    assert template["metadata"]["labels"][LABEL_ROLE] == "replica"
+    assert template["metadata"]["labels"][LABEL_DEPLOYMENT] == "recs"
+    c = container(dep)
+    assert c["command"] == ["modelplex", "replica"]
+    assert c["image"] == "registry.example.com/recs:1.4"
+    assert c["ports"] == [{"name": "http", "containerPort": REPLICA_PORT, "protocol": "TCP"}]
+    env = env_of(c)
+    assert env[ENV_SPEC] == {"name": ENV_SPEC, "value": "/etc/modelplex/spec.yaml"}
+    assert env[ENV_POD_NAME]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env[ENV_POD_NAMESPACE]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    assert env[ENV_POD_IP]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    # spec.env comes after the operator's own entries
+    assert c["env"][-1] == {"name": "LOG_LEVEL", "value": "info"}
+    assert c["envFrom"] == [{"secretRef": {"name": "s3-credentials"}}]
+    assert c["resources"] == {"limits": {"nvidia.com/gpu": 1}}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert c["volumeMounts"] == [{"name": "spec", "mountPath": "/etc/modelplex", "readOnly": True}]
+    assert template["spec"]["volumes"] == [{"name": "spec", "configMap": {"name": "recs-spec"}}]
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    # a replica drains in-flight requests for up to 30 s
+    assert template["spec"]["terminationGracePeriodSeconds"] > 30
+
+
+def test_env_value_from_passes_through_and_no_secret_means_no_env_from():
+    doc = body(env=[{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+               modelSource={"uri": "file:///models/{model_id}.pt"}, resources={})
+    c = container(by_kind_name(build(doc))["Deployment", "recs-replica"])
+    assert c["env"][-1] == {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}
+    assert "envFrom" not in c
+    assert "resources" not in c
+
+
+def test_router_deployment_and_service():
+    doc = body(router={"replicas": 2, "port": 8100})
+    objects = by_kind_name(build(doc))
+    dep = objects["Deployment", "recs-router"]
+    assert dep["spec"]["replicas"] == 2
+    assert dep["spec"]["selector"] == {"matchLabels": {LABEL_DEPLOYMENT: "recs", LABEL_ROLE: "router"}}
+    c = container(dep)
+    assert c["command"] == ["modelplex", "router"]
+    assert c["args"] == ["--port", "8100"]
+    assert c["image"] == "registry.example.com/modelplex/router:0.1.0"
+    assert c["ports"][0]["containerPort"] == 8100
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert "LOG_LEVEL" not in env_of(c)  # spec.env is the replica's
+    assert dep["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+    svc = objects["Service", "recs"]
+    assert svc["spec"]["selector"] == {LABEL_DEPLOYMENT: "recs", LABEL_ROLE: "router"}
+    assert svc["spec"]["ports"] == [{"name": "http", "port": 8100, "targetPort": "http", "protocol": "TCP"}]
+
+
+def test_the_router_discovers_the_replica_port_by_its_name():
+    # modelplex_router.discovery.kubernetes.replica_port reads the container port named "http".
+    from modelplex_router.discovery.kubernetes import replica_port
+
+    dep = by_kind_name(build())["Deployment", "recs-replica"]
+    assert replica_port({"spec": dep["spec"]["template"]["spec"]}) == REPLICA_PORT
+
+
+def test_scaling_does_not_roll_the_pods_but_a_spec_change_does():
+    def hash_of(doc):
+        return by_kind_name(build(doc))["Deployment", "recs-replica"]["spec"]["template"]["metadata"]["annotations"][
+            builders.ANNOTATION_SPEC_HASH]
+
+    base = hash_of(body())
+    assert hash_of(body()) == base  # stable
+    assert hash_of(body(replicas=5)) == base
+    assert hash_of(body(router={"replicas": 3, "port": 8000})) == base
+    assert hash_of(body(batching={"maxBatchSize": 4, "batchWaitTimeoutMs": 10})) != base
+    assert hash_of(body(image="registry.example.com/recs:1.5")) != base
+    assert hash_of(body(env=[{"name": "LOG_LEVEL", "value": "debug"}])) != base
+    router = by_kind_name(build())["Deployment", "recs-router"]
+    assert router["spec"]["template"]["metadata"]["annotations"][builders.ANNOTATION_SPEC_HASH] == base
+
+
+def test_pods_keep_serving_while_they_roll():
+    for role in ("replica", "router"):
+        dep = by_kind_name(build())["Deployment", f"recs-{role}"]
+        assert dep["spec"]["strategy"] == {"type": "RollingUpdate",
+                                           "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+
+
+def test_image_pull_policy_only_when_set():
+    plain = container(by_kind_name(build())["Deployment", "recs-replica"])
+    assert "imagePullPolicy" not in plain
+    pulled = container(by_kind_name(build(settings=BuildSettings(image_pull_policy="Always")))["Deployment",
+                                                                                               "recs-router"])
+    assert pulled["imagePullPolicy"] == "Always"
+
+
+def test_the_scale_selector_matches_the_replica_pods():
+    dep = by_kind_name(build())["Deployment", "recs-replica"]
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    for term in builders.selector_string("recs").split(","):
+        k, v = term.split("=")
+        assert labels[k] == v
+
+
+def test_nothing_is_built_from_the_annotation_contract():
+    # The operator reads the loaded-models annotation; it never writes it into templates.
+    for obj in build():
+        text = yaml.safe_dump(obj)
+        assert ANNOTATION_LOADED_MODELS not in text

@@ -1,0 +1,66 @@
+"""The client's pure parts: paths, ownership, which errors are worth a retry."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from modelplex_operator.kube import (
+    KubeError,
+    NotOwned,
+    check_ownership,
+    controller_of,
+    error_from_api_exception,
+    object_path,
+)
+
+
+def test_object_paths():
+    assert object_path("v1", "ConfigMap", "ns", "c") == "/api/v1/namespaces/ns/configmaps/c"
+    assert object_path("apps/v1", "Deployment", "ns", "d") == "/apis/apps/v1/namespaces/ns/deployments/d"
+    assert object_path("rbac.authorization.k8s.io/v1", "RoleBinding", "ns", "r") == \
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/ns/rolebindings/r"
+    assert object_path("modelplex.io/v1alpha1", "MultiplexedDeployment", "ns", "m", "status") == \
+        "/apis/modelplex.io/v1alpha1/namespaces/ns/multiplexeddeployments/m/status"
+    with pytest.raises(ValueError, match="does not write Secret"):
+        object_path("v1", "Secret", "ns", "s")
+
+
+def _owned_by(uid, controller=True):
+    return {"metadata": {"ownerReferences": [
+        {"kind": "Other", "name": "x", "uid": "someone", "controller": False},
+        {"kind": "MultiplexedDeployment", "name": "recs", "uid": uid, "controller": controller},
+    ]}}
+
+
+def test_ownership():
+    assert controller_of(_owned_by("u1"))["uid"] == "u1"
+    assert controller_of(_owned_by("u1", controller=False)) is None
+    check_ownership(None, "u1", "Deployment d")  # new
+    check_ownership(_owned_by("u1"), "u1", "Deployment d")  # ours
+    check_ownership({"metadata": {}}, "u1", "Deployment d")  # nobody's: adopted
+    with pytest.raises(NotOwned, match="Deployment d exists and is controlled by MultiplexedDeployment recs"):
+        check_ownership(_owned_by("u0"), "u1", "Deployment d")
+
+
+def test_retryable_errors():
+    for status in (0, 403, 404, 409, 429, 500, 503, 504):
+        assert KubeError(status, "r", "m").retryable
+    for status in (400, 401, 422):
+        assert not KubeError(status, "r", "m").retryable
+
+
+class FakeApiException(Exception):
+    def __init__(self, status, reason, body):
+        self.status, self.reason, self.body = status, reason, body
+
+
+def test_api_errors_keep_the_servers_message():
+    body = json.dumps({"kind": "Status", "reason": "Invalid",
+                       "message": 'Deployment.apps "recs-replica" is invalid: spec.template...: Invalid value'})
+    error = error_from_api_exception(FakeApiException(422, "Unprocessable Entity", body), "apply Deployment x")
+    assert error.status == 422 and error.reason == "Invalid" and not error.retryable
+    assert str(error).startswith("apply Deployment x: 422 Invalid: Deployment.apps \"recs-replica\" is invalid")
+    raw = error_from_api_exception(FakeApiException(503, "Service Unavailable", "upstream down"))
+    assert raw.message == "upstream down" and raw.retryable
