@@ -26,7 +26,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from modelplex.names import MODEL_ID_HEADER
@@ -77,7 +77,8 @@ class Child:
     ready: bool = False
     restarts: int = 0
     restart_at: float | None = None
-    extra: dict = field(default_factory=dict)
+    #: A router: ready once its /readyz counts this many ready replicas (not merely one).
+    expected_replicas: int | None = None
 
 
 def plan(manifest_paths: list[str], *, host: str, port: int) -> list[Plan]:
@@ -168,8 +169,8 @@ class LocalRun:
                            "--host", p.router_host, "--port", str(p.router_port)]
             for i in range(len(p.replica_ports)):
                 router_argv += ["--replica", f"{p.replica_name(i)}={p.replica_url(i)}"]
-            self.routers.append(Child(name=f"{name} router", argv=router_argv,
-                                      ready_url=p.router_url + "/readyz", extra={"plan": p}))
+            self.routers.append(Child(name=f"{name} router", argv=router_argv, ready_url=p.router_url + "/readyz",
+                                      expected_replicas=len(p.replica_ports)))
 
     @property
     def children(self) -> list[Child]:
@@ -223,8 +224,8 @@ class LocalRun:
             for child in self.children:
                 code = child.proc.poll() if child.proc else None
                 if code is not None:
-                    self.say(f"modelplex local: {child.name} exited with code {code} while starting; "
-                             "see its output above")
+                    self.say(f"modelplex local: {child.name} exited with code {code} while starting "
+                             "(its own output says why)")
                     return False
                 if not child.ready and self._probe(child):
                     child.ready = True
@@ -247,12 +248,10 @@ class LocalRun:
                     return False
         except (OSError, urllib.error.URLError):
             return False
-        plan_ = child.extra.get("plan")
-        if plan_ is None:
+        if child.expected_replicas is None:
             return True
-        # A router is ready for us once it sees every replica (not merely one).
         try:
-            return json.loads(body).get("ready_replicas", 0) >= len(plan_.replica_ports)
+            return json.loads(body).get("ready_replicas", 0) >= child.expected_replicas
         except ValueError:
             return False
 

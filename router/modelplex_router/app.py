@@ -140,11 +140,13 @@ async def _serve(request: web.Request, model: str, *, oip: bool) -> web.StreamRe
     start = time.perf_counter()
     metrics.inflight.inc()
     status = 500
+    label = model  # the metrics' model label: never an unchecked string
     try:
         if model:
             try:
                 validate_model_id(model)
             except InvalidModelId as error:
+                label = ""
                 raise BadRequest(str(error)) from None
         body = await request.read()
         if oip:
@@ -163,7 +165,7 @@ async def _serve(request: web.Request, model: str, *, oip: bool) -> web.StreamRe
         raise
     finally:
         metrics.inflight.dec()
-        metrics.observe(status, time.perf_counter() - start, model)
+        metrics.observe(status, time.perf_counter() - start, label)
 
 
 def _check_oip(request: web.Request, body: bytes) -> None:

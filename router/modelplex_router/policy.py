@@ -12,9 +12,10 @@ For a request naming model M, among the ready replicas:
 2. when no replica holds M, the replica with the fewest models, ties broken by rendezvous
    hashing on (M, replica name) so that several routers place a new model on the same
    replica; when every holder is full, M *spreads* to one more replica the same way rather
-   than queueing behind the holders (the hot-model spread: ray-project/ray#48741), unless a
-   holder is still loading M, in which case the request waits up to
-   ``matching_timeout_s`` for that load before spreading further;
+   than queueing behind the holders (the hot-model spread: ray-project/ray#48741), if one
+   has capacity to spare (at most half its slots taken) and no holder is still loading M;
+   otherwise the request waits for a holder's slot, up to ``matching_timeout_s``, and then
+   goes to any replica with room;
 3. otherwise any replica with room (the least busy).
 
 A request with no model id goes to the least busy replica.
@@ -99,11 +100,15 @@ def choose(
         if with_room:
             return Decision(two_choices(with_room, rng), Kind.HIT)
         # Every holder is full. Spread M to one more replica now (hot-model spread), but not
-        # while a holder is still loading it: a burst for a new model must not load it
-        # everywhere. Past the matching timeout the request stops waiting for that load.
-        still_loading = any(r.is_loading(model) for r in holders)
-        if not (params.hot_spread and not still_loading) and waited_s < params.matching_timeout_s:
-            return None
+        # while a holder is still loading it (a burst for a new model must not load it
+        # everywhere), and only to a replica with capacity to spare (when every replica is
+        # busy, moving M around adds loads, not capacity). Past the matching timeout the
+        # request stops waiting and goes to any replica with room, as in Ray Serve.
+        if waited_s < params.matching_timeout_s:
+            if not params.hot_spread or any(r.is_loading(model) for r in holders):
+                return None
+            spare = limit // 2
+            others = [r for r in others if r.inflight <= spare]
         kind = Kind.FALLBACK
     else:
         kind = Kind.MISS

@@ -1,16 +1,20 @@
 """Turning the policy's answers into leases on replicas: waiting, bounds, bookkeeping.
 
-:meth:`Scheduler.acquire` asks the policy for a replica; when the answer is "wait", it waits
-for the table to change (a slot freed, a load finished, a replica came up), at most until the
-matching timeout or the queue bound, then asks again. Past the bound the request is refused
-with 503 and Retry-After rather than queued for ever.
+:meth:`Scheduler.acquire` asks the policy for a replica. When the answer is "wait", the
+request joins a line. Whenever a slot frees up, the scheduler walks the line oldest first,
+asks the policy for each waiter and hands the slot straight to the first one it suits (so a
+newcomer cannot take it first, and one freed slot costs a few policy runs, not one per
+waiter). A waiter also looks for itself when its matching timeout passes. Past the queue
+bound a request is refused with 503 and Retry-After rather than queued for ever.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Callable, Collection
 
 from modelplex.errors import NotReady, Overloaded
@@ -19,6 +23,8 @@ from modelplex_router.table import Replica, RoutingTable
 
 #: How long a request that every remaining replica refused waits before trying them again.
 EXCLUDED_BACKOFF_S = 0.05
+#: Waiters asked, oldest first, for each freed slot before it is left to newcomers.
+HANDOFF_TRIES = 8
 
 
 @dataclass(eq=False, slots=True)
@@ -38,6 +44,14 @@ class Lease:
         if not self._released:
             self._released = True
             self._table.finished(self.replica, self.model, self.marked_load, ok, self._clock())
+
+
+@dataclass(eq=False, slots=True)
+class _Waiter:
+    model: str
+    start: float
+    exclude: set[str] | None
+    future: asyncio.Future = field(default=None)  # type: ignore[assignment]
 
 
 class Scheduler:
@@ -65,6 +79,10 @@ class Scheduler:
         self.rng = rng or random.Random()
         self.deployment = deployment
         self.queued = 0
+        self._line: deque[_Waiter] = deque()
+        self._handing_off = False
+        self._again = False
+        table.listener = self._on_table_event
 
     def try_acquire(self, model: str, waited_s: float = 0.0, exclude: Collection[str] = ()) -> Lease | None:
         """One routing decision now: a lease, or ``None`` to wait. Raises NotReady when no replica is."""
@@ -99,6 +117,8 @@ class Scheduler:
             raise Overloaded(f"{self.queued} requests already wait for a replica of {self.deployment!r}")
         deadline = start + self.queue_timeout_s
         match_at = start + self.params.matching_timeout_s
+        waiter = _Waiter(model, start, exclude, asyncio.get_running_loop().create_future())
+        self._line.append(waiter)
         self.queued += 1
         try:
             while True:
@@ -114,15 +134,73 @@ class Scheduler:
                     # Replicas that refused this request (503) may free up without this
                     # router noticing (other routers' traffic): look again soon.
                     wake = min(wake, now + EXCLUDED_BACKOFF_S)
-                await self.table.wait_changed(wake - now)
-                lease = self.try_acquire(model, self.clock() - start, exclude or ())
-                if lease is None and exclude and self._only_excluded_left(exclude):
-                    exclude.clear()
-                    lease = self.try_acquire(model, self.clock() - start)
+                await asyncio.wait((waiter.future,), timeout=wake - now)
+                if waiter.future.done():
+                    return waiter.future.result()  # handed a lease (or NotReady)
+                lease = self._try_for(waiter, self.clock())
                 if lease is not None:
                     return lease
+        except BaseException:
+            future = waiter.future
+            if future.done() and not future.cancelled():
+                if future.exception() is None:
+                    future.result().release(ok=False)  # handed a slot it will not use: pass it on
+            raise
         finally:
+            if not waiter.future.done():
+                waiter.future.cancel()  # the hand-off skips (and drops) it
             self.queued -= 1
+
+    def _try_for(self, waiter: _Waiter, now: float) -> Lease | None:
+        lease = self.try_acquire(waiter.model, now - waiter.start, waiter.exclude or ())
+        if lease is None and waiter.exclude and self._only_excluded_left(waiter.exclude):
+            waiter.exclude.clear()
+            lease = self.try_acquire(waiter.model, now - waiter.start)
+        return lease
+
+    def _on_table_event(self, freed: bool) -> None:
+        if not self._line:
+            return
+        if self._handing_off:  # a change noticed while handing off: walk the line once more
+            self._again = True
+            return
+        self._handing_off = True
+        try:
+            limit = HANDOFF_TRIES if freed else None
+            self._hand_off(limit)
+            while self._again:
+                self._again = False
+                self._hand_off(None)
+        finally:
+            self._handing_off = False
+
+    def _hand_off(self, limit: int | None) -> None:
+        """Give free slots to waiters, oldest first; ask at most ``limit`` that cannot use one."""
+        line = self._line
+        while line and line[0].future.done():
+            line.popleft()
+        now = self.clock()
+        tried = 0
+        i = 0
+        while i < len(line) and self.table.has_room(now, self.params.max_ongoing):
+            waiter = line[i]
+            if waiter.future.done():
+                del line[i]
+                continue
+            try:
+                lease = self._try_for(waiter, now)
+            except NotReady as error:
+                waiter.future.set_exception(error)
+                del line[i]
+                continue
+            if lease is not None:
+                waiter.future.set_result(lease)
+                del line[i]
+                continue
+            tried += 1
+            if limit is not None and tried >= limit:
+                return
+            i += 1
 
     def _only_excluded_left(self, exclude: set[str]) -> bool:
         return all(r.name in exclude for r in self.table.usable(self.clock()))

@@ -16,9 +16,8 @@ All times come from the caller (a monotonic clock), so tests drive it with a fak
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 #: How long a model learned from a response counts without discovery confirming it. Past
 #: that, discovery has had time to report it (the replica publishes within ~100 ms).
@@ -118,7 +117,9 @@ class RoutingTable:
         self._replicas: dict[str, Replica] = {}
         self._usable: list[Replica] | None = None  # cache of ready, unquarantined replicas
         self._next_refresh = float("-inf")
-        self._changed: asyncio.Future | None = None
+        #: Called with ``True`` when a slot frees up, ``False`` when anything else changed
+        #: (a replica came or went, a load showed up): the scheduler hands slots to waiters.
+        self.listener: Callable[[bool], None] | None = None
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -178,7 +179,7 @@ class RoutingTable:
             self._usable = None
             changed = True
         if changed:
-            self._notify()
+            self._notify(False)
 
     def remove(self, name: str) -> None:
         """The replica is gone (pod deleted, no longer configured)."""
@@ -214,9 +215,13 @@ class RoutingTable:
                 replica.pending[model] = left
             else:
                 replica.pending.pop(model, None)
+                if not ok:
+                    # The load it marked failed: requests waiting for it may go elsewhere now.
+                    self._notify(False)
+                    return
         if ok and model:
             replica.learned[model] = now
-        self._notify()
+        self._notify(True)
 
     def failed(self, replica: Replica, now: float) -> None:
         """A connection to ``replica`` failed: out of rotation until seen alive again."""
@@ -224,36 +229,23 @@ class RoutingTable:
             replica.down_at = now
             self._usable = None
 
-    # -- waiting -----------------------------------------------------------------------------
-
-    async def wait_changed(self, timeout: float) -> None:
-        """Wait until a slot frees up or the table changes, or ``timeout`` seconds pass."""
-        if timeout <= 0:
-            return
-        if self._changed is None or self._changed.done():
-            self._changed = asyncio.get_running_loop().create_future()
-        changed = self._changed
-        try:
-            async with asyncio.timeout(timeout):
-                await asyncio.shield(changed)
-        except TimeoutError:
-            pass
+    def has_room(self, now: float, limit: int) -> bool:
+        """Whether some usable replica has fewer than ``limit`` requests in flight."""
+        return any(r.inflight < limit for r in self.usable(now))
 
     # -- internals ---------------------------------------------------------------------------
 
     def _changed_now(self) -> None:
         self._usable = None
-        self._notify()
+        self._notify(False)
 
-    def _notify(self) -> None:
-        changed = self._changed
-        if changed is not None:
-            self._changed = None
-            if not changed.done():
-                changed.set_result(None)
+    def _notify(self, freed: bool) -> None:
+        if self.listener is not None:
+            self.listener(freed)
 
     def _refresh(self, now: float) -> None:
         self._next_refresh = now + _REFRESH_EVERY_S
+        back = False
         expired_before = now - self.learned_max_age_s
         for replica in self._replicas.values():
             if replica.learned:
@@ -262,3 +254,6 @@ class RoutingTable:
             if replica.down_at is not None and now - replica.down_at >= self.quarantine_s:
                 replica.down_at = None
                 self._usable = None
+                back = True
+        if back:
+            self._notify(False)

@@ -140,6 +140,17 @@ def test_a_hot_model_spreads_to_one_more_replica_when_its_holders_are_full():
     assert decision.kind is Kind.FALLBACK
 
 
+def test_no_spread_to_a_busy_replica_before_the_timeout():
+    # Every replica is busy: spreading would only add a load. Wait for a holder instead.
+    holder = rep("a", models={"m"}, inflight=4)
+    busy = rep("b", models={"x"}, inflight=3)
+    assert pick([holder, busy], "m", waited=0.5) is None
+    decision = pick([holder, busy], "m", waited=1.0)
+    assert decision.replica is busy and decision.kind is Kind.FALLBACK
+    half = rep("c", models={"x"}, inflight=2)
+    assert pick([holder, half], "m").replica is half
+
+
 def test_no_spread_while_a_holder_is_still_loading_the_model_until_the_timeout():
     loading = rep("a", loading={"m"}, inflight=4)
     other = rep("b")

@@ -241,16 +241,66 @@ async def test_a_waiting_request_spreads_after_the_matching_timeout():
     assert lease.kind is Kind.FALLBACK
 
 
-async def test_wait_changed_wakes_on_a_release_and_times_out_otherwise():
-    table = RoutingTable()
-    table.apply(info("a"), 0.0)
+def test_the_table_tells_its_listener_about_freed_slots_and_changes(clock):
+    table, _ = make(clock, "a")  # the scheduler made by make() is replaced as listener here
+    events = []
+    table.listener = events.append
+    table.apply(info("a"), clock())  # nothing new: no event
+    assert events == []
     replica = table.get("a")
-    table.dispatched(replica, "")
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    await table.wait_changed(0.05)
-    assert loop.time() - started >= 0.04
-    waiter = asyncio.create_task(table.wait_changed(30))
+    table.dispatched(replica, "m")
+    table.finished(replica, "m", False, True, clock())
+    assert events == [True]
+    table.apply(info("a", models=["m"]), clock())
+    table.apply(info("b"), clock())
+    table.remove("b")
+    assert events == [True, False, False, False]
+
+
+async def test_a_freed_slot_goes_to_the_oldest_waiter_without_waking_the_whole_line():
+    table, scheduler = make(lambda: asyncio.get_running_loop().time(), "a", max_ongoing=1)
+    calls = 0
+    choose = scheduler._choose
+
+    def counting(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        return choose(*args, **kwargs)
+
+    scheduler._choose = counting
+    held = await scheduler.acquire("")
+    order: list[int] = []
+
+    async def waiter(i):
+        lease = await scheduler.acquire("")
+        order.append(i)
+        await asyncio.sleep(0)
+        lease.release(ok=True)
+
+    tasks = []
+    for i in range(200):
+        tasks.append(asyncio.create_task(waiter(i)))
+        await asyncio.sleep(0)  # each one queues in turn
+    assert scheduler.queued == 200
+    calls = 0
+    held.release(ok=True)
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    assert order == list(range(200))  # first come, first served
+    assert calls <= 3 * 200  # a few policy runs per freed slot, not one per waiter (200 x 200)
+
+
+async def test_a_waiter_cancelled_after_being_handed_a_slot_passes_it_on():
+    table, scheduler = make(lambda: asyncio.get_running_loop().time(), "a", max_ongoing=1)
+    held = await scheduler.acquire("")
+    first = asyncio.create_task(scheduler.acquire(""))
     await asyncio.sleep(0)
-    table.finished(replica, "", False, True, 0.0)
-    await asyncio.wait_for(waiter, 5)
+    second = asyncio.create_task(scheduler.acquire(""))
+    third = asyncio.create_task(scheduler.acquire(""))
+    await asyncio.sleep(0.01)
+    held.release(ok=True)  # hands the slot to the first
+    first.cancel()  # whose client hung up before it ran: the slot goes on to the second
+    await asyncio.sleep(0)
+    second.cancel()  # and the same again
+    lease = await asyncio.wait_for(third, 5)
+    assert lease.replica.name == "a"
+    assert scheduler.queued == 0
