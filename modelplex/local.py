@@ -165,6 +165,8 @@ class LocalRun:
                           "--host", "127.0.0.1", "--port", str(replica_port)],
                     ready_url=p.replica_url(i) + "/readyz",
                 ))
+            if not p.replica_ports:
+                continue  # spec.replicas: 0 — nothing to route to (said so at start)
             router_argv = [*base, "router", "--spec", str(p.manifest), "--name", name,
                            "--host", p.router_host, "--port", str(p.router_port)]
             for i in range(len(p.replica_ports)):
@@ -186,8 +188,11 @@ class LocalRun:
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             for p in self.plans:
-                self.say(f"modelplex local: {p.deployment.name}: {len(p.replica_ports)} replica(s), "
-                         f"router on {p.router_url}")
+                if p.replica_ports:
+                    self.say(f"modelplex local: {p.deployment.name}: {len(p.replica_ports)} replica(s), "
+                             f"router on {p.router_url}")
+                else:
+                    self.say(f"modelplex local: {p.deployment.name}: spec.replicas is 0; not started")
             for child in self.children:
                 self._start(child)
             if not self._wait_ready():
@@ -258,6 +263,8 @@ class LocalRun:
     def _print_ready(self) -> None:
         self.say("")
         for p in self.plans:
+            if not p.replica_ports:
+                continue
             spec = p.deployment.spec
             model = spec.multiplexing.prewarm[0] if spec.multiplexing.prewarm else "model-01"
             self.say(f"{p.deployment.name} is ready at {p.router_url}  ({router_env_name(p.deployment.name)})")
