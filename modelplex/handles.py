@@ -157,29 +157,21 @@ class HandleStream:
         handle = self._handle
         url, payload, headers = handle._request(self._body)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=handle.timeout_s)
-        last: Any = None
         try:
             async with _session().post(url, data=payload, headers=headers, timeout=timeout) as response:
                 if response.status >= 400:
                     raise _error(handle.deployment, response.status, await response.read())
                 kind = response.content_type
                 if kind == "application/x-ndjson":
-                    async for line in response.content:
-                        if line.strip():
-                            last = json.loads(line)
-                            yield last
+                    async for record in _ndjson(response.content, handle.deployment):
+                        yield record
                 elif kind == "text/event-stream":
-                    async for event in _server_sent_events(response.content):
-                        last = event
+                    async for event in _server_sent_events(response.content, handle.deployment):
                         yield event
                 else:
                     async for data in response.content.iter_any():
                         yield data.decode() if kind.startswith("text/") else data
         except aiohttp.ClientPayloadError:
-            # The producer failed mid-stream: its last record says why.
-            if isinstance(last, dict) and isinstance(last.get("error"), dict):
-                error = last["error"]
-                raise error_for_status(500, f"{handle.deployment}: {error.get('message')}", error.get("code"))
             raise ReplicaFailed(f"{handle.deployment}: the stream broke off") from None
         except TimeoutError:
             raise UpstreamTimeout(f"{handle.deployment}: no chunk within {handle.timeout_s:g} s") from None
@@ -187,19 +179,99 @@ class HandleStream:
             raise ReplicaFailed(f"{handle.deployment}: {error}") from None
 
 
-async def _server_sent_events(content: aiohttp.StreamReader) -> AsyncIterator[Any]:
+#: The longest record (NDJSON line, SSE event) a stream may send; one is held at a time.
+MAX_RECORD_BYTES = 64 * 1024 * 1024
+
+_NOTHING = object()
+
+
+async def _lines(content: aiohttp.StreamReader, deployment: str) -> AsyncIterator[bytes]:
+    """The lines of a body as they arrive, each up to :data:`MAX_RECORD_BYTES`.
+
+    Not ``StreamReader.readline``: it refuses lines longer than aiohttp's read buffer's
+    high-water mark (512 KiB; 128 KiB in older aiohttp), which one chunk of frames passes.
+    Data is read only when the consumer asks for the next line (backpressure).
+    """
+    buffer = bytearray()
+    async for data in content.iter_any():
+        searched = len(buffer)  # the held part has no newline: search only the new data
+        buffer += data
+        start = 0
+        while (newline := buffer.find(b"\n", max(start, searched))) != -1:
+            yield bytes(buffer[start:newline + 1])
+            start = newline + 1
+        del buffer[:start]
+        if len(buffer) > MAX_RECORD_BYTES:
+            raise ReplicaFailed(f"{deployment}: a streamed record passed {MAX_RECORD_BYTES} bytes")
+    if buffer:
+        yield bytes(buffer)
+
+
+def _is_error_record(record: Any) -> bool:
+    return isinstance(record, dict) and record.keys() == {"error"} and isinstance(record["error"], dict)
+
+
+def _stream_error(deployment: str, record: dict) -> ModelplexError:
+    error = record["error"]
+    return error_for_status(500, f"{deployment}: {error.get('message')}", error.get("code"))
+
+
+def _parse(line: bytes, deployment: str) -> Any:
+    try:
+        return json.loads(line)
+    except ValueError:
+        raise ReplicaFailed(f"{deployment}: a streamed record is not JSON: {line[:80]!r}") from None
+
+
+async def _ndjson(content: aiohttp.StreamReader, deployment: str) -> AsyncIterator[Any]:
+    """The records of an NDJSON stream; a producer's failure is raised, never yielded.
+
+    A stream that fails part way ends with an error record and a cut connection. A record of
+    that shape is therefore held back until the stream goes on (then it was data after all),
+    ends cleanly (data too), or is cut (the producer's error: raised with its message).
+    """
+    held: Any = _NOTHING
+    try:
+        async for line in _lines(content, deployment):
+            if not line.strip():
+                continue
+            record = _parse(line, deployment)
+            if held is not _NOTHING:
+                yield held
+                held = _NOTHING
+            if _is_error_record(record):
+                held = record
+            else:
+                yield record
+    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError):
+        if held is not _NOTHING:
+            raise _stream_error(deployment, held) from None
+        raise
+    if held is not _NOTHING:
+        yield held
+
+
+async def _server_sent_events(content: aiohttp.StreamReader, deployment: str) -> AsyncIterator[Any]:
+    """The data of each event; an ``error`` event (a producer's failure) is raised, not yielded."""
     data: list[str] = []
-    async for raw in content:
+    event = ""
+    async for raw in _lines(content, deployment):
         line = raw.decode().rstrip("\r\n")
         if line.startswith("data:"):
             data.append(line[5:].removeprefix(" "))
+        elif line.startswith("event:"):
+            event = line[6:].strip()
         elif not line and data:
             text = "\n".join(data)
             data = []
             try:
-                yield json.loads(text)
+                value = json.loads(text)
             except ValueError:
-                yield text
+                value = text
+            if event == "error" and _is_error_record(value):
+                raise _stream_error(deployment, value)
+            event = ""
+            yield value
 
 
 def _decode(content_type: str, data: bytes) -> Any:
