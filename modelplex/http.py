@@ -15,10 +15,6 @@ log = logging.getLogger(__name__)
 JSON_CONTENT_TYPES = ("application/json",)
 
 
-class StreamAborted(Exception):
-    """A stream failed after its first chunk: the status is sent, so the connection is cut."""
-
-
 def error_response(status: int, code: str, message: str, *, retry_after: float | None = None) -> web.Response:
     headers = {"Retry-After": str(max(1, round(retry_after)))} if retry_after is not None else None
     return web.json_response({"error": {"code": code, "message": message}}, status=status, headers=headers)
@@ -38,7 +34,7 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
             raise
         code = error.reason.lower().replace(" ", "_")
         return error_response(error.status, code, f"{error.reason}: {request.method} {request.path}")
-    except (ConnectionResetError, StreamAborted):
+    except ConnectionResetError:
         raise
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)

@@ -17,6 +17,10 @@ ROLE_ROUTER = "router"
 #: JSON ``{"models": [...], "capacity": N, "version": V}`` kept on each replica pod.
 ANNOTATION_LOADED_MODELS = "modelplex.io/loaded-models"
 
+#: On every replica answer: the loaded-models document (JSON), so the router's view is exact
+#: after each response instead of one poll or watch event behind.
+LOADED_MODELS_HEADER = "X-Modelplex-Loaded-Models"
+
 #: The spec file a pod reads (mounted from the operator's ConfigMap).
 ENV_SPEC = "MODELPLEX_SPEC"
 ENV_POD_NAME = "POD_NAME"

@@ -17,10 +17,10 @@ from modelplex.cache import ModelCache
 from modelplex.context import reset_multiplexed_model_id, set_multiplexed_model_id
 from modelplex.errors import BadRequest, HandlerError, ModelplexError, NotFound, NotReady, Overloaded
 from modelplex.handles import close_handles
-from modelplex.http import StreamAborted, encode_body, error_middleware, from_json, is_json, to_json
+from modelplex.http import encode_body, error_middleware, from_json, is_json, to_json
 from modelplex.ids import InvalidModelId, validate_model_id
 from modelplex.multiplex import find_cache
-from modelplex.names import MODEL_ID_HEADER
+from modelplex.names import LOADED_MODELS_HEADER, MODEL_ID_HEADER
 from modelplex.runtime import runtime
 from modelplex.spec import Deployment
 from modelplex_replica.metrics import ReplicaMetrics
@@ -42,6 +42,7 @@ class ReplicaState:
     ready: bool = False
     reporter: AnnotationReporter | None = None
     prewarm_errors: dict[str, str] = field(default_factory=dict)
+    _header: tuple[int, str] = (-1, "")
 
     def models_document(self) -> dict[str, Any]:
         """The loaded-models document: the pod annotation and ``GET /v1/models``."""
@@ -55,7 +56,17 @@ class ReplicaState:
         }
 
 
+    def models_header(self) -> str:
+        """The document as a header value, re-encoded only when the cache changed."""
+        version = self.cache.version if self.cache is not None else 0
+        if self._header[0] != version:
+            self._header = (version, to_json(self.models_document()).decode())
+        return self._header[1]
+
+
 STATE = web.AppKey("state", ReplicaState)
+#: Marks a streamed response whose handler failed after the first chunk.
+STREAM_FAILED = "modelplex_stream_failed"
 
 
 def _call_mode(handler: Any) -> str:
@@ -170,7 +181,7 @@ async def invoke(request: web.Request) -> web.StreamResponse:
         pin = state.cache.pinned(model_id) if state.cache is not None and model_id else nullcontext()
         with pin:
             response = await _call_handler(state, request, body)
-        status = response.status
+        status = 500 if response.get(STREAM_FAILED) else response.status
         return response
     except ModelplexError as error:
         status = error.status
@@ -189,25 +200,27 @@ async def _call_handler(state: ReplicaState, request: web.Request, body: Any) ->
     handler = state.handler
     try:
         if state.mode == "stream":
-            return await _stream(request, handler(body))
+            return await _stream(request, handler(body), state)
         if state.mode == "async":
             result = await handler(body)
         else:  # a blocking handler runs in a thread so the replica keeps serving
             result = await asyncio.to_thread(handler, body)
-    except (ModelplexError, StreamAborted, asyncio.CancelledError):
+    except (ModelplexError, asyncio.CancelledError):
         raise
     except Exception as error:  # noqa: BLE001 - the user's code: report, never a traceback
         log.exception("handler failed")
         raise HandlerError(f"handler raised {type(error).__name__}: {error}") from None
     payload, content_type = encode_body(result)
-    return web.Response(body=payload, content_type=content_type.split(";")[0], charset=_charset(content_type))
+    response = web.Response(body=payload, content_type=content_type.split(";")[0], charset=_charset(content_type))
+    response.headers[LOADED_MODELS_HEADER] = state.models_header()
+    return response
 
 
 def _charset(content_type: str) -> str | None:
     return "utf-8" if "charset" in content_type else None
 
 
-async def _stream(request: web.Request, chunks: AsyncIterator[Any]) -> web.StreamResponse:
+async def _stream(request: web.Request, chunks: AsyncIterator[Any], state: ReplicaState) -> web.StreamResponse:
     """Send each chunk as it is produced. Errors before the first chunk get a JSON error;
     after it, the stream ends with an error record and the connection is cut, so a client
     never mistakes a broken stream for a finished one."""
@@ -217,7 +230,8 @@ async def _stream(request: web.Request, chunks: AsyncIterator[Any]) -> web.Strea
         first = await iterator.__anext__()
     except StopAsyncIteration:
         first = None
-    response = web.StreamResponse(headers={"Content-Type": _stream_content_type(first, sse)})
+    response = web.StreamResponse(headers={
+        "Content-Type": _stream_content_type(first, sse), LOADED_MODELS_HEADER: state.models_header()})
     response.enable_chunked_encoding()
     await response.prepare(request)
     if first is None:
@@ -237,7 +251,11 @@ async def _stream(request: web.Request, chunks: AsyncIterator[Any]) -> web.Strea
             await response.write(_error_frame(failure, sse))
         except ConnectionResetError:
             pass
-        raise StreamAborted(failure.message) from None
+        # Close before aiohttp could end the chunked body: the client sees a cut, not an end.
+        if request.transport is not None:
+            request.transport.close()
+        response[STREAM_FAILED] = True
+        return response
     await response.write_eof()
     return response
 

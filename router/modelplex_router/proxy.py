@@ -20,9 +20,11 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from modelplex.errors import Overloaded, ReplicaFailed, UpstreamTimeout
-from modelplex.names import MODEL_ID_HEADER
+from modelplex.http import from_json
+from modelplex.names import LOADED_MODELS_HEADER, MODEL_ID_HEADER
 from modelplex_router.metrics import RouterMetrics
 from modelplex_router.scheduler import Lease, Scheduler
+from modelplex_router.table import ReplicaInfo
 
 log = logging.getLogger("modelplex.router.proxy")
 
@@ -44,6 +46,7 @@ HOP_BY_HOP = frozenset(
     for h in (
         hdrs.CONNECTION, hdrs.KEEP_ALIVE, hdrs.TRANSFER_ENCODING, hdrs.TE, hdrs.TRAILER, hdrs.UPGRADE,
         hdrs.PROXY_AUTHENTICATE, hdrs.PROXY_AUTHORIZATION, hdrs.CONTENT_LENGTH, hdrs.DATE, hdrs.SERVER,
+        LOADED_MODELS_HEADER,
     )
 )
 REPLICA_HEADER = "X-Modelplex-Replica"
@@ -134,6 +137,7 @@ class Proxy:
                     f"replica {replica.name} sent nothing for {self.first_byte_timeout_s:g} s"
                 ) from None
 
+            self._learn(lease, upstream.headers.get(LOADED_MODELS_HEADER))
             # Commit: from here on the client has the status line; no more retries.
             out = CIMultiDict()
             for name, value in upstream.headers.items():
@@ -178,6 +182,24 @@ class Proxy:
                 else:
                     upstream.close()  # unread or broken: never hand the connection back
             lease.release(ok)
+
+    def _learn(self, lease: Lease, header: str | None) -> None:
+        """Take in the replica's loaded-models document from its answer, if it is newer."""
+        replica = lease.replica
+        if not header:
+            return
+        try:
+            document = from_json(header)
+            version = int(document["version"])
+            if version <= replica.version:
+                return
+            info = ReplicaInfo(name=replica.name, url=replica.url, ready=replica.ready,
+                               models=tuple(document["models"]), capacity=int(document["capacity"]),
+                               version=version, loading=tuple(document.get("loading", ())))
+        except (ValueError, KeyError, TypeError):
+            log.debug("replica %s sent a malformed %s header", replica.name, LOADED_MODELS_HEADER)
+            return
+        self.scheduler.table.apply(info, self.clock())
 
     def _url(self, base: str) -> URL:
         url = self._urls.get(base)
