@@ -29,19 +29,13 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from modelplex.names import MODEL_ID_HEADER
+from modelplex.names import MODEL_ID_HEADER, router_env_name
 from modelplex.spec import Deployment, SpecError, load_manifests
 
-ENV_ROUTER_PREFIX = "MODELPLEX_ROUTER_"
 #: How long children get between SIGTERM and SIGKILL.
 STOP_GRACE_S = 10.0
 RESTART_BACKOFF_MAX_S = 30.0
 _PR_SET_PDEATHSIG = 1
-
-
-def router_env_name(deployment: str) -> str:
-    """``MODELPLEX_ROUTER_<NAME>``: NAME upper-cased, ``-`` as ``_``."""
-    return ENV_ROUTER_PREFIX + deployment.upper().replace("-", "_")
 
 
 @dataclass
@@ -79,6 +73,7 @@ class Child:
     restart_at: float | None = None
     #: A router: ready once its /readyz counts this many ready replicas (not merely one).
     expected_replicas: int | None = None
+    env: dict | None = None  # None: the supervisor's own environment
 
 
 def plan(manifest_paths: list[str], *, host: str, port: int) -> list[Plan]:
@@ -158,12 +153,14 @@ class LocalRun:
         for p in plans:
             name = p.deployment.name
             base = [sys.executable, "-m", "modelplex.cli", "--log-level", self.log_level]
+            replica_env = {**self.env, **_spec_env(p.deployment, self.say)}
             for i, replica_port in enumerate(p.replica_ports):
                 self.replicas.append(Child(
                     name=p.replica_name(i),
                     argv=[*base, "replica", "--spec", str(p.manifest), "--name", name,
                           "--host", "127.0.0.1", "--port", str(replica_port)],
                     ready_url=p.replica_url(i) + "/readyz",
+                    env=replica_env,
                 ))
             if not p.replica_ports:
                 continue  # spec.replicas: 0 — nothing to route to (said so at start)
@@ -213,7 +210,7 @@ class LocalRun:
     def _start(self, child: Child) -> None:
         child.proc = subprocess.Popen(
             child.argv,
-            env=self.env,
+            env=child.env or self.env,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # its own process group: killpg reaches its children too
             preexec_fn=_die_with_parent,
@@ -266,10 +263,10 @@ class LocalRun:
             if not p.replica_ports:
                 continue
             spec = p.deployment.spec
-            model = spec.multiplexing.prewarm[0] if spec.multiplexing.prewarm else "model-01"
             self.say(f"{p.deployment.name} is ready at {p.router_url}  ({router_env_name(p.deployment.name)})")
-            self.say(f"  curl -s --json '{{\"inputs\": [[1.0, 2.0, 3.0]]}}' "
-                     f"-H '{MODEL_ID_HEADER}: {model}' {p.router_url}/")
+            model = f" -H '{MODEL_ID_HEADER}: {spec.multiplexing.prewarm[0]}'" if spec.multiplexing.prewarm else ""
+            body = p.deployment.example_request or "<request body>"
+            self.say(f"  curl -s --json '{body}'{model} {p.router_url}/")
             self.say(f"  curl -s {p.router_url}/v1/replicas")
         self.say("Press Ctrl-C to stop.")
 
@@ -315,6 +312,18 @@ class LocalRun:
                     child.proc.wait(timeout=5)
                 except subprocess.TimeoutExpired:
                     pass
+
+
+def _spec_env(deployment: Deployment, say) -> dict[str, str]:
+    """``spec.env`` for the replicas, as the operator gives it to the replica containers."""
+    env = {}
+    for var in deployment.spec.env:
+        if var.value is None:
+            say(f"modelplex local: {deployment.name}: env {var.name} uses valueFrom, which only a cluster resolves; "
+                "not set")
+            continue
+        env[var.name] = var.value
+    return env
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

@@ -17,6 +17,9 @@ ROLE_ROUTER = "router"
 #: JSON ``{"models": [...], "capacity": N, "version": V}`` kept on each replica pod.
 ANNOTATION_LOADED_MODELS = "modelplex.io/loaded-models"
 
+#: A request body that works for this deployment: `modelplex local` prints it as a curl line.
+ANNOTATION_EXAMPLE_REQUEST = "modelplex.io/example-request"
+
 #: On every replica answer: the loaded-models document (JSON), so the router's view is exact
 #: after each response instead of one poll or watch event behind.
 LOADED_MODELS_HEADER = "X-Modelplex-Loaded-Models"

@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from modelplex.names import API_GROUP, API_VERSION, KIND
+from modelplex.names import ANNOTATION_EXAMPLE_REQUEST, API_GROUP, API_VERSION, KIND
 
 #: Ray Serve's default LRU capacity (``max_num_models_per_replica``).
 DEFAULT_MAX_MODELS_PER_REPLICA = 3
@@ -142,6 +142,8 @@ class Deployment(_Model):
     spec: DeploymentSpec
     # The manifest's folder: handler modules and relative file: URIs are found there.
     base_dir: Path | None = None
+    # A request body that works (metadata.annotations["modelplex.io/example-request"]).
+    example_request: str | None = None
 
     @field_validator("name")
     @classmethod
@@ -193,6 +195,7 @@ def parse_deployment(document: dict[str, Any], *, base_dir: Path | None = None, 
             namespace=metadata.get("namespace") or "default",
             spec=spec,
             base_dir=base_dir,
+            example_request=(metadata.get("annotations") or {}).get(ANNOTATION_EXAMPLE_REQUEST),
         )
     except ValidationError as error:
         raise SpecError(_describe(error, "metadata"), source) from None
@@ -228,10 +231,13 @@ def load_manifest(path: str | Path, name: str | None = None) -> Deployment:
 
 def to_manifest(deployment: Deployment) -> dict[str, Any]:
     """The document form of a deployment (what the operator writes into the spec ConfigMap)."""
+    metadata: dict[str, Any] = {"name": deployment.name, "namespace": deployment.namespace}
+    if deployment.example_request is not None:
+        metadata["annotations"] = {ANNOTATION_EXAMPLE_REQUEST: deployment.example_request}
     return {
         "apiVersion": f"{API_GROUP}/{API_VERSION}",
         "kind": KIND,
-        "metadata": {"name": deployment.name, "namespace": deployment.namespace},
+        "metadata": metadata,
         "spec": deployment.spec.model_dump(by_alias=True, exclude_none=True, mode="json"),
     }
 

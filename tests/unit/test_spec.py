@@ -111,6 +111,9 @@ def test_unreadable_and_invalid_yaml_files_get_clear_errors(tmp_path):
         load_manifests(bad)
 
 
-def test_manifest_round_trips():
-    deployment = parse_deployment(document())
+def test_manifest_round_trips_with_its_example_request():
+    doc = document()
+    doc["metadata"]["annotations"] = {"modelplex.io/example-request": '{"inputs": [1]}'}
+    deployment = parse_deployment(doc)
+    assert deployment.example_request == '{"inputs": [1]}'
     assert parse_deployment(to_manifest(deployment)) == deployment
