@@ -133,7 +133,7 @@ def run_operator() -> int:
     quiet = ["kubernetes.client.rest", "urllib3", "aiohttp.access"]
     if level != "DEBUG":
         # kopf says "Handler ... succeeded" for every pod event: the operator logs what matters itself.
-        quiet.append("kopf.objects")
+        quiet += ["kopf.objects", "kopf.activities.probe"]
     for noisy in quiet:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
     memo = kopf.Memo(config=config)

@@ -1,0 +1,75 @@
+{{/*
+The chart's name, truncated to 63 characters (a label value's limit).
+*/}}
+{{- define "modelplex.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+A fully qualified name for the release's objects: the release name when it already holds the
+chart's name, else "<release>-<chart>"; truncated to 63 characters.
+*/}}
+{{- define "modelplex.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+"name-version" of the chart, for the helm.sh/chart label.
+*/}}
+{{- define "modelplex.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The labels of every object of the chart.
+*/}}
+{{- define "modelplex.labels" -}}
+helm.sh/chart: {{ include "modelplex.chart" . }}
+{{ include "modelplex.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: modelplex
+{{- end }}
+
+{{/*
+The labels that select the operator's pods (never change them: a Deployment's selector is immutable).
+*/}}
+{{- define "modelplex.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "modelplex.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/*
+The operator's ServiceAccount name.
+*/}}
+{{- define "modelplex.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "modelplex.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+The operator's image.
+*/}}
+{{- define "modelplex.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion (toString .Values.image.tag)) }}
+{{- end }}
+
+{{/*
+The router image the operator puts into each resource's router Deployment.
+*/}}
+{{- define "modelplex.routerImage" -}}
+{{- printf "%s:%s" .Values.routerImage.repository (default .Chart.AppVersion (toString .Values.routerImage.tag)) }}
+{{- end }}

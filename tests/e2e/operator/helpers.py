@@ -1,0 +1,170 @@
+"""Helpers of the operator's end-to-end tests (imported as ``e2e.operator.helpers``).
+
+Reads go through the ``kubernetes`` client with admin rights; what a user would type
+(``kubectl apply``, ``scale``, ``patch``, ``delete``, ``helm install``) goes through the
+binaries the control-plane script built.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+
+from modelplex.cluster.testing import wait_for
+from modelplex.names import API_GROUP, API_VERSION, KIND, LABEL_DEPLOYMENT, LABEL_ROLE, PLURAL
+
+REPO = Path(__file__).resolve().parents[3]
+HERE = Path(__file__).resolve().parent
+CHART = REPO / "charts" / "modelplex"
+CRD = REPO / "crds" / "multiplexeddeployments.modelplex.io.yaml"
+#: Pods start as local processes on two busy cores: be generous, every wait is still bounded.
+READY_TIMEOUT = 240
+GONE_TIMEOUT = 180
+
+OWNED_KINDS = ("ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Deployment")
+
+
+def manifest(name: str, replicas: int = 2, **spec: Any) -> dict[str, Any]:
+    """A MultiplexedDeployment of the test handler (``mxd_handler.py`` beside this file)."""
+    base: dict[str, Any] = {
+        "replicas": replicas,
+        "image": "modelplex/replica:0.1.0",  # not pulled: the test kubelet runs the local venv
+        "handler": "mxd_handler:Echo",
+        "batching": {"maxBatchSize": 4, "batchWaitTimeoutMs": 5},
+        "env": [{"name": "PYTHONPATH", "value": str(HERE)}],
+    }
+    base.update(spec)
+    return {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND, "metadata": {"name": name}, "spec": base}
+
+
+def kubectl_apply(cp, namespace: str, doc: dict[str, Any], check: bool = True):
+    return cp.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(doc), check=check)
+
+
+def get_mxd(api_client, namespace: str, name: str) -> dict[str, Any]:
+    return client.CustomObjectsApi(api_client).get_namespaced_custom_object(
+        API_GROUP, API_VERSION, namespace, PLURAL, name)
+
+
+def condition(obj: dict[str, Any], ctype: str) -> dict[str, Any]:
+    for cond in (obj.get("status") or {}).get("conditions") or ():
+        if cond.get("type") == ctype:
+            return cond
+    return {}
+
+
+def settled(obj: dict[str, Any], replicas: int) -> bool:
+    """The operator acted on the current generation, every pod is ready, nothing is rolling."""
+    status = obj.get("status") or {}
+    return (
+        status.get("observedGeneration") == obj["metadata"]["generation"]
+        and condition(obj, "Ready").get("status") == "True"
+        and condition(obj, "Progressing").get("status") == "False"
+        and condition(obj, "Degraded").get("status") == "False"
+        and status.get("readyReplicas") == replicas
+        and status.get("replicas") == replicas
+    )
+
+
+def wait_settled(api_client, namespace: str, name: str, replicas: int, timeout: float = READY_TIMEOUT):
+    last: dict[str, Any] = {}
+
+    def check():
+        nonlocal last
+        last = get_mxd(api_client, namespace, name)
+        return last if settled(last, replicas) else None
+
+    try:
+        return wait_for(check, timeout=timeout, interval=0.5,
+                        what=f"MultiplexedDeployment {namespace}/{name} Ready with {replicas} replicas")
+    except AssertionError as error:
+        raise AssertionError(f"{error}\nlast status: {json.dumps(last.get('status'), indent=1)}") from None
+
+
+def pods(api_client, namespace: str, name: str, role: str = "replica", live_only: bool = True) -> list:
+    items = client.CoreV1Api(api_client).list_namespaced_pod(
+        namespace, label_selector=f"{LABEL_DEPLOYMENT}={name},{LABEL_ROLE}={role}").items
+    return [p for p in items if not (live_only and p.metadata.deletion_timestamp)]
+
+
+def router_url(api_client, namespace: str, name: str) -> str:
+    def ready_router():
+        for pod in pods(api_client, namespace, name, "router"):
+            ready = any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or ())
+            if ready and pod.status.pod_ip:
+                return pod.status.pod_ip
+        return None
+
+    ip = wait_for(ready_router, timeout=READY_TIMEOUT, what=f"a ready router pod of {namespace}/{name}")
+    return f"http://{ip}:8000"
+
+
+def predict(url: str, model: str, body: Any, timeout: float = 30) -> tuple[int, Any]:
+    """POST ``body`` as JSON to the router for ``model``; returns (status, parsed answer)."""
+    request = urllib.request.Request(
+        url + "/", data=json.dumps(body).encode(), method="POST",
+        headers={"Content-Type": "application/json", "serve_multiplexed_model_id": model},
+    )
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        raw = error.read()
+        try:
+            return error.code, json.loads(raw)
+        except ValueError:
+            return error.code, raw.decode(errors="replace")
+
+
+def loaded_models(pod) -> list[str]:
+    raw = (pod.metadata.annotations or {}).get("modelplex.io/loaded-models")
+    return list(json.loads(raw).get("models") or []) if raw else []
+
+
+def owned(api_client, namespace: str, name: str) -> dict[str, list[str]]:
+    """Every object labelled as made for ``name``, by kind (sorted names)."""
+    selector = f"{LABEL_DEPLOYMENT}={name}"
+    core, apps, rbac = client.CoreV1Api(api_client), client.AppsV1Api(api_client), client.RbacAuthorizationV1Api(api_client)
+    listers = {
+        "ServiceAccount": core.list_namespaced_service_account,
+        "Role": rbac.list_namespaced_role,
+        "RoleBinding": rbac.list_namespaced_role_binding,
+        "ConfigMap": core.list_namespaced_config_map,
+        "Service": core.list_namespaced_service,
+        "Deployment": apps.list_namespaced_deployment,
+        "ReplicaSet": apps.list_namespaced_replica_set,
+        "Pod": core.list_namespaced_pod,
+    }
+    return {kind: sorted(o.metadata.name for o in lister(namespace, label_selector=selector).items)
+            for kind, lister in listers.items()}
+
+
+def expected_objects(name: str) -> dict[str, list[str]]:
+    return {
+        "ServiceAccount": sorted([f"{name}-replica", f"{name}-router"]),
+        "Role": sorted([f"{name}-replica", f"{name}-router"]),
+        "RoleBinding": sorted([f"{name}-replica", f"{name}-router"]),
+        "ConfigMap": [f"{name}-spec"],
+        "Service": [name],
+        "Deployment": sorted([f"{name}-replica", f"{name}-router"]),
+    }
+
+
+def events_of(api_client, namespace: str, name: str) -> list[tuple[str, str, str]]:
+    items = client.CoreV1Api(api_client).list_namespaced_event(
+        namespace, field_selector=f"involvedObject.name={name},involvedObject.kind={KIND}").items
+    return [(e.type, e.reason, e.message or "") for e in items]
+
+
+def wait_event(api_client, namespace: str, name: str, reason: str, timeout: float = 60) -> tuple[str, str, str]:
+    return wait_for(
+        lambda: next((e for e in events_of(api_client, namespace, name) if e[1] == reason), None),
+        timeout=timeout, what=f"an Event {reason} on {namespace}/{name}",
+    )

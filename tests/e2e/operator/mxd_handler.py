@@ -1,0 +1,34 @@
+"""The model handler of the operator's end-to-end tests (no torch: quick to start on two cores).
+
+The replica pods import it by name: the test's manifest puts this folder on ``PYTHONPATH``
+through ``spec.env``. Each answer says which pod served it and with which batching settings,
+so a test can tell where a request went and that a spec change reached the pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from modelplex import batch, get_multiplexed_model_id, multiplexed
+from modelplex.runtime import runtime
+
+
+class Echo:
+    @multiplexed(max_num_models_per_replica=4)
+    async def load_model(self, model_id: str) -> dict:
+        await asyncio.sleep(0.05)
+        return {"id": model_id, "pod": os.environ.get("POD_NAME", "")}
+
+    @batch(max_batch_size=4, batch_wait_timeout_s=0.005)
+    async def __call__(self, requests: list) -> list:
+        model = await self.load_model(get_multiplexed_model_id())
+        return [
+            {
+                "model": model["id"],
+                "pod": os.environ.get("POD_NAME", ""),
+                "max_batch_size": runtime.max_batch_size,
+                "echo": request,
+            }
+            for request in requests
+        ]

@@ -1,0 +1,145 @@
+"""The Helm chart: lint-clean, and it renders the operator with least-privilege RBAC.
+
+Uses the helm the control-plane script builds (no cluster needed for these).
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+import yaml
+
+from e2e.operator.helpers import CHART, CRD
+from modelplex.cluster.controlplane import build_binaries
+from modelplex_operator.builders import ROLE_RULES
+
+pytestmark = pytest.mark.e2e
+KUBE_VERSION = "1.33.0"
+
+
+@pytest.fixture(scope="module")
+def helm_bin():
+    return build_binaries(quiet=True) / "helm"
+
+
+def helm(helm_bin, *args, check=True):
+    proc = subprocess.run([str(helm_bin), *args], capture_output=True, text=True, timeout=120)
+    if check:
+        assert proc.returncode == 0, f"helm {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def render(helm_bin, *sets: str) -> list[dict]:
+    args = ["template", "mx", str(CHART), "--namespace", "ops", "--kube-version", KUBE_VERSION, "--include-crds"]
+    for item in sets:
+        args += ["--set", item]
+    return [doc for doc in yaml.safe_load_all(helm(helm_bin, *args).stdout) if doc]
+
+
+def by_kind(docs, kind):
+    return [d for d in docs if d["kind"] == kind]
+
+
+@pytest.mark.parametrize("sets", [[], ["watchNamespaces={team-a,team-b}"], ["serviceAccount.create=false"]])
+def test_lint_is_clean(helm_bin, sets):
+    args = ["lint", str(CHART), "--strict"]
+    for item in sets:
+        args += ["--set", item]
+    proc = helm(helm_bin, *args)
+    assert "[WARNING]" not in proc.stdout and "[ERROR]" not in proc.stdout, proc.stdout
+    assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout
+
+
+def test_the_chart_installs_the_one_crd(helm_bin):
+    (crd,) = by_kind(render(helm_bin), "CustomResourceDefinition")
+    assert crd == yaml.safe_load(CRD.read_text())
+    assert (CHART / "crds" / CRD.name).read_bytes() == CRD.read_bytes()
+
+
+def test_operator_deployment(helm_bin):
+    docs = render(helm_bin, "routerImage.repository=reg.example.com/router", "routerImage.tag=9",
+                  "logLevel=warning")
+    (dep,) = by_kind(docs, "Deployment")
+    assert dep["metadata"]["namespace"] == "ops"
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    assert dep["spec"]["replicas"] == 1
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["command"] == ["modelplex", "operator"]
+    assert c["image"] == "modelplex/operator:0.1.0"
+    env = [e["name"] for e in c["env"]]
+    values = {e["name"]: e.get("value") for e in c["env"]}
+    assert values["MODELPLEX_ROUTER_IMAGE"] == "reg.example.com/router:9"
+    assert values["MODELPLEX_WATCH_NAMESPACES"] == ""
+    assert values["MODELPLEX_LOG_LEVEL"] == "warning"
+    # $(POD_IP) expands only from a variable defined before it.
+    assert values["MODELPLEX_OPERATOR_HEALTH"] == "http://$(POD_IP):8080/healthz"
+    assert env.index("POD_IP") < env.index("MODELPLEX_OPERATOR_HEALTH")
+    assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    (sa,) = by_kind(docs, "ServiceAccount")
+    assert pod["serviceAccountName"] == sa["metadata"]["name"]
+    for doc in docs:
+        if doc["kind"] != "CustomResourceDefinition":
+            labels = doc["metadata"]["labels"]
+            assert labels["app.kubernetes.io/instance"] == "mx"
+            assert labels["app.kubernetes.io/managed-by"] == "Helm"
+            assert labels["helm.sh/chart"] == "modelplex-0.1.0"
+
+
+def _verbs(rules, group, resource):
+    return {v for r in rules if group in r["apiGroups"] and resource in r["resources"] for v in r["verbs"]}
+
+
+def test_rbac_is_least_privilege(helm_bin):
+    docs = render(helm_bin)
+    (role,) = by_kind(docs, "ClusterRole")
+    rules = role["rules"]
+    for rule in rules:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
+        assert not {"delete", "deletecollection", "escalate", "bind", "impersonate"} & set(rule["verbs"])
+    assert not _verbs(rules, "", "secrets")
+    assert _verbs(rules, "modelplex.io", "multiplexeddeployments") == {"get", "list", "watch", "patch"}
+    assert _verbs(rules, "modelplex.io", "multiplexeddeployments/status") == {"get", "patch"}
+    assert _verbs(rules, "apps", "deployments") == {"get", "list", "watch", "create", "patch"}
+    for resource in ("services", "serviceaccounts", "configmaps"):
+        assert _verbs(rules, "", resource) == {"get", "create", "patch"}, resource
+    for resource in ("roles", "rolebindings"):
+        assert _verbs(rules, "rbac.authorization.k8s.io", resource) == {"get", "create", "patch"}, resource
+    assert _verbs(rules, "", "events") == {"create"}
+    # RBAC's escalation rule: the operator holds everything the Roles it creates grant.
+    for role_rules in ROLE_RULES.values():
+        for rule in role_rules:
+            for resource in rule["resources"]:
+                assert set(rule["verbs"]) <= _verbs(rules, "", resource)
+    (binding,) = by_kind(docs, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "mx-modelplex", "namespace": "ops"}]
+
+
+def test_watching_some_namespaces_binds_only_there(helm_bin):
+    docs = render(helm_bin, "watchNamespaces={team-a,team-b}")
+    assert not by_kind(docs, "ClusterRoleBinding")
+    bindings = by_kind(docs, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    assert all(b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                "name": "mx-modelplex"} for b in bindings)
+    (dep,) = by_kind(docs, "Deployment")
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["MODELPLEX_WATCH_NAMESPACES"] == "team-a,team-b"
+
+
+def test_bad_values_are_refused_by_the_values_schema(helm_bin):
+    proc = subprocess.run(
+        [str(helm_bin), "template", "mx", str(CHART), "--kube-version", KUBE_VERSION, "--set", "logLevel=loud"],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "logLevel" in proc.stderr
+    proc = subprocess.run(
+        [str(helm_bin), "template", "mx", str(CHART), "--kube-version", KUBE_VERSION, "--set", "replicaCount=2"],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "replicaCount" in proc.stderr

@@ -1,0 +1,165 @@
+"""A MultiplexedDeployment end to end: the chart's operator, real pods, HTTP through the router.
+
+Every test makes its own resource in a fresh namespace; the operator is the one installed by
+``helm install`` (see conftest.py) and runs as a pod of the test kubelet.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from kubernetes import client
+
+from e2e.operator.helpers import (
+    GONE_TIMEOUT,
+    OWNED_KINDS,
+    READY_TIMEOUT,
+    expected_objects,
+    get_mxd,
+    kubectl_apply,
+    loaded_models,
+    manifest,
+    owned,
+    pods,
+    predict,
+    router_url,
+    wait_event,
+    wait_settled,
+)
+from modelplex.cluster.testing import wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+def test_deploy_serve_and_report(control_plane, modelplex_operator, kube_namespace, api):
+    ns, name = kube_namespace, "echo"
+    kubectl_apply(control_plane, ns, manifest(name, replicas=2))
+
+    obj = wait_settled(api, ns, name, replicas=2)
+    status = obj["status"]
+    assert status["routerService"] == f"{name}.{ns}.svc:8000"
+    assert status["selector"] == f"modelplex.io/deployment={name},modelplex.io/role=replica"
+    assert status["loadedModels"] == 0
+
+    # What the operator made: each object once, owned by the resource, labelled.
+    objects = owned(api, ns, name)
+    for kind in OWNED_KINDS:
+        assert objects[kind] == expected_objects(name)[kind], kind
+    uid = obj["metadata"]["uid"]
+    apps = client.AppsV1Api(api)
+    for dep_name in (f"{name}-replica", f"{name}-router"):
+        dep = apps.read_namespaced_deployment(dep_name, ns)
+        (ref,) = dep.metadata.owner_references
+        assert (ref.kind, ref.name, ref.uid, ref.controller) == ("MultiplexedDeployment", name, uid, True)
+        assert dep.metadata.labels["app.kubernetes.io/managed-by"] == "modelplex-operator"
+    replica_pod = pods(api, ns, name)[0]
+    assert replica_pod.spec.containers[0].command == ["modelplex", "replica"]
+    assert replica_pod.spec.service_account_name == f"{name}-replica"
+
+    # HTTP through the router pod: predictions for several models.
+    url = router_url(api, ns, name)
+    holders = {}
+    for model in ("m1", "m2", "m3", "m4"):
+        code, answer = predict(url, model, {"x": model})
+        assert code == 200, answer
+        assert answer["model"] == model and answer["echo"] == {"x": model}
+        holders[model] = answer["pod"]
+    assert set(holders.values()) <= {p.metadata.name for p in pods(api, ns, name)}
+
+    # The replicas' annotations list what they loaded, and the status counts it.
+    def annotations_match():
+        by_pod = {p.metadata.name: set(loaded_models(p)) for p in pods(api, ns, name)}
+        return all(model in by_pod.get(pod, set()) for model, pod in holders.items()) and by_pod
+
+    by_pod = wait_for(annotations_match, timeout=60, what="the loaded-models annotations to list every model")
+    assert set().union(*by_pod.values()) == set(holders)
+    wait_for(lambda: get_mxd(api, ns, name)["status"]["loadedModels"] == 4, timeout=60,
+             what="status.loadedModels == 4")
+
+    # A repeated model goes to the replica that holds it.
+    for model, holder in holders.items():
+        for _ in range(3):
+            code, answer = predict(url, model, {"again": True})
+            assert code == 200 and answer["pod"] == holder, (model, holder, answer)
+
+    # kubectl shows the printer columns.
+    table = control_plane.kubectl("get", "mxd", name, "-n", ns).stdout.splitlines()
+    assert table[0].split() == ["NAME", "REPLICAS", "READY", "MODELS", "LOADED", "AGE"]
+    row = table[1].split()
+    assert row[:4] == [name, "2", "2", "4"]
+    wide = control_plane.kubectl("get", "mxd", name, "-n", ns, "-o", "wide").stdout
+    assert "AllReplicasReady" in wide and f"{name}.{ns}.svc:8000" in wide
+
+    # Events tell what happened.
+    created = wait_event(api, ns, name, "Created")
+    assert created[0] == "Normal" and f"Deployment {name}-replica" in created[2]
+    assert wait_event(api, ns, name, "Ready")[0] == "Normal"
+
+
+def test_scale_then_edit_rolls_the_pods(control_plane, modelplex_operator, kube_namespace, api):
+    ns, name = kube_namespace, "roll"
+    kubectl_apply(control_plane, ns, manifest(name, replicas=2))
+    wait_settled(api, ns, name, replicas=2)
+    apps = client.AppsV1Api(api)
+    first_rs = owned(api, ns, name)["ReplicaSet"]
+    first_pods = {p.metadata.name for p in pods(api, ns, name)}
+
+    # Scale through the scale subresource: a third pod, the same template (nothing rolls).
+    control_plane.kubectl("scale", "mxd", name, "-n", ns, "--replicas", "3")
+    obj = wait_settled(api, ns, name, replicas=3)
+    assert obj["spec"]["replicas"] == 3
+    assert apps.read_namespaced_deployment(f"{name}-replica", ns).spec.replicas == 3
+    assert owned(api, ns, name)["ReplicaSet"] == first_rs
+    assert first_pods < {p.metadata.name for p in pods(api, ns, name)}
+    scale = client.CustomObjectsApi(api).get_namespaced_custom_object_scale(
+        "modelplex.io", "v1alpha1", ns, "multiplexeddeployments", name)
+    assert scale["spec"]["replicas"] == 3 and scale["status"]["replicas"] == 3
+    assert scale["status"]["selector"] == f"modelplex.io/deployment={name},modelplex.io/role=replica"
+    assert "from 2 to 3" in wait_event(api, ns, name, "Scaled")[2]
+
+    # Edit the batching settings: the pods roll and the new ones run the new settings.
+    url = router_url(api, ns, name)
+    assert predict(url, "m1", {})[1]["max_batch_size"] == 4
+    before = {p.metadata.name for p in pods(api, ns, name)}
+    control_plane.kubectl("patch", "mxd", name, "-n", ns, "--type", "merge",
+                          "-p", json.dumps({"spec": {"batching": {"maxBatchSize": 2}}}))
+    obj = wait_settled(api, ns, name, replicas=3)
+    assert obj["metadata"]["generation"] == 3
+
+    def rolled():
+        now = pods(api, ns, name, live_only=False)
+        names = {p.metadata.name for p in now}
+        return len(now) == 3 and not (names & before) and names
+
+    after = wait_for(rolled, timeout=READY_TIMEOUT, what="every replica pod replaced")
+    assert len(owned(api, ns, name)["ReplicaSet"]) > len(first_rs)
+    assert "rolling the pods" in wait_event(api, ns, name, "RollingUpdate")[2]
+    url = router_url(api, ns, name)
+    wait_for(lambda: predict(url, "m2", {})[1].get("max_batch_size") == 2, timeout=60,
+             what="answers from the new pods with maxBatchSize 2")
+    code, answer = predict(url, "m2", {})
+    assert code == 200 and answer["pod"] in after
+
+
+def test_delete_removes_every_owned_object(control_plane, modelplex_operator, kube_namespace, api):
+    ns, name = kube_namespace, "gone"
+    kubectl_apply(control_plane, ns, manifest(name, replicas=1))
+    wait_settled(api, ns, name, replicas=1)
+    everything = owned(api, ns, name)
+    assert all(everything[kind] for kind in (*OWNED_KINDS, "ReplicaSet", "Pod")), everything
+
+    control_plane.kubectl("delete", "mxd", name, "-n", ns, "--wait=true", "--timeout=60s")
+
+    def nothing_left():
+        left = {kind: names for kind, names in owned(api, ns, name).items() if names}
+        return not left or None
+
+    try:
+        wait_for(nothing_left, timeout=GONE_TIMEOUT, what="the garbage collector to remove every owned object")
+    except AssertionError:
+        raise AssertionError(f"left behind: {owned(api, ns, name)}") from None
+    # ... and the operator does not bring any of it back.
+    time.sleep(3)
+    assert not any(owned(api, ns, name).values())
