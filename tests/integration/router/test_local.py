@@ -75,9 +75,9 @@ def manifests(folder: Path, names: list[str]) -> Path:
         documents.append(json.dumps({
             "apiVersion": "modelplex.io/v1alpha1",
             "kind": "MultiplexedDeployment",
-            "metadata": {"name": name},
+            "metadata": {"name": name, "annotations": {"modelplex.io/example-request": '{"hello": "world"}'}},
             "spec": {"replicas": 1, "image": "local", "handler": "handlers:Echo",
-                     "multiplexing": {"maxModelsPerReplica": 2}},
+                     "multiplexing": {"maxModelsPerReplica": 2, "prewarm": ["model-01"]}},
         }))
     path = folder / "deployments.yaml"
     path.write_text("\n---\n".join(documents))
