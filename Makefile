@@ -46,6 +46,8 @@ test: venv lint control-plane
 bench: venv
 	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) bench/replica/bench_replica.py
+	$(PY) bench/router/bench_router.py
+	$(PY) bench/pipeline/bench_pipeline.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info examples/zoo/models
