@@ -20,7 +20,6 @@ work upstream is cancelled.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import weakref
 from dataclasses import dataclass, replace
@@ -28,8 +27,8 @@ from typing import Any, AsyncIterator
 
 import aiohttp
 
-from modelplex.errors import ModelplexError, ReplicaFailed, UpstreamTimeout, error_for_status
-from modelplex.http import encode_body, is_json
+from modelplex.errors import BadRequest, ModelplexError, ReplicaFailed, UpstreamTimeout, error_for_status
+from modelplex.http import encode_body, from_json, is_json
 from modelplex.names import ENV_POD_NAMESPACE, MODEL_ID_HEADER, ROUTER_PORT, router_env_name
 
 _sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession] = weakref.WeakKeyDictionary()
@@ -119,6 +118,8 @@ class DeploymentHandle:
                 data = await response.read()
                 if response.status >= 400:
                     raise _error(self.deployment, response.status, data)
+                if response.content_type == "application/x-ndjson":
+                    raise BadRequest(f"{self.deployment} streams its answer: call it with .options(stream=True)")
                 return _decode(response.content_type, data)
         except TimeoutError:
             raise UpstreamTimeout(f"{self.deployment}: no answer within {self.timeout_s:g} s") from None
@@ -133,17 +134,21 @@ class HandleStream:
         self._handle = handle
         self._body = body
         self._chunks: AsyncIterator[Any] | None = None
+        self._closed = False
 
     def __aiter__(self) -> HandleStream:
         return self
 
     async def __anext__(self) -> Any:
+        if self._closed:
+            raise StopAsyncIteration
         if self._chunks is None:
             self._chunks = self._read()
         return await self._chunks.__anext__()
 
     async def aclose(self) -> None:
         """Stop reading: the connection closes and the producer upstream is cancelled."""
+        self._closed = True
         if self._chunks is not None:
             await self._chunks.aclose()
 
@@ -165,9 +170,6 @@ class HandleStream:
                 if kind == "application/x-ndjson":
                     async for record in _ndjson(response.content, handle.deployment):
                         yield record
-                elif kind == "text/event-stream":
-                    async for event in _server_sent_events(response.content, handle.deployment):
-                        yield event
                 else:
                     async for data in response.content.iter_any():
                         yield data.decode() if kind.startswith("text/") else data
@@ -179,7 +181,7 @@ class HandleStream:
             raise ReplicaFailed(f"{handle.deployment}: {error}") from None
 
 
-#: The longest record (NDJSON line, SSE event) a stream may send; one is held at a time.
+#: The longest record (an NDJSON line) a stream may send; one is held at a time.
 MAX_RECORD_BYTES = 64 * 1024 * 1024
 
 _NOTHING = object()
@@ -218,7 +220,7 @@ def _stream_error(deployment: str, record: dict) -> ModelplexError:
 
 def _parse(line: bytes, deployment: str) -> Any:
     try:
-        return json.loads(line)
+        return from_json(line)
     except ValueError:
         raise ReplicaFailed(f"{deployment}: a streamed record is not JSON: {line[:80]!r}") from None
 
@@ -251,32 +253,9 @@ async def _ndjson(content: aiohttp.StreamReader, deployment: str) -> AsyncIterat
         yield held
 
 
-async def _server_sent_events(content: aiohttp.StreamReader, deployment: str) -> AsyncIterator[Any]:
-    """The data of each event; an ``error`` event (a producer's failure) is raised, not yielded."""
-    data: list[str] = []
-    event = ""
-    async for raw in _lines(content, deployment):
-        line = raw.decode().rstrip("\r\n")
-        if line.startswith("data:"):
-            data.append(line[5:].removeprefix(" "))
-        elif line.startswith("event:"):
-            event = line[6:].strip()
-        elif not line and data:
-            text = "\n".join(data)
-            data = []
-            try:
-                value = json.loads(text)
-            except ValueError:
-                value = text
-            if event == "error" and _is_error_record(value):
-                raise _stream_error(deployment, value)
-            event = ""
-            yield value
-
-
 def _decode(content_type: str, data: bytes) -> Any:
     if is_json(content_type):
-        return json.loads(data)
+        return from_json(data)
     if content_type.startswith("text/"):
         return data.decode()
     return data
@@ -284,7 +263,7 @@ def _decode(content_type: str, data: bytes) -> Any:
 
 def _error(deployment: str, status: int, data: bytes) -> ModelplexError:
     try:
-        error = json.loads(data)["error"]
+        error = from_json(data)["error"]
         message, code = error["message"], error.get("code")
     except (ValueError, KeyError, TypeError):
         message, code = data[:200].decode(errors="replace") or f"HTTP {status}", None
