@@ -93,16 +93,11 @@ def pods(api_client, namespace: str, name: str, role: str = "replica", live_only
     return [p for p in items if not (live_only and p.metadata.deletion_timestamp)]
 
 
-def router_url(api_client, namespace: str, name: str) -> str:
-    def ready_router():
-        for pod in pods(api_client, namespace, name, "router"):
-            ready = any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or ())
-            if ready and pod.status.pod_ip:
-                return pod.status.pod_ip
-        return None
-
-    ip = wait_for(ready_router, timeout=READY_TIMEOUT, what=f"a ready router pod of {namespace}/{name}")
-    return f"http://{ip}:8000"
+def router_url(cp, namespace: str, name: str) -> str:
+    """The router as its Service ``name`` reaches it: a ready pod its selector picks, the target port."""
+    endpoints = wait_for(lambda: cp.service_endpoints(namespace, name), timeout=READY_TIMEOUT,
+                         what=f"a ready endpoint of Service {namespace}/{name}")
+    return f"http://{endpoints[0]}"
 
 
 def predict(url: str, model: str, body: Any, timeout: float = 30) -> tuple[int, Any]:

@@ -58,8 +58,8 @@ def test_deploy_serve_and_report(control_plane, modelplex_operator, kube_namespa
     assert replica_pod.spec.containers[0].command == ["modelplex", "replica"]
     assert replica_pod.spec.service_account_name == f"{name}-replica"
 
-    # HTTP through the router pod: predictions for several models.
-    url = router_url(api, ns, name)
+    # HTTP through the router (the pod behind Service `echo`): predictions for several models.
+    url = router_url(control_plane, ns, name)
     holders = {}
     for model in ("m1", "m2", "m3", "m4"):
         code, answer = predict(url, model, {"x": model})
@@ -120,7 +120,7 @@ def test_scale_then_edit_rolls_the_pods(control_plane, modelplex_operator, kube_
     assert "from 2 to 3" in wait_event(api, ns, name, "Scaled")[2]
 
     # Edit the batching settings: the pods roll and the new ones run the new settings.
-    url = router_url(api, ns, name)
+    url = router_url(control_plane, ns, name)
     assert predict(url, "m1", {})[1]["max_batch_size"] == 4
     before = {p.metadata.name for p in pods(api, ns, name)}
     control_plane.kubectl("patch", "mxd", name, "-n", ns, "--type", "merge",
@@ -136,7 +136,7 @@ def test_scale_then_edit_rolls_the_pods(control_plane, modelplex_operator, kube_
     after = wait_for(rolled, timeout=READY_TIMEOUT, what="every replica pod replaced")
     assert len(owned(api, ns, name)["ReplicaSet"]) > len(first_rs)
     assert "rolling the pods" in wait_event(api, ns, name, "RollingUpdate")[2]
-    url = router_url(api, ns, name)
+    url = router_url(control_plane, ns, name)
     wait_for(lambda: predict(url, "m2", {})[1].get("max_batch_size") == 2, timeout=60,
              what="answers from the new pods with maxBatchSize 2")
     code, answer = predict(url, "m2", {})
