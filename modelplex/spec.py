@@ -163,7 +163,8 @@ def _describe(error: ValidationError, prefix: str) -> list[str]:
         elif item["type"] == "extra_forbidden":
             problems.append(f"{loc}: unknown field")
         else:
-            problems.append(f"{loc}: {message} (got {item.get('input')!r})")
+            got = f" (got {item.get('input')!r})" if "(got " not in message else ""
+            problems.append(f"{loc}: {message}{got}")
     return problems
 
 
