@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from modelplex.cluster.testing import pid_alive
+
 STATE_ENTRIES = ("pki", "etcd", "logs", "kubelet", "pids", "kubeconfig", "ready", "endpoints.json",
                  "supervisor.pid", "supervisor.log")
 
@@ -31,21 +33,6 @@ def cluster_dir() -> Path:
     if env:
         return Path(env).expanduser()
     return Path.home() / ".cache" / "modelplex" / "cluster"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie is not alive
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 def _read_pid(path: Path) -> int | None:
@@ -71,7 +58,7 @@ def _environ_has(pid: int, needle: str) -> bool:
 
 def _supervisor_pid(state: Path) -> int | None:
     pid = _read_pid(state / "supervisor.pid")
-    if pid and _alive(pid) and "modelplex.cluster" in _cmdline(pid):
+    if pid and pid_alive(pid) and "modelplex.cluster" in _cmdline(pid):
         return pid
     return None
 
@@ -189,7 +176,7 @@ def _kill_leftovers(state: Path) -> list[str]:
     for pid_file in sorted((state / "pids").glob("*.pid")) if (state / "pids").exists() else []:
         pid = _read_pid(pid_file)
         name = pid_file.stem
-        if pid and _alive(pid) and (name in _cmdline(pid) or "modelplex.cluster" in _cmdline(pid)):
+        if pid and pid_alive(pid) and (name in _cmdline(pid) or "modelplex.cluster" in _cmdline(pid)):
             try:
                 os.killpg(pid, signal.SIGKILL)
             except OSError:
@@ -202,7 +189,7 @@ def _kill_leftovers(state: Path) -> list[str]:
     marker = str(state / "kubelet" / "pods")
     for item in procs:
         pid = item.get("pid")
-        if pid and _alive(pid) and _environ_has(pid, marker):
+        if pid and pid_alive(pid) and _environ_has(pid, marker):
             try:
                 os.killpg(pid, signal.SIGKILL)
             except OSError:
@@ -217,9 +204,9 @@ def _stop(state: Path, timeout: float = 60) -> bool:
     if pid:
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and _alive(pid):
+        while time.monotonic() < deadline and pid_alive(pid):
             time.sleep(0.2)
-        if _alive(pid):
+        if pid_alive(pid):
             say(f"supervisor {pid} did not stop in {timeout:.0f}s; killing it")
             try:
                 os.killpg(pid, signal.SIGKILL)
@@ -256,7 +243,7 @@ def cmd_status(args) -> int:
         print(f"kubeconfig: {info['kubeconfig']}")
         print(f"binaries: {info['bin_dir']}")
         for name, p in info.get("pids", {}).items():
-            print(f"  {name}: pid {p}{'' if _alive(p) else ' (gone)'}")
+            print(f"  {name}: pid {p}{'' if pid_alive(p) else ' (gone)'}")
     except (OSError, ValueError, KeyError):
         pass
     print(f"logs: {state / 'logs'}  pod logs: {state / 'kubelet' / 'pods'}")

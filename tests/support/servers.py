@@ -64,6 +64,13 @@ class Processes:
         argv = [*MODELPLEX, "replica", "--spec", str(manifest), "--host", "127.0.0.1", "--port", str(port)]
         return self.start(name, argv, env, url=f"http://127.0.0.1:{port}")
 
+    def router(self, manifest: Path, port: int, replicas: list[str], env: dict | None = None) -> Proc:
+        """A router over static replicas (``NAME=URL`` or ``URL``)."""
+        argv = [*MODELPLEX, "router", "--spec", str(manifest), "--host", "127.0.0.1", "--port", str(port)]
+        for replica in replicas:
+            argv += ["--replica", replica]
+        return self.start("router", argv, env, url=f"http://127.0.0.1:{port}")
+
     @staticmethod
     def stop(proc: Proc, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
         for signal_number, wait_s in ((sig, timeout), (signal.SIGKILL, 5.0)):

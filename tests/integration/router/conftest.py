@@ -3,29 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import aiohttp
 import pytest
 
+from support.servers import Proc, Processes, free_port, metric, wait_until
+
 HERE = Path(__file__).resolve().parent
-MODELPLEX = [sys.executable, "-m", "modelplex.cli"]
-START_TIMEOUT_S = 90.0  # two cores, cold imports: generous
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def write_manifest(folder: Path, *, name: str = "plex", handler: str = "handlers:Echo", replicas: int = 2,
@@ -51,97 +38,6 @@ def write_manifest(folder: Path, *, name: str = "plex", handler: str = "handlers
     return path
 
 
-@dataclass(eq=False)
-class Proc:
-    name: str
-    popen: subprocess.Popen
-    log: Path
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-
-@dataclass
-class Processes:
-    """Every process a test started; :meth:`stop_all` ends each one (group), even on failure."""
-
-    folder: Path
-    env: dict = field(default_factory=lambda: dict(os.environ))
-    procs: list[Proc] = field(default_factory=list)
-
-    def start(self, name: str, argv: list[str], env: dict | None = None) -> Proc:
-        log = self.folder / f"{name}.log"
-        handle = log.open("wb")
-        popen = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 env={**self.env, **(env or {})}, start_new_session=True, cwd=self.folder)
-        handle.close()
-        proc = Proc(name, popen, log)
-        self.procs.append(proc)
-        return proc
-
-    def replica(self, manifest: Path, port: int, name: str = "replica", env: dict | None = None) -> Proc:
-        return self.start(name, [*MODELPLEX, "replica", "--spec", str(manifest), "--host", "127.0.0.1",
-                                 "--port", str(port)], env)
-
-    def router(self, manifest: Path, port: int, replicas: list[str], env: dict | None = None) -> Proc:
-        argv = [*MODELPLEX, "router", "--spec", str(manifest), "--host", "127.0.0.1", "--port", str(port)]
-        for replica in replicas:
-            argv += ["--replica", replica]
-        return self.start("router", argv, env)
-
-    @staticmethod
-    def stop(proc: Proc, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
-        if proc.popen.poll() is None:
-            try:
-                os.killpg(proc.popen.pid, sig)
-            except ProcessLookupError:
-                pass
-            try:
-                proc.popen.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(proc.popen.pid, signal.SIGKILL)  # its group: nothing it started survives
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            proc.popen.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-
-    def stop_all(self) -> None:
-        for proc in reversed(self.procs):
-            self.stop(proc)
-
-    def report(self) -> str:
-        return "\n".join(f"--- {p.name} (exit {p.popen.poll()}) ---\n{p.tail()}" for p in self.procs)
-
-
-@pytest.fixture
-def processes(tmp_path: Path, request) -> Iterator[Processes]:
-    procs = Processes(tmp_path)
-    try:
-        yield procs
-    finally:
-        failed = getattr(request.node, "rep_call", None)
-        if failed is not None and failed.failed:
-            print(procs.report())
-        procs.stop_all()
-
-
-@pytest.hookimpl(tryfirst=True, hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    report = outcome.get_result()
-    setattr(item, "rep_" + report.when, report)
-
-
 @dataclass
 class Cluster:
     """Replicas and one router of a deployment, all real processes."""
@@ -154,42 +50,10 @@ class Cluster:
     processes: Processes
 
 
-async def wait_until(predicate, *, timeout: float = START_TIMEOUT_S, interval: float = 0.05, what: str = ""):
-    """Poll an async predicate until it returns something truthy (bounded in time)."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = await predicate()
-            if last:
-                return last
-        except (aiohttp.ClientError, OSError, ValueError) as error:
-            last = error
-        await _sleep(interval)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what or predicate}: last {last!r}")
-
-
-async def _sleep(seconds: float) -> None:
-    import asyncio
-
-    await asyncio.sleep(seconds)
-
-
 async def table(session: aiohttp.ClientSession, router_url: str) -> dict[str, dict]:
     async with session.get(router_url + "/v1/replicas") as resp:
         assert resp.status == 200
         return {r["name"]: r for r in (await resp.json())["replicas"]}
-
-
-async def metric(session: aiohttp.ClientSession, url: str, name: str) -> float:
-    """Sum of a metric's samples (all label values) from a /metrics page."""
-    async with session.get(url + "/metrics") as resp:
-        text = await resp.text()
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 async def start_cluster(processes: Processes, *, replicas: int = 2, router_env: dict | None = None,

@@ -8,15 +8,14 @@ import re
 import shlex
 import signal
 import socket
-import sys
 import time
 from pathlib import Path
 
 import aiohttp
 
 from modelplex.names import MODEL_ID_HEADER
+from support.servers import MODELPLEX
 
-MODELPLEX = [sys.executable, "-m", "modelplex.cli"]
 TIMEOUT = aiohttp.ClientTimeout(total=60)
 
 
