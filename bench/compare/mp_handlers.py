@@ -1,0 +1,16 @@
+"""The benchmark's handler classes for Modelplex: ``handlers.build`` with the ``modelplex`` SDK.
+
+Manifests name them as ``handler: "mp_handlers:BatchedMLP"`` (this folder is on the
+replicas' import path).
+"""
+
+import modelplex
+
+from handlers import build
+
+_classes = build(modelplex)
+MLP = _classes.MLP
+BatchedMLP = _classes.BatchedMLP
+GPUBatchedMLP = _classes.GPUBatchedMLP
+Multiplexed = _classes.Multiplexed
+Streamer = _classes.Streamer

@@ -1,0 +1,76 @@
+"""Checks of the benchmark's offline parts (no servers): ``pytest bench/compare``."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import belady  # noqa: E402
+import report  # noqa: E402
+
+
+def test_belady_is_optimal_on_small_traces():
+    rng = random.Random(3)
+    for _ in range(200):
+        trace = [rng.choice("abcde") for _ in range(rng.randint(1, 12))]
+        capacity = rng.randint(1, 3)
+        assert belady.belady_hits(trace, capacity) == belady._brute_belady(trace, capacity)
+        assert belady.lru_hits(trace, capacity) <= belady.belady_hits(trace, capacity)
+
+
+def test_belady_counts_compulsory_misses():
+    assert belady.belady_hits(["a", "b", "a", "b"], 2) == 2
+    assert belady.belady_hits(["a", "b", "c", "a"], 2) == 1  # evicts b (never used again), keeps a
+
+
+def test_zipf_trace_is_deterministic_and_skewed():
+    trace = belady.zipf_trace(5000, 40, 1.1, seed=0)
+    assert trace == belady.zipf_trace(5000, 40, 1.1, seed=0)
+    assert trace.count("model-01") > trace.count("model-10") > trace.count("model-40")
+
+
+def _results() -> dict:
+    point = lambda rps, p99: {"rps": rps, "p50_ms": p99 / 2, "p99_ms": p99, "errors": 0, "error_kinds": {}}
+    stream = lambda rps, ttfc: {**point(rps, 300.0), "ttfc_p50_ms": ttfc / 2, "ttfc_p99_ms": ttfc, "chunks_per_s": rps * 20}
+    sweep = lambda f: {mode: {str(c): point(f * c, 100.0) for c in (1, 32)} for mode in ("unbatched", "batched")}
+    return {
+        "command": "python bench/compare/run.py --quick", "started": "now", "wall_s": 1.0,
+        "environment": {"cores": 2, "cpu": "x", "memory_gb": 24, "platform": "linux", "gpu": None, "python": "3.11",
+                        "torch": "2", "ray": "2.60.0", "aiohttp": "3", "modelplex": "0.1.0", "commit": "abc",
+                        "commit_subject": "s", "tree_dirty_outside_bench": 0},
+        "load_wait": None, "ray_start_s": [5.0],
+        "load": [{"when": "x", "load": (0.5, 0.5, 0.5), "seconds": 3.0, "busy_cores": 1.5, "our_cores": 1.2, "other_cores": 0.3}],
+        "settings": {"quick": True}, "batch": {"max_batch_size": 32, "batch_wait_timeout_s": 0.002},
+        "compute_bound": {str(b): {"passes_per_s": 100.0, "rows_per_s": 100.0 * b, "ms_per_pass": 10.0} for b in (1, 8, 32)},
+        "batching": {"Ray Serve": sweep(1.0), "Modelplex": sweep(6.0)},
+        "batching_latencies": {s: {m: {"32": [0.01, 0.02]} for m in ("unbatched", "batched")} for s in ("Ray Serve", "Modelplex")},
+        "multiplexing": {
+            "requests": 10, "models": 40, "zipf": 1.1, "replicas": 2, "slots": 4, "fetch_s": 0.1, "concurrency": 16,
+            "max_ongoing": 16, "distinct_in_trace": 5,
+            "offline": {"belady_global_8": 0.7, "lru_global_8": 0.5, "belady_one_replica_4": 0.5, "static_top_8": 0.68},
+            "systems": {s: {"sent": 10, "ok": 10, "errors": 0, "error_kinds": {}, "loads": loads, "hit_rate": 1 - loads / 10,
+                            "load_p50_ms": 110.0, "per_replica_loads": [2, 1],
+                            "loads_in_flight_mean": 1.5, "loads_in_flight_max": 3, "top4_loads": 2, "seconds": 1.0, "rps": rps, "p50_ms": 5.0,
+                            "p90_ms": 6.0, "p99_ms": 9.0, "trace_latencies": [0.01]}
+                        for s, loads, rps in (("Ray Serve", 4, 10.0), ("Modelplex", 3, 40.0))}},
+        "streaming": {"chunks": 20, "interval_s": 0.01, "replicas": 2, "max_ongoing": 256,
+                      "systems": {"Ray Serve": {"8": stream(30, 80.0), "256": stream(100, 2000.0)},
+                                  "Modelplex": {"8": stream(38, 8.0), "256": stream(650, 300.0)}},
+                      "ttfc": {"Ray Serve": {"8": [0.05], "256": [1.0]}, "Modelplex": {"8": [0.005], "256": [0.2]}}},
+        "gpu": {"skipped": "skipped: no CUDA device"},
+    }
+
+
+def test_report_writes_tables_targets_and_plots(tmp_path):
+    report.write(_results(), tmp_path)
+    text = (tmp_path / "README.md").read_text()
+    assert "skipped: no CUDA device" in text
+    assert "| Batching, concurrency 32: throughput >= 5x Ray Serve's, p99 no worse | **met** |" in text
+    assert "Multiplexing: hit rate >= 95% of Belady's for the trace | **met** |" in text  # 0.7 / 0.7
+    assert "Streaming: time to first chunk p99 at concurrency 8 <= half of Ray Serve's | **met** |" in text
+    assert (tmp_path / "results.json").exists()
+    for png in ("throughput_vs_concurrency.png", "latency_cdf.png", "hit_rate.png"):
+        assert (tmp_path / png).stat().st_size > 1000
