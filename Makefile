@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 TORCH_WHEEL := $(firstword $(wildcard /opt/wheels/torch-*.whl))
 TORCH_REQ   := $(if $(TORCH_WHEEL),torch==$(word 2,$(subst -, ,$(notdir $(TORCH_WHEEL)))),torch)
 
-.PHONY: run test venv unit integration e2e lint control-plane bench clean
+.PHONY: run test venv unit integration e2e lint control-plane bench bench-components clean
 
 $(STAMP): pyproject.toml
 	@echo "==> creating $(VENV) and installing modelplex with its dev and replica extras"
@@ -43,7 +43,13 @@ e2e: venv control-plane
 test: venv lint control-plane
 	$(PY) -m pytest tests
 
+# Modelplex against Ray Serve, side by side (bench/results/); BENCH_ARGS=--quick for a smoke run.
 bench: venv
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) bench/compare/run.py $(BENCH_ARGS)
+
+# The per-component benchmarks: replica alone, router policies, the streaming pipeline.
+bench-components: venv
 	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) bench/replica/bench_replica.py
 	$(PY) bench/router/bench_router.py

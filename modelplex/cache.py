@@ -5,6 +5,10 @@ Past Ray Serve's cache:
   the same model requested concurrently still loads once;
 - a model pinned by requests in flight is never unloaded under them: eviction skips it, and
   if every loaded model is busy the cache runs over capacity until one goes idle;
+- the victim is chosen when the new model is in, not when its load starts: models used
+  during a slow load stay, and only the least recently used idle one goes. So up to
+  capacity + loads in flight are resident for the length of a load (evicting first cost a
+  third of the hits on a Zipf trace: bench/results/experiment_cache.txt);
 - a failed load is not cached, and every waiter gets the error.
 """
 
@@ -126,7 +130,6 @@ class ModelCache:
         task.add_done_callback(self._background.discard)
 
     async def _load_into(self, model_id: str, future: asyncio.Future) -> None:
-        await self._make_room()
         log.info("Loading model %r.", model_id)
         started = self._clock()
         try:
@@ -149,13 +152,13 @@ class ModelCache:
         self._models[model_id] = model
         self.version += 1
         log.info("Loaded model %r in %.3f s.", model_id, seconds)
-        future.set_result(model)
         self._notify("loaded", model_id, seconds)
         await self._make_room(keep=model_id)
+        future.set_result(model)
 
     async def _make_room(self, keep: str | None = None) -> None:
-        """Evict idle models, least recently used first, until loaded + loading fits."""
-        while len(self._models) + len(self._loading) > self.capacity:
+        """Evict idle models, least recently used first, until the loaded ones fit."""
+        while len(self._models) > self.capacity:
             victim = next((m for m in self._models if self._pins[m] == 0 and m != keep), None)
             if victim is None:
                 return  # every loaded model serves a request: evict when one goes idle

@@ -99,6 +99,21 @@ async def test_loads_of_different_models_run_in_parallel():
     assert sorted(cache.loaded) == ["a", "b"]
 
 
+async def test_a_model_used_while_another_loads_is_not_the_one_evicted():
+    store = Store()
+    cache = make_cache(store, capacity=2)
+    await cache.get("a")
+    await cache.get("b")  # a is least recently used now
+    gate = store.gate("c")
+    loading = asyncio.create_task(cache.get("c"))
+    await store.started["c"].wait()
+    await cache.get("a")  # used during c's load: b is the least recently used when c is in
+    gate.set()
+    await loading
+    assert cache.loaded == ["a", "c"]
+    assert ("evicted", "b") in store.events and ("evicted", "a") not in store.events
+
+
 async def test_model_in_use_is_not_evicted_under_a_request():
     store = Store()
     cache = make_cache(store, capacity=1)
