@@ -145,7 +145,7 @@ async def run(args: argparse.Namespace) -> int:
         folder = Path(tmp)
         build_model(folder / "mlp.pt")
         bound = compute_bound(folder / "mlp.pt", [1, 8, 32])
-        print(f"compute bound (rows/s, 1 thread): " + ", ".join(f"batch {b}: {r:,.0f}" for b, r in bound.items()),
+        print("compute bound (rows/s, 1 thread): " + ", ".join(f"batch {b}: {r:,.0f}" for b, r in bound.items()),
               file=sys.stderr)
         rows = []
         for label, batch_size in (("unbatched", 1), ("batched", 32)):

@@ -11,7 +11,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import aiohttp
 
