@@ -95,12 +95,7 @@ async def unary(url: str, body: dict, concurrency: int, seconds: float, *, warmu
                 point.latencies.append(time.perf_counter() - started)
                 point.ok += 1
 
-        if warmup_s > 0:
-            end = time.perf_counter() + warmup_s
-            await asyncio.gather(*(client(end, False) for _ in range(concurrency)))
-        started = time.perf_counter()
-        await asyncio.gather(*(client(started + seconds, True) for _ in range(concurrency)))
-        point.seconds = time.perf_counter() - started
+        point.seconds = await _warm_then_measure(client, concurrency, warmup_s, seconds)
     return point
 
 
@@ -180,12 +175,7 @@ async def streams(url: str, body: dict, expect_chunks: int, concurrency: int, se
                 point.chunks += lines
                 point.ok += 1
 
-        if warmup_s > 0:
-            end = time.perf_counter() + warmup_s
-            await asyncio.gather(*(client(end, False) for _ in range(concurrency)))
-        started = time.perf_counter()
-        await asyncio.gather(*(client(started + seconds, True) for _ in range(concurrency)))
-        point.seconds = time.perf_counter() - started
+        point.seconds = await _warm_then_measure(client, concurrency, warmup_s, seconds)
     return point
 
 
@@ -206,3 +196,14 @@ async def paired(url_a: str, url_b: str, body: dict, headers: dict, n: int) -> t
                         raise RuntimeError(f"{url}: HTTP {resp.status}")
                 out.append(time.perf_counter() - started)
     return a, b
+
+
+async def _warm_then_measure(client, concurrency: int, warmup_s: float, seconds: float) -> float:
+    """Run ``concurrency`` clients unrecorded for ``warmup_s``, then recorded for ``seconds``;
+    returns the measured wall time."""
+    if warmup_s > 0:
+        end = time.perf_counter() + warmup_s
+        await asyncio.gather(*(client(end, False) for _ in range(concurrency)))
+    started = time.perf_counter()
+    await asyncio.gather(*(client(started + seconds, True) for _ in range(concurrency)))
+    return time.perf_counter() - started

@@ -128,3 +128,21 @@ def metric_value(text: str, name: str) -> float:
 async def metric(session: aiohttp.ClientSession, url: str, name: str) -> float:
     async with session.get(url + "/metrics") as response:
         return metric_value(await response.text(), name)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (the replicas and routers of a ``modelplex local``)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            found.append(child)
+            todo.append(child)
+    return found

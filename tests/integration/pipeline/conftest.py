@@ -24,7 +24,7 @@ import aiohttp
 import pytest
 import yaml
 
-from support.servers import MODELPLEX, Proc, Processes
+from support.servers import MODELPLEX, Proc, Processes, descendants
 
 HERE = Path(__file__).resolve().parent
 EXAMPLE = HERE.parents[2] / "examples" / "pipeline"
@@ -87,23 +87,6 @@ class Stack:
                 continue
             total += next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:")), 0)
         return total
-
-
-def descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), ()):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def start_local(processes: Processes, manifest: Path, deployments: int, env: dict | None = None) -> Stack:

@@ -14,7 +14,7 @@ from pathlib import Path
 import aiohttp
 
 from modelplex.names import MODEL_ID_HEADER
-from support.servers import MODELPLEX
+from support.servers import MODELPLEX, descendants
 
 TIMEOUT = aiohttp.ClientTimeout(total=60)
 
@@ -32,24 +32,6 @@ def two_free_ports() -> int:
                     continue
         return port
     raise AssertionError("no two adjacent free ports")
-
-
-def descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), ()):
-            found.add(child)
-            todo.append(child)
-    return found
 
 
 def alive(pid: int) -> bool:
