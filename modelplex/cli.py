@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_operator()
         if args.command == "cluster":
-            from modelplex.cluster import main as cluster_main
+            from modelplex_cluster import main as cluster_main
 
             return cluster_main(args.args)
     except SpecError as error:

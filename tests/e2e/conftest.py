@@ -19,8 +19,8 @@ import uuid
 
 import pytest
 
-from modelplex.cluster.controlplane import ControlPlane, build_binaries
-from modelplex.cluster.testing import wait_for
+from modelplex_cluster.controlplane import ControlPlane, build_binaries
+from modelplex_cluster.testing import wait_for
 
 
 def _pod_ip_prefix() -> str:
@@ -30,7 +30,7 @@ def _pod_ip_prefix() -> str:
 
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory):
-    """The running control plane (a :class:`modelplex.cluster.controlplane.ControlPlane`).
+    """The running control plane (a :class:`modelplex_cluster.controlplane.ControlPlane`).
 
     ``.kubeconfig`` (admin), ``.server``, ``.bin_dir`` (kubectl, helm, ...),
     ``.env()``, ``.api_client()``, ``.kubectl(*args)``, ``.pod_log(ns, pod)``,

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from modelplex.cluster.testing import http_get, pid_alive, wait_for
+from modelplex_cluster.testing import http_get, pid_alive, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -359,7 +359,7 @@ def test_cluster_up_and_down_cli(control_plane, tmp_path):
     (tmp_path / "pod.yaml").write_text(pod_yaml)
     script = f"""
         set -euo pipefail
-        eval "$({py} -m modelplex.cluster up --pod-ip-prefix {prefix})"
+        eval "$({py} -m modelplex_cluster up --pod-ip-prefix {prefix})"
         echo "KUBECONFIG=$KUBECONFIG"
         echo "KUBECTL=$(command -v kubectl)"
         echo "HELM=$(command -v helm)"
@@ -386,25 +386,25 @@ def test_cluster_up_and_down_cli(control_plane, tmp_path):
         pids += list(ready["pids"].values()) + [int((state / "supervisor.pid").read_text())]
         assert all(pid_alive(p) for p in pids)
 
-        status = subprocess.run([sys.executable, "-m", "modelplex.cluster", "status"], env=env,
+        status = subprocess.run([sys.executable, "-m", "modelplex_cluster", "status"], env=env,
                                 capture_output=True, text=True, timeout=60)
         assert status.returncode == 0, status.stdout + status.stderr
         assert "API ready" in status.stdout
 
         # `up` again is idempotent: same cluster, same exports
-        again = subprocess.run([sys.executable, "-m", "modelplex.cluster", "up"], env=env,
+        again = subprocess.run([sys.executable, "-m", "modelplex_cluster", "up"], env=env,
                                capture_output=True, text=True, timeout=120)
         assert again.returncode == 0, again.stderr
         assert "already running" in again.stderr
         assert f"export KUBECONFIG={state / 'kubeconfig'}" in again.stdout
     finally:
-        down = subprocess.run([sys.executable, "-m", "modelplex.cluster", "down"], env=env,
+        down = subprocess.run([sys.executable, "-m", "modelplex_cluster", "down"], env=env,
                               capture_output=True, text=True, timeout=120)
     assert down.returncode == 0, down.stderr
     assert "cluster stopped" in down.stderr
     wait_for(lambda: not any(pid_alive(p) for p in pids), timeout=30, what=f"cluster processes {pids} to exit")
     wait_for(lambda: not (pod_pid and pid_alive(pod_pid)), timeout=30, what="the pod process to exit")
-    status = subprocess.run([sys.executable, "-m", "modelplex.cluster", "status"], env=env,
+    status = subprocess.run([sys.executable, "-m", "modelplex_cluster", "status"], env=env,
                             capture_output=True, text=True, timeout=60)
     assert status.returncode != 0
     assert "not running" in status.stdout

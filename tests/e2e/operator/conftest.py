@@ -15,7 +15,7 @@ import pytest
 from kubernetes import client
 
 from e2e.operator.helpers import CHART, READY_TIMEOUT
-from modelplex.cluster.testing import wait_for
+from modelplex_cluster.testing import wait_for
 
 
 @dataclass

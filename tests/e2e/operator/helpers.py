@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from modelplex.cluster.testing import wait_for
+from modelplex_cluster.testing import wait_for
 from modelplex.names import API_GROUP, API_VERSION, KIND, LABEL_DEPLOYMENT, LABEL_ROLE, PLURAL
 
 REPO = Path(__file__).resolve().parents[3]

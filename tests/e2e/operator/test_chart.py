@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from e2e.operator.helpers import CHART, CRD
-from modelplex.cluster.controlplane import build_binaries
+from modelplex_cluster.controlplane import build_binaries
 from modelplex_operator.builders import ROLE_RULES
 
 pytestmark = pytest.mark.e2e

@@ -20,7 +20,7 @@ from e2e.operator.helpers import (
     owned,
     wait_event,
 )
-from modelplex.cluster.testing import wait_for
+from modelplex_cluster.testing import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -12,7 +12,7 @@ from kubernetes import client
 
 from e2e.operator.conftest import OperatorRelease, helm
 from e2e.operator.helpers import CHART, READY_TIMEOUT, get_mxd, kubectl_apply, manifest, owned, wait_settled
-from modelplex.cluster.testing import wait_for
+from modelplex_cluster.testing import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -28,7 +28,7 @@ from e2e.operator.helpers import (
     wait_event,
     wait_settled,
 )
-from modelplex.cluster.testing import wait_for
+from modelplex_cluster.testing import wait_for
 
 pytestmark = pytest.mark.e2e
 

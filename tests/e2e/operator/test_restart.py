@@ -29,7 +29,7 @@ from e2e.operator.helpers import (
     owned,
     wait_settled,
 )
-from modelplex.cluster.testing import pid_alive, wait_for
+from modelplex_cluster.testing import pid_alive, wait_for
 
 pytestmark = pytest.mark.e2e
 

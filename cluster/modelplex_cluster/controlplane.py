@@ -32,7 +32,7 @@ from typing import IO, Iterable
 
 import yaml
 
-from modelplex.cluster import certs
+from modelplex_cluster import certs
 
 NODE_NAME = "modelplex-node"
 SERVICE_CIDR = "10.96.0.0/16"
@@ -639,7 +639,7 @@ class ControlPlane:
 
     def _start_kubelet(self) -> None:
         argv = [
-            sys.executable, "-m", "modelplex.cluster.kubelet",
+            sys.executable, "-m", "modelplex_cluster.kubelet",
             f"--kubeconfig={self.kubeconfig}",
             f"--state-dir={self.kubelet_dir}",
             f"--node-name={self.node_name}",
@@ -653,7 +653,7 @@ class ControlPlane:
         ]
         env = dict(os.environ)
         # The kubelet must import this very package, wherever it was loaded from.
-        pkg_root = str(Path(__file__).resolve().parents[2])
+        pkg_root = str(Path(__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg_root, env.get("PYTHONPATH")]))
         env.pop("KUBECONFIG", None)
         self._launch("kubelet", argv, env=env)
@@ -710,7 +710,7 @@ class ControlPlane:
 
 
 def _supervise(argv: Iterable[str]) -> int:
-    """Entry point of the detached supervisor: ``python -m modelplex.cluster.controlplane``."""
+    """Entry point of the detached supervisor: ``python -m modelplex_cluster.controlplane``."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="modelplex-control-plane")

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from modelplex.cluster.testing import pid_alive
+from modelplex_cluster.testing import pid_alive
 
 STATE_ENTRIES = ("pki", "etcd", "logs", "kubelet", "pids", "kubeconfig", "ready", "endpoints.json",
                  "supervisor.pid", "supervisor.log")
@@ -58,7 +58,7 @@ def _environ_has(pid: int, needle: str) -> bool:
 
 def _supervisor_pid(state: Path) -> int | None:
     pid = _read_pid(state / "supervisor.pid")
-    if pid and pid_alive(pid) and "modelplex.cluster" in _cmdline(pid):
+    if pid and pid_alive(pid) and "modelplex_cluster" in _cmdline(pid):
         return pid
     return None
 
@@ -96,7 +96,7 @@ def _api_ready(state: Path) -> bool:
 
 
 def cmd_build(args) -> int:
-    from modelplex.cluster.controlplane import ControlPlaneError, build_binaries
+    from modelplex_cluster.controlplane import ControlPlaneError, build_binaries
 
     try:
         print(build_binaries(force=args.force))
@@ -107,7 +107,7 @@ def cmd_build(args) -> int:
 
 
 def cmd_up(args) -> int:
-    from modelplex.cluster.controlplane import ControlPlaneError, build_binaries, repo_root, tail
+    from modelplex_cluster.controlplane import ControlPlaneError, build_binaries, repo_root, tail
 
     state = cluster_dir()
     pid = _supervisor_pid(state)
@@ -138,10 +138,10 @@ def cmd_up(args) -> int:
     workdir = Path(args.workdir).resolve() if args.workdir else (repo_root() or Path.cwd())
     log_path = state / "supervisor.log"
     env = dict(os.environ)
-    pkg_root = str(Path(__file__).resolve().parents[2])
+    pkg_root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg_root, env.get("PYTHONPATH")]))
     env.pop("KUBECONFIG", None)
-    argv = [sys.executable, "-m", "modelplex.cluster", "_serve", f"--bin-dir={bin_dir}", f"--state-dir={state}",
+    argv = [sys.executable, "-m", "modelplex_cluster", "_serve", f"--bin-dir={bin_dir}", f"--state-dir={state}",
             f"--workdir={workdir}", f"--pod-ip-prefix={args.pod_ip_prefix}"]
     say(f"==> starting the control plane (state and logs in {state})")
     with open(log_path, "ab") as log:
@@ -176,7 +176,7 @@ def _kill_leftovers(state: Path) -> list[str]:
     for pid_file in sorted((state / "pids").glob("*.pid")) if (state / "pids").exists() else []:
         pid = _read_pid(pid_file)
         name = pid_file.stem
-        if pid and pid_alive(pid) and (name in _cmdline(pid) or "modelplex.cluster" in _cmdline(pid)):
+        if pid and pid_alive(pid) and (name in _cmdline(pid) or "modelplex_cluster" in _cmdline(pid)):
             try:
                 os.killpg(pid, signal.SIGKILL)
             except OSError:
@@ -251,7 +251,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from modelplex.cluster.controlplane import _supervise
+    from modelplex_cluster.controlplane import _supervise
 
     argv = [f"--bin-dir={args.bin_dir}", f"--state-dir={args.state_dir}", f"--pod-ip-prefix={args.pod_ip_prefix}"]
     if args.workdir:

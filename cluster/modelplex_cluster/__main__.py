@@ -1,5 +1,5 @@
 import sys
 
-from modelplex.cluster import main
+from modelplex_cluster import main
 
 sys.exit(main(sys.argv[1:]))

@@ -1,6 +1,6 @@
 """Modelplex's test kubelet: runs pods as local processes on loopback addresses.
 
-It is a separate process (``python -m modelplex.cluster.kubelet``) that talks to
+It is a separate process (``python -m modelplex_cluster.kubelet``) that talks to
 the apiserver with the ``kubernetes`` client and:
 
 * registers one Node (Ready) and binds every unscheduled pod to it (no
@@ -51,7 +51,7 @@ import traceback
 import urllib.parse
 from pathlib import Path
 
-from modelplex.cluster.controlplane import _child_setup, write_kubeconfig
+from modelplex_cluster.controlplane import _child_setup, write_kubeconfig
 
 log = logging.getLogger("modelplex.kubelet")
 
@@ -1305,7 +1305,7 @@ class LogServer(threading.Thread):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m modelplex.cluster.kubelet", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m modelplex_cluster.kubelet", description=__doc__.split("\n")[0])
     parser.add_argument("--kubeconfig", required=True, help="admin kubeconfig of the control plane")
     parser.add_argument("--state-dir", required=True, help="folder for pod folders, logs, processes.json")
     parser.add_argument("--node-name", default="modelplex-node")
