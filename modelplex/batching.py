@@ -1,14 +1,26 @@
-"""``@batch``: dynamic batching per model id.
+"""``@batch``: dynamic batching per model id, with Ray Serve's ``@serve.batch`` semantics.
 
-Callers send one request each; a batch forms when ``max_batch_size`` requests wait or
-``batch_wait_timeout_s`` after the first one arrived, whichever comes first. Each model id
-has its own queue, so batches never mix models and a batch for M is never held behind
-traffic for other models. Results go back to their own callers; an exception fails only the
-callers of that batch; a caller that goes away is dropped without disturbing the others.
+Callers make single calls; the decorated function receives lists. A function of several
+parameters gets one list per parameter (``f(key1, key2)`` called as ``f("a", key2="b")`` and
+``f("c", "d")`` runs once as ``f(["a", "c"], ["b", "d"])``), whatever mix of positional and
+keyword arguments the callers used.
 
-An async-generator handler streams: it yields lists (one item per caller), and each caller
-gets its own stream. An item that is ``StopIteration`` (the class or an instance) ends that
+A batch forms when ``max_batch_size`` requests wait (or, with ``batch_size_fn``, when the next
+request would not fit), or ``batch_wait_timeout_s`` after the oldest waiting request arrived,
+whichever comes first. Up to ``max_concurrent_batches`` batches run at once. Each model id has
+its own queue, so batches never mix models and a batch for M is never held behind traffic for
+other models. Results go back to their own callers; an exception fails only the callers of
+that batch; a caller that goes away is dropped, and a batch whose callers all went away is
+cancelled.
+
+An async-generator function streams: it yields lists (one item per caller), and each caller
+gets its own stream. Calling it joins the batch at once (the stream is read later). An item
+that is ``StopIteration`` or ``StopAsyncIteration`` (the class or an instance) ends that
 caller's stream early; an item that is an ``Exception`` fails just that caller.
+
+Every queue's worker is a supervised task: if it fails (a ``batch_size_fn`` that raises, a
+bug), the callers waiting in it get the error and the next call starts a new worker. Time is
+the event loop's clock, so tests run it on a virtual one.
 """
 
 from __future__ import annotations
@@ -16,26 +28,88 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from numbers import Real
+from typing import Any, Callable
 
-from modelplex.context import get_multiplexed_model_id, reset_multiplexed_model_id, set_multiplexed_model_id
-from modelplex.errors import HandlerError
+from modelplex.context import get_multiplexed_model_id
+from modelplex.errors import BatchItemTooLarge, HandlerError
 from modelplex.runtime import runtime
 from modelplex.spec import DEFAULT_BATCH_WAIT_TIMEOUT_S, DEFAULT_MAX_BATCH_SIZE
 
+log = logging.getLogger("modelplex.batching")
+
 _QUEUES_ATTR = "__modelplex_batch_queues__"
+#: Set on the wrapper of a batched async generator (it is a plain function: see ``_BatchedStream``).
+STREAMING_ATTR = "__modelplex_batch_streaming__"
 _END = object()
+_STOP_TOKENS = (StopIteration, StopAsyncIteration)
+
+
+# -- settings -------------------------------------------------------------------------------------
+
+
+def _check_batch_size(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"max_batch_size must be an integer >= 1 (got {value!r})")
+    if value != int(value):
+        raise TypeError(f"max_batch_size must be an integer >= 1 (got {value!r})")
+    if value < 1:
+        raise ValueError(f"max_batch_size must be an integer >= 1 (got {value!r})")
+    return int(value)
+
+
+def _check_timeout(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"batch_wait_timeout_s must be a number >= 0 (got {value!r})")
+    if value < 0:
+        raise ValueError(f"batch_wait_timeout_s must be a number >= 0 (got {value!r})")
+    return float(value)
+
+
+def _check_concurrency(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"max_concurrent_batches must be an integer >= 1 (got {value!r})")
+    if value < 1:
+        raise ValueError(f"max_concurrent_batches must be an integer >= 1 (got {value!r})")
+    return value
+
+
+@dataclass
+class _Settings:
+    """One decorated function's settings. Precedence: a setter call, then the spec, then the decorator."""
+
+    max_batch_size: int
+    batch_wait_timeout_s: float
+    max_concurrent_batches: int
+    batch_size_fn: Callable[[list], int] | None
+    size_set: bool = False
+    timeout_set: bool = False
+
+    def batch_size(self) -> int:
+        if self.size_set or runtime.max_batch_size is None:
+            return self.max_batch_size
+        return runtime.max_batch_size
+
+    def wait_timeout_s(self) -> float:
+        if self.timeout_set or runtime.batch_wait_timeout_s is None:
+            return self.batch_wait_timeout_s
+        return runtime.batch_wait_timeout_s
+
+
+# -- one waiting call ------------------------------------------------------------------------------
 
 
 @dataclass(eq=False)
 class _Pending:
-    request: Any
+    arguments: dict[str, Any]  # parameter name -> this caller's value
     arrived: float
     future: asyncio.Future | None = None  # unary callers
     stream: asyncio.Queue | None = None  # streaming callers
     gone: bool = False  # a streaming caller that stopped listening
+    batch: _Batch | None = None
 
     @property
     def live(self) -> bool:
@@ -43,92 +117,201 @@ class _Pending:
             return not self.future.done()
         return not self.gone
 
+    def fail(self, error: BaseException) -> None:
+        if self.future is not None:
+            if not self.future.done():
+                self.future.set_exception(error)
+        elif not self.gone:
+            self.stream.put_nowait(error)
+
+
+@dataclass(eq=False)
+class _Batch:
+    items: list[_Pending]
+    task: asyncio.Task | None = None
+
+    def abandoned(self) -> bool:
+        return not any(item.live for item in self.items)
+
+
+# -- the queue of one (owner, model id) -------------------------------------------------------------
+
 
 @dataclass(eq=False)
 class _BatchQueue:
-    """The waiting requests for one (handler, model id), and the worker that batches them."""
+    """The waiting calls for one (instance or function, model id), and the worker that batches them."""
 
-    func: Callable
+    call: Callable[[list[_Pending]], Any]  # runs one batch: a coroutine, or an async iterator of lists
     model_id: str
-    max_batch_size: int
-    timeout_s: float
+    settings: _Settings
+    first_parameter: str | None
     streaming: bool
-    on_empty: Callable[[str], None]
+    on_idle: Callable[[_BatchQueue], None]
     pending: deque[_Pending] = field(default_factory=deque)
-    running: bool = False
+    running: set[_Batch] = field(default_factory=set)
+    worker: asyncio.Task | None = None
     _wakeup: asyncio.Future | None = None
 
     def submit(self, item: _Pending) -> None:
         self.pending.append(item)
+        self._wake()
+        self._ensure_worker()
+
+    def _ensure_worker(self) -> None:
+        if self.worker is None or self.worker.done():
+            self.worker = asyncio.get_running_loop().create_task(self._work(), name=f"batcher {self.model_id!r}")
+            self.worker.add_done_callback(self._worker_ended)
+
+    def caller_left(self, item: _Pending) -> None:
+        """A caller went away: cancel its batch if nobody is left to receive the results."""
+        batch = item.batch
+        if batch is not None and batch.task is not None and not batch.task.done() and batch.abandoned():
+            batch.task.cancel()
+        self._wake()
+
+    def _wake(self) -> None:
         if self._wakeup is not None and not self._wakeup.done():
             self._wakeup.set_result(None)
-        if not self.running:
-            self.running = True
-            asyncio.ensure_future(self._work())
+
+    async def _wait(self, timeout: float | None) -> None:
+        loop = asyncio.get_running_loop()
+        self._wakeup = loop.create_future()
+        timer = loop.call_later(timeout, _resolve, self._wakeup) if timeout is not None else None
+        try:
+            await self._wakeup
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self._wakeup = None
+
+    # -- the worker ----------------------------------------------------------------------------
 
     async def _work(self) -> None:
-        token = set_multiplexed_model_id(self.model_id)
-        try:
-            while True:
-                batch = await self._collect()
-                if not batch:
-                    if not self.pending:
-                        break
-                    continue
-                await self._run(batch)
-        finally:
-            reset_multiplexed_model_id(token)
-            self.running = False
-            if not self.pending:
-                self.on_empty(self.model_id)
-
-    async def _collect(self) -> list[_Pending]:
         loop = asyncio.get_running_loop()
-        self._drop_gone()
-        if not self.pending:
-            return []
-        deadline = self.pending[0].arrived + self.timeout_s
-        while len(self.pending) < self.max_batch_size:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                break
-            self._wakeup = loop.create_future()
-            timer = loop.call_later(remaining, _resolve, self._wakeup)
-            try:
-                await self._wakeup
-            finally:
-                timer.cancel()
-                self._wakeup = None
+        while True:
             self._drop_gone()
             if not self.pending:
-                return []
-        batch = []
-        while self.pending and len(batch) < self.max_batch_size:
-            item = self.pending.popleft()
-            if item.live:
-                batch.append(item)
-        if batch:
-            runtime.batch_done(self.model_id, len(batch), loop.time() - batch[0].arrived)
-        return batch
+                return
+            if len(self.running) >= self.settings.max_concurrent_batches:
+                await self._wait(None)  # a running batch ends (or a caller leaves)
+                continue
+            # The settings in force when a batch starts forming are the ones it uses.
+            limit, timeout = self.settings.batch_size(), self.settings.wait_timeout_s()
+            while not self._full(limit):
+                remaining = self.pending[0].arrived + timeout - loop.time()
+                if remaining <= 0:
+                    break
+                await self._wait(remaining)
+                self._drop_gone()
+                if not self.pending:
+                    break
+            batch = self._take(limit)
+            if batch:
+                self._start(batch, loop)
+
+    def _worker_ended(self, worker: asyncio.Task) -> None:
+        if self.worker is not worker:
+            return  # a newer worker already took over
+        self.worker = None
+        error = None if worker.cancelled() else worker.exception()
+        if worker.cancelled() or error is not None:
+            # Nobody may wait for ever on a worker that is gone: fail its callers; the next
+            # call starts a new worker.
+            if error is not None:
+                log.error("batcher for model %r failed", self.model_id, exc_info=error)
+            failure = HandlerError(f"batching failed: {error!r}" if error is not None else "batcher stopped")
+            while self.pending:
+                self.pending.popleft().fail(failure)
+        elif self.pending:
+            self._ensure_worker()  # calls came between the worker's last look and its end
+        self._maybe_idle()
+
+    def _maybe_idle(self) -> None:
+        if (self.worker is None or self.worker.done()) and not self.pending and not self.running:
+            self.on_idle(self)
 
     def _drop_gone(self) -> None:
-        while self.pending and not self.pending[0].live:
-            self.pending.popleft()
+        if any(not item.live for item in self.pending):
+            self.pending = deque(item for item in self.pending if item.live)
 
-    async def _run(self, batch: list[_Pending]) -> None:
-        requests = [item.request for item in batch]
+    def _size(self, items: list[_Pending]) -> int:
+        size_fn = self.settings.batch_size_fn
+        if size_fn is None:
+            return len(items)
+        values = [item.arguments[self.first_parameter] for item in items] if self.first_parameter else []
+        return size_fn(values)
+
+    def _full(self, limit: int) -> bool:
+        if self.settings.batch_size_fn is None:
+            return len(self.pending) >= limit
+        self._fail_oversized(limit)
+        fitting = self._fitting(limit)
+        return len(fitting) < len(self.pending) or (bool(fitting) and self._size(fitting) >= limit)
+
+    def _fail_oversized(self, limit: int) -> None:
+        """Requests that could never fit in a batch fail now instead of blocking the queue."""
+        kept = deque()
+        for item in self.pending:
+            size = self._size([item])
+            if size > limit:
+                item.fail(BatchItemTooLarge(
+                    f"a request of size {size} (by batch_size_fn) is larger than max_batch_size ({limit})"))
+            else:
+                kept.append(item)
+        self.pending = kept
+
+    def _fitting(self, limit: int) -> list[_Pending]:
+        """The longest prefix of the waiting requests that fits within ``limit``."""
+        if self.settings.batch_size_fn is None:
+            return list(self.pending)[:limit]
+        fitting: list[_Pending] = []
+        for item in self.pending:
+            if self._size([*fitting, item]) > limit:
+                break
+            fitting.append(item)
+        return fitting
+
+    def _take(self, limit: int) -> list[_Pending]:
+        if self.settings.batch_size_fn is not None:
+            self._fail_oversized(limit)
+        batch = self._fitting(limit)
+        for _ in batch:
+            self.pending.popleft()
+        return batch
+
+    def _start(self, items: list[_Pending], loop: asyncio.AbstractEventLoop) -> None:
+        batch = _Batch(items)
+        for item in items:
+            item.batch = batch
+        _observe(self.model_id, len(items), loop.time() - items[0].arrived)
+        batch.task = loop.create_task(self._run(batch))
+        self.running.add(batch)
+        batch.task.add_done_callback(lambda _: self._batch_ended(batch))
+
+    def _batch_ended(self, batch: _Batch) -> None:
+        self.running.discard(batch)
+        task = batch.task
+        if task.cancelled():
+            for item in batch.items:
+                item.fail(HandlerError("the batch was cancelled"))
+        self._wake()
+        self._maybe_idle()
+
+    # -- running a batch ---------------------------------------------------------------------
+
+    async def _run(self, batch: _Batch) -> None:
         if self.streaming:
-            await self._run_streaming(batch, requests)
+            await self._run_streaming(batch.items)
             return
+        items = batch.items
         try:
-            results = await self.func(requests)
-            _check_length(results, batch)
+            results = await self.call(items)
+            _check_length(results, items)
         except Exception as error:  # noqa: BLE001 - fails this batch's callers only
-            for item in batch:
-                if item.live:
-                    item.future.set_exception(error)
+            for item in items:
+                item.fail(error)
             return
-        for item, result in zip(batch, results):
+        for item, result in zip(items, results):
             if not item.live:
                 continue
             if isinstance(result, BaseException):
@@ -136,14 +319,15 @@ class _BatchQueue:
             else:
                 item.future.set_result(result)
 
-    async def _run_streaming(self, batch: list[_Pending], requests: list[Any]) -> None:
-        open_items = set(range(len(batch)))
+    async def _run_streaming(self, items: list[_Pending]) -> None:
+        open_items = set(range(len(items)))
+        outputs_of = self.call(items)
         try:
-            async for outputs in self.func(requests):
-                _check_length(outputs, batch)
-                for index in list(open_items):
-                    item, output = batch[index], outputs[index]
-                    if output is StopIteration or isinstance(output, StopIteration):
+            async for outputs in outputs_of:
+                _check_length(outputs, items)
+                for index in sorted(open_items):
+                    item, output = items[index], outputs[index]
+                    if output in _STOP_TOKENS or isinstance(output, _STOP_TOKENS):
                         item.stream.put_nowait(_END)
                         open_items.discard(index)
                     elif isinstance(output, BaseException):
@@ -151,14 +335,17 @@ class _BatchQueue:
                         open_items.discard(index)
                     elif item.live:
                         item.stream.put_nowait(output)
-                if not any(batch[i].live for i in open_items):
-                    break  # every caller left: stop producing
-        except Exception as error:  # noqa: BLE001
+                if not any(items[i].live for i in open_items):
+                    break  # every caller left or ended: stop producing
+        except Exception as error:  # noqa: BLE001 - every open stream hears about it
             for index in open_items:
-                batch[index].stream.put_nowait(error)
+                items[index].fail(error)
             return
+        finally:
+            await outputs_of.aclose()
         for index in open_items:
-            batch[index].stream.put_nowait(_END)
+            if items[index].live:
+                items[index].stream.put_nowait(_END)
 
 
 def _resolve(future: asyncio.Future) -> None:
@@ -166,84 +353,189 @@ def _resolve(future: asyncio.Future) -> None:
         future.set_result(None)
 
 
-def _check_length(results: Any, batch: list[_Pending]) -> None:
-    if not isinstance(results, (list, tuple)) or len(results) != len(batch):
+def _observe(model_id: str, size: int, waited_s: float) -> None:
+    try:
+        runtime.batch_done(model_id, size, waited_s)
+    except Exception:  # noqa: BLE001 - a metrics hook must never strand a batch's callers
+        log.exception("a batch observer failed")
+
+
+def _check_length(results: Any, items: list[_Pending]) -> None:
+    if not isinstance(results, (list, tuple)) or len(results) != len(items):
         got = len(results) if isinstance(results, (list, tuple)) else type(results).__name__
-        raise HandlerError(f"batched handler returned {got} results for a batch of {len(batch)}")
+        raise HandlerError(f"batched function returned {got} results for a batch of {len(items)}")
+
+
+# -- the caller's side of a batched generator -------------------------------------------------------
+
+
+class _BatchedStream:
+    """What calling a batched async generator returns: it has joined its batch already."""
+
+    def __init__(self, join: Callable[[], tuple[_BatchQueue, _Pending]]):
+        self._join = join
+        self._queue: _BatchQueue | None = None
+        self._item: _Pending | None = None
+        self._done = False
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop yet: join at the first __anext__
+        self._queue, self._item = join()
+
+    def __aiter__(self) -> _BatchedStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._done:
+            raise StopAsyncIteration
+        if self._item is None:
+            self._queue, self._item = self._join()
+        try:
+            chunk = await self._item.stream.get()
+        except BaseException:
+            self._leave()
+            raise
+        if chunk is _END:
+            self._leave()
+            raise StopAsyncIteration
+        if isinstance(chunk, BaseException):
+            self._leave()
+            raise chunk
+        return chunk
+
+    async def aclose(self) -> None:
+        self._leave()
+
+    def _leave(self) -> None:
+        self._done = True
+        if self._item is not None and not self._item.gone:
+            self._item.gone = True
+            self._queue.caller_left(self._item)
+
+    def __del__(self) -> None:
+        if self._item is not None and not self._item.gone:
+            self._item.gone = True  # never read to the end: stop producing for it
+
+
+# -- the decorator -------------------------------------------------------------------------------------
 
 
 def batch(
-    func: Callable | None = None,
+    _func: Callable | None = None,
     *,
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
     batch_wait_timeout_s: float = DEFAULT_BATCH_WAIT_TIMEOUT_S,
+    max_concurrent_batches: int = 1,
+    batch_size_fn: Callable[[list], int] | None = None,
 ):
-    """Batch calls to an async ``func(requests: list) -> list`` (or an async generator of lists).
+    """Batch calls to an async function (or async generator) that takes and returns lists.
 
-    The spec's ``batching.maxBatchSize`` and ``batching.batchWaitTimeoutMs`` override the
-    arguments. Works on methods (queues per instance) and plain functions.
+    ``max_batch_size``: the most requests in a batch (with ``batch_size_fn``, the most total
+    size). ``batch_wait_timeout_s``: how long the oldest waiting request waits for more.
+    ``max_concurrent_batches``: batches of one model that may run at once.
+    ``batch_size_fn(values) -> int``: the size of a batch from its first parameter's values
+    (e.g. the sum of token counts) instead of the number of requests.
+
+    The wrapper has ``set_max_batch_size``, ``set_batch_wait_timeout_s`` and their getters
+    ``_get_max_batch_size`` / ``_get_batch_wait_timeout_s``; a new value applies from the
+    next batch. The spec's ``batching.maxBatchSize`` and ``batching.batchWaitTimeoutMs``
+    override the decorator's arguments (a setter call overrides both). Works on methods
+    (queues per instance) and plain functions.
     """
-    if max_batch_size < 1:
-        raise ValueError(f"max_batch_size must be >= 1 (got {max_batch_size})")
-    if batch_wait_timeout_s < 0:
-        raise ValueError(f"batch_wait_timeout_s must be >= 0 (got {batch_wait_timeout_s})")
+    settings = _Settings(
+        max_batch_size=_check_batch_size(max_batch_size),
+        batch_wait_timeout_s=_check_timeout(batch_wait_timeout_s),
+        max_concurrent_batches=_check_concurrency(max_concurrent_batches),
+        batch_size_fn=batch_size_fn,
+    )
+    if batch_size_fn is not None and not callable(batch_size_fn):
+        raise TypeError(f"batch_size_fn must be callable (got {batch_size_fn!r})")
 
     def wrap(handler: Callable) -> Callable:
-        streaming = inspect.isasyncgenfunction(handler)
-        if not streaming and not inspect.iscoroutinefunction(handler):
-            raise TypeError(f"@batch needs an async function or async generator; {handler.__qualname__} is neither")
-        takes_self = "self" in inspect.signature(handler).parameters
+        return _wrap(handler, settings)
 
-        def queue_for(args: tuple) -> _BatchQueue:
-            owner = args[0] if takes_self else handler
-            queues = _queues(owner, handler.__name__)
-            model_id = get_multiplexed_model_id()
-            queue = queues.get(model_id)
-            if queue is None:
-                bound = functools.partial(handler, owner) if takes_self else handler
-                timeout = runtime.batch_wait_timeout_s
-                queue = _BatchQueue(
-                    func=bound,
-                    model_id=model_id,
-                    max_batch_size=runtime.max_batch_size or max_batch_size,
-                    timeout_s=batch_wait_timeout_s if timeout is None else timeout,
-                    streaming=streaming,
-                    on_empty=lambda mid: queues.pop(mid, None),
-                )
-                queues[model_id] = queue
-            return queue
+    return wrap(_func) if _func is not None else wrap
 
+
+def _wrap(handler: Callable, settings: _Settings) -> Callable:
+    streaming = inspect.isasyncgenfunction(handler)
+    if not streaming and not inspect.iscoroutinefunction(handler):
+        name = getattr(handler, "__qualname__", repr(handler))
+        raise TypeError(f"@batch needs an `async def` function or async generator; {name} is neither")
+    parameters = list(inspect.signature(handler).parameters.values())
+    takes_self = bool(parameters) and parameters[0].name == "self"
+    if takes_self:
+        parameters = parameters[1:]
+    for parameter in parameters:
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            raise TypeError(f"@batch cannot batch {handler.__qualname__}'s *args or **kwargs: name each parameter")
+    signature = inspect.Signature(parameters)
+    positional = [p.name for p in parameters if p.kind != p.KEYWORD_ONLY]
+    keyword_only = [p.name for p in parameters if p.kind == p.KEYWORD_ONLY]
+    first_parameter = parameters[0].name if parameters else None
+
+    def call_batch(owner: Any, items: list[_Pending]) -> Any:
+        args = [[item.arguments[name] for item in items] for name in positional]
+        kwargs = {name: [item.arguments[name] for item in items] for name in keyword_only}
+        if takes_self:
+            return handler(owner, *args, **kwargs)
+        return handler(*args, **kwargs)
+
+    def join(args: tuple, kwargs: dict) -> tuple[_BatchQueue, _Pending]:
+        owner, args = (args[0], args[1:]) if takes_self else (wrapper, args)
+        bound = signature.bind(*args, **kwargs)  # a wrong call fails here, in its caller
+        bound.apply_defaults()
+        loop = asyncio.get_running_loop()
         if streaming:
+            item = _Pending(dict(bound.arguments), loop.time(), stream=asyncio.Queue())
+        else:
+            item = _Pending(dict(bound.arguments), loop.time(), future=loop.create_future())
+        queue = _queue_for(owner, handler.__name__, lambda model_id, on_idle: _BatchQueue(
+            call=functools.partial(call_batch, owner),
+            model_id=model_id,
+            settings=settings,
+            first_parameter=first_parameter,
+            streaming=streaming,
+            on_idle=on_idle,
+        ))
+        queue.submit(item)
+        if item.future is not None:
+            item.future.add_done_callback(lambda future: future.cancelled() and queue.caller_left(item))
+        return queue, item
 
-            @functools.wraps(handler)
-            async def call_streaming(*args: Any) -> AsyncIterator[Any]:
-                loop = asyncio.get_running_loop()
-                item = _Pending(args[-1], loop.time(), stream=asyncio.Queue())
-                queue_for(args).submit(item)
-                try:
-                    while True:
-                        chunk = await item.stream.get()
-                        if chunk is _END:
-                            return
-                        if isinstance(chunk, BaseException):
-                            raise chunk
-                        yield chunk
-                finally:
-                    item.gone = True
-
-            return call_streaming
+    if streaming:
 
         @functools.wraps(handler)
-        async def call(*args: Any) -> Any:
-            loop = asyncio.get_running_loop()
-            item = _Pending(args[-1], loop.time(), future=loop.create_future())
-            queue_for(args).submit(item)
+        def wrapper(*args: Any, **kwargs: Any) -> _BatchedStream:
+            return _BatchedStream(lambda: join(args, kwargs))
+
+        setattr(wrapper, STREAMING_ATTR, True)
+    else:
+
+        @functools.wraps(handler)
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            _, item = join(args, kwargs)
             return await item.future
 
-        return call
+    def set_max_batch_size(value: int) -> None:
+        settings.max_batch_size, settings.size_set = _check_batch_size(value), True
 
-    return wrap(func) if func is not None else wrap
+    def set_batch_wait_timeout_s(value: float) -> None:
+        settings.batch_wait_timeout_s, settings.timeout_set = _check_timeout(value), True
+
+    wrapper.set_max_batch_size = set_max_batch_size
+    wrapper.set_batch_wait_timeout_s = set_batch_wait_timeout_s
+    wrapper._get_max_batch_size = settings.batch_size
+    wrapper._get_batch_wait_timeout_s = settings.wait_timeout_s
+    return wrapper
 
 
-def _queues(owner: Any, name: str) -> dict[str, _BatchQueue]:
-    return owner.__dict__.setdefault(_QUEUES_ATTR, {}).setdefault(name, {})
+def _queue_for(owner: Any, name: str, create: Callable[[str, Callable], _BatchQueue]) -> _BatchQueue:
+    """The queue of ``owner``'s batched ``name`` for the current model id; an idle queue is dropped."""
+    model_id = get_multiplexed_model_id()
+    queues = owner.__dict__.setdefault(_QUEUES_ATTR, {}).setdefault(name, {})
+    queue = queues.get(model_id)
+    if queue is None:
+        queue = queues[model_id] = create(model_id, lambda idle: queues.get(model_id) is idle and queues.pop(model_id))
+    return queue

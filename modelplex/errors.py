@@ -6,6 +6,9 @@ Each error carries its HTTP status and a stable ``code`` so clients can branch o
 
 from __future__ import annotations
 
+import builtins
+import functools
+
 
 class ModelplexError(Exception):
     """Base of every error that reaches a client."""
@@ -18,6 +21,9 @@ class ModelplexError(Exception):
         self.message = message
         self.retry_after = retry_after
 
+    def __str__(self) -> str:
+        return self.message  # not KeyError's quoted repr when a remote error is also a KeyError
+
     def to_dict(self) -> dict:
         return {"error": {"code": self.code, "message": self.message}}
 
@@ -25,6 +31,10 @@ class ModelplexError(Exception):
 class BadRequest(ModelplexError):
     status = 400
     code = "bad_request"
+
+
+class BatchItemTooLarge(BadRequest, RuntimeError):
+    """A request larger, by the ``batch_size_fn``, than a whole batch (a ``RuntimeError``, as in Ray)."""
 
 
 class ModelNotFound(ModelplexError):
@@ -65,10 +75,25 @@ class ModelLoadError(ModelplexError):
 
 
 class HandlerError(ModelplexError):
-    """The user's handler raised."""
+    """The user's code raised; ``error_type`` names the exception's class (``"ValueError"``)."""
 
     status = 500
     code = "handler_error"
+
+    def __init__(self, message: str, *, error_type: str | None = None):
+        super().__init__(message)
+        self.error_type = error_type
+
+    @classmethod
+    def of(cls, error: BaseException) -> HandlerError:
+        """The error to answer for an exception the user's code raised."""
+        return cls(f"{type(error).__name__}: {error}", error_type=type(error).__name__)
+
+    def to_dict(self) -> dict:
+        document = super().to_dict()
+        if self.error_type:
+            document["error"]["type"] = self.error_type
+        return document
 
 
 class ReplicaFailed(ModelplexError):
@@ -81,14 +106,46 @@ class UpstreamTimeout(ModelplexError):
     code = "timeout"
 
 
-def error_for_status(status: int, message: str, code: str | None = None) -> ModelplexError:
-    """The error a remote answer stands for (a handle re-raises what a deployment answered)."""
-    classes = [BadRequest, ModelNotFound, NotFound, PayloadTooLarge, Overloaded, NotReady, ModelLoadError,
-               HandlerError, ReplicaFailed, UpstreamTimeout]
-    match = next((cls for cls in classes if cls.code == code), None)
-    match = match or next((cls for cls in classes if cls.status == status), None)
+_CLASSES = [BadRequest, ModelNotFound, NotFound, PayloadTooLarge, Overloaded, NotReady, ModelLoadError,
+            HandlerError, ReplicaFailed, UpstreamTimeout]
+
+
+def error_for_status(status: int, message: str, code: str | None = None,
+                     error_type: str | None = None) -> ModelplexError:
+    """The error a remote answer stands for (a handle re-raises what a deployment answered).
+
+    Matched by ``code``; by status only where one class has that status, so an unknown 500 stays
+    a plain :class:`ModelplexError` with its status and code. A ``handler_error`` with the
+    user's exception type raises as :func:`remote_error_class` of it.
+    """
+    if code == HandlerError.code and error_type:
+        return remote_error_class(error_type)(message, error_type=error_type)
+    match = next((cls for cls in _CLASSES if cls.code == code), None)
+    if match is None:
+        same_status = [cls for cls in _CLASSES if cls.status == status]
+        match = same_status[0] if len(same_status) == 1 else None
     if match is None:
         error = ModelplexError(message)
         error.status = status
+        error.code = code or error.code
         return error
     return match(message)
+
+
+@functools.lru_cache(maxsize=256)
+def remote_error_class(type_name: str) -> type[HandlerError]:
+    """A :class:`HandlerError` named after the user's exception type.
+
+    For a built-in exception it is also that exception (``except ZeroDivisionError`` catches
+    it, as with Ray's ``RayTaskError``); other types cannot be rebuilt here, so they keep their
+    name only (``error_type`` holds it).
+    """
+    builtin = getattr(builtins, type_name, None)
+    if isinstance(builtin, type) and issubclass(builtin, Exception) and not issubclass(builtin, HandlerError):
+        try:
+            return type(type_name, (HandlerError, builtin), {"__module__": __name__})
+        except TypeError:  # a built-in with its own instance layout (OSError, ...)
+            pass
+    if not type_name.isidentifier():
+        return HandlerError
+    return type(type_name, (HandlerError,), {"__module__": __name__})

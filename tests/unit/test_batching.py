@@ -1,12 +1,19 @@
-"""The dynamic batcher: size and timeout triggers, per-model queues, result routing, failures."""
+"""The dynamic batcher: size and timeout triggers, per-model queues, result routing, failures.
+
+On looptime's virtual clock: timeouts cost no real time and no test sleeps to synchronise.
+"""
 
 import asyncio
+import logging
 
 import pytest
 
 from modelplex import batch, get_multiplexed_model_id
 from modelplex.context import reset_multiplexed_model_id, set_multiplexed_model_id
 from modelplex.errors import HandlerError
+from modelplex.runtime import runtime
+
+pytestmark = pytest.mark.looptime
 
 LONG = 30.0  # a timeout that never fires in a passing test
 
@@ -43,16 +50,20 @@ async def test_batch_forms_after_the_wait_timeout_with_fewer_requests():
     class Slow:
         def __init__(self):
             self.sizes = []
+            self.at = []
 
         @batch(max_batch_size=100, batch_wait_timeout_s=0.05)
         async def __call__(self, requests):
             self.sizes.append(len(requests))
+            self.at.append(asyncio.get_running_loop().time())
             return requests
 
     handler = Slow()
+    started = asyncio.get_running_loop().time()
     results = await asyncio.wait_for(asyncio.gather(*(call_as("m", handler, i) for i in range(3))), 10)
     assert results == [0, 1, 2]
     assert handler.sizes == [3]
+    assert handler.at[0] - started == pytest.approx(0.05)  # exactly the wait timeout, on the virtual clock
 
 
 async def test_batches_never_mix_model_ids():
@@ -66,14 +77,23 @@ async def test_batches_never_mix_model_ids():
 
 
 async def test_a_batch_for_one_model_is_not_held_back_by_another_models_batch():
-    doubler = Doubler()
-    doubler.release.clear()  # model a's batch will hang in the handler
-    stuck = [asyncio.create_task(call_as("a", doubler, i)) for i in range(4)]
-    await asyncio.sleep(0.05)
-    doubler.release.set()
-    # b forms and finishes even though a's batch started first.
-    results = await asyncio.wait_for(asyncio.gather(*(call_as("b", doubler, i) for i in range(4))), 10)
+    class Gated:
+        def __init__(self):
+            self.gates = {"a": asyncio.Event(), "b": asyncio.Event()}
+            self.gates["b"].set()
+
+        @batch(max_batch_size=4, batch_wait_timeout_s=LONG)
+        async def __call__(self, requests):
+            await self.gates[get_multiplexed_model_id()].wait()  # model a's batch hangs
+            return [request * 2 for request in requests]
+
+    gated = Gated()
+    stuck = [asyncio.create_task(call_as("a", gated, i)) for i in range(4)]
+    # b forms and finishes while a's batch, which started first, is still running.
+    results = await asyncio.wait_for(asyncio.gather(*(call_as("b", gated, i) for i in range(4))), 10)
     assert results == [0, 2, 4, 6]
+    assert not any(task.done() for task in stuck)
+    gated.gates["a"].set()
     assert await asyncio.gather(*stuck) == [0, 2, 4, 6]
 
 
@@ -136,7 +156,8 @@ async def test_a_caller_that_goes_away_does_not_break_the_batcher():
     doubler = Doubler()
     doubler.release.clear()
     first = [asyncio.create_task(call_as("m", doubler, i)) for i in range(4)]
-    await asyncio.sleep(0.05)
+    while len(doubler.batches) < 1:  # the batch is running, held by release
+        await asyncio.sleep(0)
     first[1].cancel()  # the client disconnected while its batch runs
     doubler.release.set()
     results = await asyncio.gather(*first, return_exceptions=True)
@@ -158,7 +179,7 @@ async def test_a_caller_cancelled_before_its_batch_forms_is_left_out():
 
     recorder = Recorder()
     gone = asyncio.create_task(call_as("m", recorder, "gone"))
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0)  # it is queued
     gone.cancel()
     results = await asyncio.wait_for(asyncio.gather(call_as("m", recorder, "a"), call_as("m", recorder, "b")), 10)
     assert results == ["a", "b"]
@@ -166,8 +187,6 @@ async def test_a_caller_cancelled_before_its_batch_forms_is_left_out():
 
 
 async def test_spec_overrides_decorator_arguments():
-    from modelplex.runtime import runtime
-
     class Handler:
         def __init__(self):
             self.sizes = []
@@ -229,6 +248,117 @@ async def test_batched_generator_error_reaches_every_open_stream():
 
     results = await asyncio.wait_for(asyncio.gather(collect(), collect()), 10)
     assert results == [(["x"], "decoder died"), (["x"], "decoder died")]
+
+
+async def test_max_concurrent_batches_bounds_the_batches_running_at_once():
+    class Counted:
+        def __init__(self):
+            self.running = 0
+            self.most = 0
+
+        @batch(max_batch_size=2, batch_wait_timeout_s=0.01, max_concurrent_batches=2)
+        async def __call__(self, requests):
+            self.running += 1
+            self.most = max(self.most, self.running)
+            await asyncio.sleep(1)
+            self.running -= 1
+            return requests
+
+    counted = Counted()
+    started = asyncio.get_running_loop().time()
+    results = await asyncio.wait_for(asyncio.gather(*(call_as("m", counted, i) for i in range(8))), 10)
+    assert results == list(range(8))
+    assert counted.most == 2
+    # Four batches of 2, two at a time: two rounds of 1 s on the virtual clock.
+    assert asyncio.get_running_loop().time() - started == pytest.approx(2, abs=0.1)
+
+
+async def test_one_batch_at_a_time_by_default():
+    class Counted:
+        def __init__(self):
+            self.running = 0
+            self.most = 0
+
+        @batch(max_batch_size=2, batch_wait_timeout_s=0.01)
+        async def __call__(self, requests):
+            self.running += 1
+            self.most = max(self.most, self.running)
+            await asyncio.sleep(1)
+            self.running -= 1
+            return requests
+
+    counted = Counted()
+    await asyncio.wait_for(asyncio.gather(*(call_as("m", counted, i) for i in range(8))), 10)
+    assert counted.most == 1
+
+
+async def test_a_setter_overrides_the_spec_which_overrides_the_decorator():
+    @batch(max_batch_size=100, batch_wait_timeout_s=LONG)
+    async def echo(requests):
+        return requests
+
+    runtime.max_batch_size, runtime.batch_wait_timeout_s = 2, 0.01
+    try:
+        assert (echo._get_max_batch_size(), echo._get_batch_wait_timeout_s()) == (2, 0.01)
+        echo.set_max_batch_size(5)
+        assert (echo._get_max_batch_size(), echo._get_batch_wait_timeout_s()) == (5, 0.01)
+    finally:
+        runtime.max_batch_size = runtime.batch_wait_timeout_s = None
+    with pytest.raises(ValueError):
+        echo.set_max_batch_size(0)
+    with pytest.raises(TypeError):
+        echo.set_batch_wait_timeout_s(None)
+
+
+async def test_a_raising_batch_observer_is_logged_and_callers_still_get_their_results(caplog):
+    def broken_observer(model_id, size, waited_s):
+        raise RuntimeError("metrics backend down")
+
+    runtime.batch_observers.append(broken_observer)
+    try:
+        doubler = Doubler()
+        with caplog.at_level(logging.ERROR, logger="modelplex.batching"):
+            results = await asyncio.wait_for(asyncio.gather(*(call_as("m", doubler, i) for i in range(4))), 10)
+    finally:
+        runtime.batch_observers.remove(broken_observer)
+    assert results == [0, 2, 4, 6]
+    assert "a batch observer failed" in caplog.text
+
+
+async def test_a_failing_worker_fails_its_waiting_callers_and_the_next_call_starts_a_new_one():
+    broken = True
+
+    def size_of(values):
+        if broken:
+            raise ZeroDivisionError("size function bug")
+        return len(values)
+
+    @batch(max_batch_size=4, batch_wait_timeout_s=LONG, batch_size_fn=size_of)
+    async def echo(requests):
+        return requests
+
+    results = await asyncio.wait_for(asyncio.gather(*(echo(i) for i in range(3)), return_exceptions=True), 10)
+    assert all(isinstance(result, HandlerError) and "size function bug" in str(result) for result in results)
+    broken = False
+    assert await asyncio.wait_for(asyncio.gather(*(echo(i) for i in range(4))), 10) == [0, 1, 2, 3]
+
+
+async def test_the_seeds_batching_client_gets_batches_of_four_in_order():
+    """Eight calls made at once to ``max_batch_size=4, batch_wait_timeout_s=0.1``: two batches of 4."""
+
+    class SimpleBatchedModel:
+        def __init__(self):
+            self.batches = []
+
+        @batch(batch_wait_timeout_s=0.1, max_batch_size=4)
+        async def run(self, multiple_samples):
+            self.batches.append(list(multiple_samples))
+            return [sample * 2 for sample in multiple_samples]
+
+    model = SimpleBatchedModel()
+    responses = [asyncio.ensure_future(model.run(i)) for i in range(8)]
+    assert [await response for response in responses] == [i * 2 for i in range(8)]
+    assert model.batches == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
 def test_decorator_refuses_bad_arguments_and_sync_functions():

@@ -1,0 +1,456 @@
+"""Ray Serve's ``@serve.batch`` unit behaviour, rewritten for ``modelplex.batch``.
+
+The cases follow ``python/ray/serve/tests/unit/test_batching.py`` in ray-project/ray (what each
+checks, not its code). They run on looptime's virtual clock: ``asyncio.wait(..., timeout=0.1)``
+and a 1000 s batch timeout cost no real time, and nothing waits on a sleep to synchronise.
+"""
+
+import asyncio
+
+import pytest
+
+from modelplex import batch
+from modelplex.errors import HandlerError
+
+pytestmark = pytest.mark.looptime
+
+MODES = ["args", "kwargs", "mixed", "out-of-order"]
+
+
+def pair_function(use_class: bool, **options):
+    """A batched ``(key1, key2) -> [(key1[i], key2[i])]`` as a method or a plain function."""
+    if use_class:
+
+        class Pairs:
+            @batch(**options)
+            async def method(self, key1, key2):
+                return [(key1[i], key2[i]) for i in range(len(key1))]
+
+        return Pairs().method
+
+    @batch(**options)
+    async def pairs(key1, key2):
+        return [(key1[i], key2[i]) for i in range(len(key1))]
+
+    return pairs
+
+
+def two_calls(func, mode):
+    """The same two calls, written the four ways a caller may pass two arguments."""
+    if mode == "args":
+        return [func("hi1", "hi2"), func("hi3", "hi4")]
+    if mode == "kwargs":
+        return [func(key1="hi1", key2="hi2"), func(key1="hi3", key2="hi4")]
+    if mode == "mixed":
+        return [func("hi1", key2="hi2"), func("hi3", key2="hi4")]
+    return [func(key2="hi2", key1="hi1"), func(key2="hi4", key1="hi3")]
+
+
+def echo_or_divide(use_class: bool, gate: asyncio.Event | None = None, **options):
+    """A batched echo that fails the whole batch with ZeroDivisionError if one request is "raise"."""
+
+    async def body(requests):
+        if gate is not None:
+            await gate.wait()
+        if "raise" in requests:
+            1 / 0
+        return requests
+
+    if use_class:
+
+        class Echo:
+            @batch(**options)
+            async def method(self, requests):
+                return await body(requests)
+
+        return Echo().method
+
+    @batch(**options)
+    async def echo(requests):
+        return await body(requests)
+
+    return echo
+
+
+def test_decorator_accepts_ray_forms_and_refuses_bad_arguments():
+    @batch
+    async def bare(requests):
+        return requests
+
+    @batch(max_batch_size=10, batch_wait_timeout_s=1.5)
+    async def configured(requests):
+        return requests
+
+    class Methods:
+        @batch
+        async def bare(self, requests):
+            return requests
+
+        @batch(max_batch_size=1.0, batch_wait_timeout_s=0)  # an integral float and an int zero are fine
+        async def integral(self, requests):
+            return requests
+
+    with pytest.raises(TypeError, match="async def"):
+
+        @batch
+        def not_async(requests):
+            return requests
+
+    with pytest.raises(TypeError, match="async def"):
+
+        class NotAsync:
+            @batch
+            def method(self, requests):
+                return requests
+
+    with pytest.raises(ValueError):
+        batch(max_batch_size=0)
+    with pytest.raises(TypeError):
+        batch(max_batch_size=1.1)
+    with pytest.raises(ValueError):
+        batch(batch_wait_timeout_s=-0.1)
+    with pytest.raises(TypeError):
+        batch(batch_wait_timeout_s="a")
+    with pytest.raises(ValueError):
+        batch(max_concurrent_batches=0)
+    with pytest.raises(TypeError):
+        batch(batch_size_fn="len")
+
+
+@pytest.mark.parametrize("use_class", [True, False])
+async def test_batch_of_one_runs_at_once_despite_a_long_timeout(use_class):
+    echo = echo_or_divide(use_class, max_batch_size=1, batch_wait_timeout_s=1000)
+    assert await echo("hi") == "hi"
+    with pytest.raises(ZeroDivisionError):
+        await echo("raise")
+
+
+@pytest.mark.parametrize("use_class", [True, False])
+async def test_zero_timeout_batches_what_waits_while_the_previous_batch_runs(use_class):
+    gate = asyncio.Event()
+    gate.set()
+    echo = echo_or_divide(use_class, gate, max_batch_size=2, batch_wait_timeout_s=0)
+    assert await echo("hi") == "hi"
+    with pytest.raises(ZeroDivisionError):
+        await echo("raise")
+
+    gate.clear()
+    first = asyncio.create_task(echo("hi1"))
+    done, _ = await asyncio.wait([first], timeout=0.001)
+    assert not done  # a batch of one runs and holds the worker
+    second, third = asyncio.create_task(echo("hi2")), asyncio.create_task(echo("raise"))
+    gate.set()
+    assert await first == "hi1"
+    # hi2 and raise waited together: one batch, one shared failure.
+    with pytest.raises(ZeroDivisionError):
+        await second
+    with pytest.raises(ZeroDivisionError):
+        await third
+
+
+async def test_a_batch_waits_the_full_timeout_after_an_idle_queue():
+    @batch(max_batch_size=10, batch_wait_timeout_s=0.25)
+    async def no_op(requests):
+        return ["No-op"] * len(requests)
+
+    for _ in range(2):
+        tasks = [asyncio.create_task(no_op(None)) for _ in range(9)]
+        done, _ = await asyncio.wait(tasks, timeout=0.05)
+        assert not done
+        tasks.append(asyncio.create_task(no_op(None)))
+        done, _ = await asyncio.wait(tasks, timeout=0.05)
+        assert done == set(tasks)
+        assert [task.result() for task in tasks] == ["No-op"] * 10
+        await asyncio.sleep(0.25)  # virtual time: the queue stays empty for a whole timeout
+
+
+async def test_more_waiting_requests_than_a_batch_all_finish():
+    @batch(max_batch_size=2, batch_wait_timeout_s=10000)
+    async def no_op(requests):
+        return ["No-op"] * len(requests)
+
+    tasks = [asyncio.create_task(no_op(None)) for _ in range(10)]
+    done, pending = await asyncio.wait(tasks, timeout=0.5)
+    assert len(done) == 10 and not pending
+
+
+@pytest.mark.parametrize("use_class", [True, False])
+async def test_a_batch_waits_for_its_size_under_a_long_timeout(use_class):
+    echo = echo_or_divide(use_class, max_batch_size=3, batch_wait_timeout_s=1000)
+    calls = [asyncio.create_task(echo("hi1")), asyncio.create_task(echo("hi2"))]
+    done, _ = await asyncio.wait(calls, timeout=0.1)
+    assert not done
+    calls.append(asyncio.create_task(echo("hi3")))
+    done, _ = await asyncio.wait(calls, timeout=100)
+    assert done == set(calls)
+    assert [call.result() for call in calls] == ["hi1", "hi2", "hi3"]
+
+    calls = [asyncio.create_task(echo("hi1")), asyncio.create_task(echo("raise"))]
+    done, _ = await asyncio.wait(calls, timeout=0.1)
+    assert not done
+    calls.append(asyncio.create_task(echo("hi3")))
+    done, _ = await asyncio.wait(calls, timeout=100)
+    assert done == set(calls)
+    assert all(isinstance(call.exception(), ZeroDivisionError) for call in calls)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("use_class", [True, False])
+async def test_several_arguments_are_batched_per_parameter(mode, use_class):
+    func = pair_function(use_class, max_batch_size=2, batch_wait_timeout_s=1000)
+    assert await asyncio.gather(*two_calls(func, mode)) == [("hi1", "hi2"), ("hi3", "hi4")]
+
+
+def blocking_functions(use_class: bool, gate: asyncio.Event, ran: list, fail_until: asyncio.Event | None = None):
+    """(unary, streaming) batched pair functions that wait for ``gate`` and record that they ran."""
+
+    async def compute(key1, key2):
+        if fail_until is not None and not fail_until.is_set():
+            raise ValueError("not yet")
+        await gate.wait()
+        ran.append(len(key1))
+        return [(key1[i], key2[i]) for i in range(len(key1))]
+
+    options = {"max_batch_size": 2, "batch_wait_timeout_s": 1000}
+    if use_class:
+
+        class Pairs:
+            @batch(**options)
+            async def unary(self, key1, key2):
+                return await compute(key1, key2)
+
+            @batch(**options)
+            async def streaming(self, key1, key2):
+                yield await compute(key1, key2)
+
+        instance = Pairs()
+        return instance.unary, instance.streaming
+
+    @batch(**options)
+    async def unary(key1, key2):
+        return await compute(key1, key2)
+
+    @batch(**options)
+    async def streaming(key1, key2):
+        yield await compute(key1, key2)
+
+    return unary, streaming
+
+
+def start_two(func, use_gen):
+    if use_gen:
+        streams = [func("hi1", "hi2"), func("hi3", "hi4")]
+        return [asyncio.create_task(stream.__anext__()) for stream in streams]
+    return [asyncio.create_task(func("hi1", "hi2")), asyncio.create_task(func("hi3", "hi4"))]
+
+
+@pytest.mark.parametrize("use_class", [True, False])
+@pytest.mark.parametrize("use_gen", [True, False])
+async def test_a_batch_whose_callers_all_left_is_cancelled(use_class, use_gen):
+    gate, ran = asyncio.Event(), []
+    unary, streaming = blocking_functions(use_class, gate, ran)
+    func = streaming if use_gen else unary
+    tasks = start_two(func, use_gen)
+    done, pending = await asyncio.wait(tasks, timeout=0.01)
+    assert not done and len(pending) == 2
+
+    tasks[0].cancel()
+    done, pending = await asyncio.wait(tasks, timeout=0.01)
+    assert len(done) == 1 and len(pending) == 1
+    tasks[1].cancel()
+    done, pending = await asyncio.wait(tasks, timeout=0.01)
+    assert len(done) == 2 and not pending
+
+    gate.set()
+    await asyncio.sleep(1)
+    assert ran == []  # the abandoned batch was cancelled, not run to its end
+    assert await asyncio.gather(*start_two(func, use_gen)) == [("hi1", "hi2"), ("hi3", "hi4")]
+
+
+@pytest.mark.parametrize("use_class", [True, False])
+@pytest.mark.parametrize("use_gen", [True, False])
+async def test_cancelling_callers_after_their_batch_failed_leaves_the_batcher_working(use_class, use_gen):
+    gate, ran, healthy = asyncio.Event(), [], asyncio.Event()
+    gate.set()
+    unary, streaming = blocking_functions(use_class, gate, ran, fail_until=healthy)
+    func = streaming if use_gen else unary
+    for task in start_two(func, use_gen):
+        task.cancel()
+    healthy.set()
+    assert await asyncio.gather(*start_two(func, use_gen)) == [("hi1", "hi2"), ("hi3", "hi4")]
+
+
+@pytest.mark.parametrize("use_class", [True, False])
+async def test_setters_change_the_next_batches(use_class):
+    func = pair_function(use_class, max_batch_size=2, batch_wait_timeout_s=1000)
+    assert func._get_max_batch_size() == 2
+    assert func._get_batch_wait_timeout_s() == 1000
+
+    tasks = [asyncio.create_task(func("hi1", "hi2")), asyncio.create_task(func("hi3", "hi4"))]
+    done, pending = await asyncio.wait(tasks, timeout=0.1)
+    assert not pending
+    assert {task.result() for task in done} == {("hi1", "hi2"), ("hi3", "hi4")}
+
+    func.set_max_batch_size(3)
+    func.set_batch_wait_timeout_s(15000)
+    assert func._get_max_batch_size() == 3
+    assert func._get_batch_wait_timeout_s() == 15000
+
+    tasks = [asyncio.create_task(func(f"hi{i}", f"hi{i + 1}")) for i in (1, 3, 5)]
+    done, pending = await asyncio.wait(tasks, timeout=0.1)
+    assert not pending
+    assert {task.result() for task in done} == {("hi1", "hi2"), ("hi3", "hi4"), ("hi5", "hi6")}
+
+
+async def test_a_forming_batch_keeps_the_settings_it_started_with():
+    func = pair_function(False, max_batch_size=2, batch_wait_timeout_s=1000)
+    func.set_max_batch_size(3)
+    func.set_batch_wait_timeout_s(15000)
+    assert (func._get_max_batch_size(), func._get_batch_wait_timeout_s()) == (3, 15000)
+
+    pending = {asyncio.create_task(func("hi1", "hi2")), asyncio.create_task(func("hi3", "hi4"))}
+    done, pending = await asyncio.wait(pending, timeout=0.1)
+    assert not done and len(pending) == 2  # waits for a third
+
+    func.set_max_batch_size(1)
+    func.set_batch_wait_timeout_s(0)
+    assert (func._get_max_batch_size(), func._get_batch_wait_timeout_s()) == (1, 0)
+    done, pending = await asyncio.wait(pending, timeout=0.1)
+    assert not done and len(pending) == 2  # still the batch of 3 it began as
+
+    pending.add(asyncio.create_task(func("hi5", "hi6")))
+    done, pending = await asyncio.wait(pending, timeout=0.1)
+    assert not pending
+    assert {task.result() for task in done} == {("hi1", "hi2"), ("hi3", "hi4"), ("hi5", "hi6")}
+
+    # The next batch uses the new settings: a batch of one, at once.
+    done, pending = await asyncio.wait([asyncio.create_task(func("hi1", "hi2"))], timeout=0.1)
+    assert not pending and done.pop().result() == ("hi1", "hi2")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("use_class", [True, False])
+@pytest.mark.parametrize("length", [0, 2, 5])
+async def test_batched_generators_stream_each_caller_its_items(mode, use_class, length):
+    options = {"max_batch_size": 2, "batch_wait_timeout_s": 1000}
+    if use_class:
+
+        class Steps:
+            @batch(**options)
+            async def method(self, key1, key2):
+                for step in range(length):
+                    yield [(step, key1[i], key2[i]) for i in range(len(key1))]
+
+        func = Steps().method
+    else:
+
+        @batch(**options)
+        async def func(key1, key2):
+            for step in range(length):
+                yield [(step, key1[i], key2[i]) for i in range(len(key1))]
+
+    # Both calls join the batch when made, so reading the first stream to its end works.
+    streams = two_calls(func, mode)
+    results = [[item async for item in streams[0]], [item async for item in streams[1]]]
+    assert results == [[(step, "hi1", "hi2") for step in range(length)],
+                       [(step, "hi3", "hi4") for step in range(length)]]
+
+
+@pytest.mark.parametrize("error_type", ["runtime_error", "mismatched_lengths"])
+async def test_a_batched_generator_failing_midway_fails_each_stream_then_ends_it(error_type):
+    @batch(max_batch_size=2, batch_wait_timeout_s=1000)
+    async def func(key1, key2):
+        for step in range(5):
+            results = [(step, key1[i], key2[i]) for i in range(len(key1))]
+            if step == 2:
+                if error_type == "runtime_error":
+                    raise RuntimeError("Testing error")
+                yield results * 2
+            yield results
+
+    calls = [("hi1", "hi2"), ("hi3", "hi4")]
+    for (key1, key2), stream in zip(calls, [func(*args) for args in calls]):
+        assert [await stream.__anext__() for _ in range(2)] == [(0, key1, key2), (1, key1, key2)]
+        expected = RuntimeError if error_type == "runtime_error" else HandlerError
+        with pytest.raises(expected):
+            await stream.__anext__()
+        with pytest.raises(StopAsyncIteration):
+            await stream.__anext__()
+
+
+@pytest.mark.parametrize("stop_token", [StopAsyncIteration, StopIteration])
+async def test_a_stop_token_ends_one_callers_stream_early(stop_token):
+    callers = 4
+    step = asyncio.Event()
+
+    @batch(max_batch_size=callers, batch_wait_timeout_s=1000)
+    async def finish_in_order(ids):
+        for finished in range(1, callers + 1):
+            step.clear()
+            yield [stop_token] * finished + ids[finished:]
+            await step.wait()
+
+    streams = [finish_in_order(i) for i in range(callers)]
+    for caller, stream in enumerate(streams):
+        assert [item async for item in stream] == [caller] * caller  # one item per step until its stop
+        step.set()
+
+
+async def test_setters_work_while_a_batch_streams():
+    @batch(max_batch_size=2, batch_wait_timeout_s=1000)
+    async def three_times(key1, key2):
+        for _ in range(3):
+            yield [(key1[i], key2[i]) for i in range(len(key1))]
+
+    first = [("hi1", "hi2"), ("hi3", "hi4")]
+    streams = [three_times(*args) for args in first]
+    for stream, expected in zip(streams, first):
+        assert [await stream.__anext__() for _ in range(2)] == [expected, expected]
+
+    three_times.set_max_batch_size(3)
+    three_times.set_batch_wait_timeout_s(15000)
+    assert (three_times._get_max_batch_size(), three_times._get_batch_wait_timeout_s()) == (3, 15000)
+
+    second = [("hi1", "hi2"), ("hi3", "hi4"), ("hi5", "hi6")]
+    streams_2 = [three_times(*args) for args in second]
+    for stream, expected in zip(streams, first):
+        assert await stream.__anext__() == expected
+        with pytest.raises(StopAsyncIteration):
+            await stream.__anext__()
+    for stream, expected in zip(streams_2, second):
+        assert [item async for item in stream] == [expected] * 3
+
+
+def sized_handler(limit, seen):
+    @batch(max_batch_size=limit, batch_wait_timeout_s=0.05, batch_size_fn=lambda items: sum(i["size"] for i in items))
+    async def handler(requests):
+        seen.append([request["value"] for request in requests])
+        return [request["value"] for request in requests]
+
+    return handler
+
+
+async def test_batch_size_fn_defers_a_request_that_would_overflow_the_batch():
+    seen = []
+    handler = sized_handler(10, seen)
+    results = await asyncio.wait_for(asyncio.gather(
+        handler({"size": 6, "value": "first"}), handler({"size": 6, "value": "second"})), 1)
+    assert results == ["first", "second"]
+    assert seen == [["first"], ["second"]]
+
+
+async def test_batch_size_fn_fails_a_request_larger_than_any_batch():
+    handler = sized_handler(10, [])
+    first = asyncio.create_task(handler({"size": 6, "value": "first"}))
+    too_big = asyncio.create_task(handler({"size": 12, "value": "second"}))
+    assert await first == "first"
+    with pytest.raises(RuntimeError, match="larger than max_batch_size"):
+        await too_big
+
+
+async def test_batch_size_fn_puts_requests_that_fit_in_one_batch():
+    seen = []
+    handler = sized_handler(20, seen)
+    calls = [handler({"size": size, "value": value}) for size, value in ((5, "a"), (6, "b"), (7, "c"))]
+    assert await asyncio.wait_for(asyncio.gather(*calls), 1) == ["a", "b", "c"]
+    assert seen == [["a", "b", "c"]]
