@@ -7,6 +7,8 @@ import inspect
 from typing import Any, Callable
 
 from modelplex.cache import ModelCache
+from modelplex.errors import BadRequest
+from modelplex.ids import InvalidModelId, validate_model_id
 from modelplex.runtime import runtime
 from modelplex.spec import DEFAULT_MAX_MODELS_PER_REPLICA
 
@@ -18,23 +20,48 @@ def multiplexed(func: Callable | None = None, *, max_num_models_per_replica: int
     recently used models (the spec's ``multiplexing.maxModelsPerReplica`` overrides it).
 
     Works on methods (one cache per instance) and on plain functions (one cache per function).
+    The loader takes the model id as its one argument; a call without one, or with anything
+    but a string, is a ``TypeError`` (nothing is loaded), and an empty or invalid id a
+    :class:`~modelplex.errors.BadRequest`.
     """
+    if isinstance(max_num_models_per_replica, bool) or not isinstance(max_num_models_per_replica, int):
+        raise TypeError(f"max_num_models_per_replica must be an integer >= 1 (got {max_num_models_per_replica!r})")
+    if max_num_models_per_replica < 1:
+        raise ValueError(f"max_num_models_per_replica must be an integer >= 1 (got {max_num_models_per_replica!r})")
 
     def wrap(load: Callable) -> Callable:
         if not inspect.iscoroutinefunction(load):
-            raise TypeError(f"@multiplexed needs an async function; {load.__qualname__} is not")
-        takes_self = "self" in inspect.signature(load).parameters
+            name = getattr(load, "__qualname__", repr(load))
+            raise TypeError(f"@multiplexed needs an `async def` function or method; {name} is not one")
+        parameters = list(inspect.signature(load).parameters)
+        takes_self = bool(parameters) and parameters[0] == "self"
+        if len(parameters) != 1 + takes_self:
+            raise TypeError(f"@multiplexed loader {load.__qualname__} must take exactly one argument, the model id")
 
         @functools.wraps(load)
         async def load_model(*args: Any) -> Any:
+            if len(args) != 1 + takes_self:
+                raise TypeError(f"{load.__qualname__}() takes the model id as its one argument ({len(args) - takes_self} given)")
             owner = args[0] if takes_self else load_model
-            model_id = args[-1]
+            model_id = _checked(args[-1])
             return await _cache_of(owner, load, takes_self, max_num_models_per_replica).get(model_id)
 
         load_model.__modelplex_multiplexed__ = (load, max_num_models_per_replica)
         return load_model
 
     return wrap(func) if func is not None else wrap
+
+
+def _checked(model_id: Any) -> str:
+    if not isinstance(model_id, str):
+        raise TypeError(f"a model id is a string (got {type(model_id).__name__})")
+    if not model_id:
+        raise BadRequest("this deployment serves many models: name one in the serve_multiplexed_model_id header "
+                         "(or handle.options(multiplexed_model_id=...))")
+    try:
+        return validate_model_id(model_id)
+    except InvalidModelId as error:
+        raise BadRequest(str(error)) from None
 
 
 def _cache_of(owner: Any, load: Callable, takes_self: bool, capacity: int) -> ModelCache:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from urllib.parse import quote, urlparse
+from urllib.parse import urlparse
 
 import aiohttp
 
 from modelplex.errors import ModelLoadError, ModelNotFound
-from modelplex.ids import validate_model_id
+from modelplex.ids import source_key
 
 
 class ModelSource:
@@ -28,10 +28,10 @@ class ModelSource:
         self.scheme = urlparse(uri).scheme
 
     def locate(self, model_id: str) -> str:
-        """The model's URI; refuses ids that could escape the source before anything is read."""
-        validate_model_id(model_id)
-        # Percent-encoding keeps the id one path segment even if the allowlist ever widens.
-        return self.uri.replace("{model_id}", quote(model_id, safe=""))
+        """The model's URI: ``org/name`` ids keep their folders; the rest of the id is
+        percent-escaped by :func:`~modelplex.ids.source_key` and used as it stands (file names
+        and S3 keys hold the escapes literally, never decoded), so no id leaves the source."""
+        return self.uri.replace("{model_id}", source_key(model_id))
 
     async def fetch(self, model_id: str) -> bytes:
         location = self.locate(model_id)

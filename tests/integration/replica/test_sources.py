@@ -40,9 +40,20 @@ async def test_relative_file_source_resolves_against_the_manifest_folder(tmp_pat
     assert await absolute.fetch("m1") == b"local"
 
 
-async def test_escaping_ids_are_refused_before_any_access(tmp_path):
+async def test_ids_that_look_like_paths_stay_inside_the_source(tmp_path):
     (tmp_path / "secret.pt").write_bytes(b"secret")
+    (tmp_path / "store").mkdir()
     source = ModelSource("file:store/{model_id}.pt", base_dir=tmp_path)
-    for model_id in ["../secret", "..", "/etc/passwd", "a/b", "%2e%2e"]:
+    for model_id in ["../secret", "..", "/etc/passwd", "%2e%2e/secret", "a/../../secret"]:
+        with pytest.raises(ModelNotFound):
+            await source.fetch(model_id)
+    for model_id in ["", "new\nline"]:
         with pytest.raises(InvalidModelId):
             await source.fetch(model_id)
+
+
+async def test_hugging_face_style_ids_read_from_their_folders(tmp_path):
+    (tmp_path / "store" / "meta-llama").mkdir(parents=True)
+    (tmp_path / "store" / "meta-llama" / "Llama-2-7b-hf.pt").write_bytes(b"weights")
+    source = ModelSource("file:store/{model_id}.pt", base_dir=tmp_path)
+    assert await source.fetch("meta-llama/Llama-2-7b-hf") == b"weights"

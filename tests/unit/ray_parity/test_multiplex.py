@@ -1,0 +1,151 @@
+"""Ray Serve's ``@serve.multiplexed`` behaviour, rewritten for ``modelplex.multiplexed``.
+
+Follows ``python/ray/serve/tests/test_multiplex.py`` in ray-project/ray: decorator checks,
+``get_multiplexed_model_id``, the LRU wrapper and bad calls. Ray's checks of its controller's
+private routing state are covered by our router's own tests instead.
+"""
+
+import asyncio
+
+import pytest
+
+from modelplex import get_multiplexed_model_id, multiplexed
+from modelplex.context import reset_multiplexed_model_id, set_multiplexed_model_id
+from modelplex.multiplex import find_cache
+
+pytestmark = pytest.mark.looptime
+
+
+def test_decorator_accepts_ray_forms_and_refuses_bad_ones():
+    @multiplexed
+    async def get_model(model: str):
+        return model
+
+    @multiplexed(max_num_models_per_replica=1)
+    async def get_model2(model: str):
+        return model
+
+    class MyModel:
+        @multiplexed
+        async def get_model(model: str):  # no self: accepted, as in Ray
+            return model
+
+    class MyModel2:
+        @multiplexed(max_num_models_per_replica=1)
+        async def get_model(self, model: str):
+            return model
+
+    with pytest.raises(TypeError):
+
+        @multiplexed
+        class BadDecorator:
+            pass
+
+    with pytest.raises(TypeError):
+        multiplexed(max_num_models_per_replica="1")
+    with pytest.raises(ValueError):
+        multiplexed(max_num_models_per_replica=0)
+    with pytest.raises(TypeError):
+
+        @multiplexed
+        def get_model5(model: str):
+            return model
+
+    with pytest.raises(TypeError):
+
+        class MyModel3:
+            @multiplexed
+            def get_model(self, model: str):
+                return model
+
+    with pytest.raises(TypeError):
+
+        @multiplexed
+        async def get_model6():
+            return None
+
+    with pytest.raises(TypeError):
+
+        class MyModel4:
+            @multiplexed
+            async def get_model(self):
+                return None
+
+
+def test_get_multiplexed_model_id_reads_the_request_context():
+    assert get_multiplexed_model_id() == ""
+    token = set_multiplexed_model_id("1")
+    try:
+        assert get_multiplexed_model_id() == "1"
+    finally:
+        reset_multiplexed_model_id(token)
+
+
+class Model:
+    def __init__(self, model_id):
+        self.model_id = model_id
+
+
+def loader_with(capacity, gate=None):
+    class Loader:
+        @multiplexed(max_num_models_per_replica=capacity)
+        async def load(self, model_id: str):
+            if gate is not None:
+                await gate.wait()
+            return Model(model_id)
+
+    return Loader()
+
+
+async def test_the_wrapper_keeps_the_most_recently_used_models():
+    loader = loader_with(2)
+    for model_id in ("1", "2", "3"):  # 3 pushes 1 out
+        await loader.load(model_id)
+    cache = find_cache(loader)
+    assert cache.loaded == ["2", "3"]
+    await loader.load("2")  # 2 becomes the most recently used
+    assert cache.loaded == ["3", "2"]
+    await loader.load("4")  # 3 goes
+    assert cache.loaded == ["2", "4"]
+
+
+async def test_a_bad_call_is_a_type_error():
+    loader = loader_with(2)
+    with pytest.raises(TypeError):
+        await loader.load(1)
+    with pytest.raises(TypeError):
+        await loader.load()
+
+
+async def test_an_unload_that_raises_does_not_break_the_next_load():
+    class Fragile:
+        def __init__(self, model_id):
+            self.model_id = model_id
+
+        def unload(self):
+            raise RuntimeError(f"{self.model_id} is dead")
+
+    class Server:
+        @multiplexed(max_num_models_per_replica=1)
+        async def get_model(self, model_id):
+            return Fragile(model_id)
+
+    server = Server()
+    await server.get_model("1")
+    # Ray raises the model's __del__ error into the caller; we log it and serve the new model.
+    assert (await server.get_model("2")).model_id == "2"
+    assert find_cache(server).loaded == ["2"]
+
+
+async def test_loads_of_different_models_run_concurrently_and_the_cache_keeps_its_bound():
+    gate = asyncio.Event()
+    loader = loader_with(1, gate)
+    tasks = [asyncio.create_task(loader.load(model_id)) for model_id in ("1", "2", "3")]
+    await asyncio.sleep(1)
+    models = find_cache(loader)
+    assert models.loaded == [] and sorted(models.loading) == ["1", "2", "3"]
+    gate.set()
+    done, _ = await asyncio.wait(tasks, timeout=1)
+    assert len(done) == 3
+    assert len(models.loaded) == 1 and models.loading == []
+
