@@ -1,28 +1,69 @@
 """The built-in handler: one TorchScript file per model id, batched forward passes.
 
-Request body: ``{"inputs": [x1, x2, ...]}`` (one row) or ``{"inputs": [[...], [...]]}``
-(several rows). Response: ``{"outputs": [...]}`` with the same nesting. Rows from several
-requests for the same model are stacked into one forward pass.
+Two request shapes, batched together:
+
+- native JSON: ``{"inputs": [x1, x2, ...]}`` (one row) or ``{"inputs": [[...], [...]]}`` (several
+  rows), answered ``{"outputs": [...]}`` with the same nesting;
+- Open Inference Protocol: an :class:`~modelplex.oip.InferRequest` whose tensors (first
+  dimension = batch) are the module's positional arguments, answered with named outputs.
+
+Requests for the same model whose tensors agree in dtype and trailing shape are concatenated
+into one forward pass, whichever protocol they came by.
+
+Model metadata (OIP ``GET /v2/models/M``) comes from a ``modelplex.json`` file saved in the
+TorchScript archive (``torch.jit.save(m, f, _extra_files={"modelplex.json": ...})`` with
+``{"inputs": [{"name", "datatype", "shape"}], "outputs": [...]}``), else from the module: input
+names from ``forward``'s signature, widths from its first and last ``Linear`` layers, the
+datatype of its parameters, and ``-1`` for dimensions it cannot know (the batch).
 """
 
 from __future__ import annotations
 
 import asyncio
 import io
+import json
 import threading
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from modelplex import batch, get_multiplexed_model_id, multiplexed
 from modelplex.errors import BadRequest, ModelLoadError
+from modelplex.oip import DTYPES, InferRequest, InferResponse, datatype_of, tensor_metadata
 from modelplex_replica.sources import ModelSource
+
+#: The archive entry that declares a model's OIP inputs and outputs.
+METADATA_FILE = "modelplex.json"
+PLATFORM = "pytorch_torchscript"
 
 
 def pick_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    module: torch.jit.ScriptModule
+    inputs: tuple[dict, ...]  # OIP tensor metadata
+    outputs: tuple[dict, ...]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [o["name"] for o in self.outputs]
+
+
+@dataclass
+class _Work:
+    """One request's share of a batch: its tensors (batch dimension first) and how to answer."""
+
+    index: int
+    tensors: tuple[torch.Tensor, ...]
+    request: Any  # the native body or the InferRequest
+    single: bool = False  # a native one-row request: answer without the batch dimension
 
 
 class TorchScriptHandler:
@@ -35,49 +76,71 @@ class TorchScriptHandler:
         self._compute = threading.Lock()
 
     @multiplexed
-    async def load_model(self, model_id: str) -> torch.jit.ScriptModule:
+    async def load_model(self, model_id: str) -> LoadedModel:
         data = await self.source.fetch(model_id)
         return await asyncio.to_thread(self._deserialize, model_id, data)
 
-    def _deserialize(self, model_id: str, data: bytes) -> torch.jit.ScriptModule:
+    def _deserialize(self, model_id: str, data: bytes) -> LoadedModel:
+        extra = {METADATA_FILE: ""}
         try:
             with warnings.catch_warnings():
                 # TorchScript is deprecated upstream in favour of torch.export, but it is the
                 # format this handler serves; the warning would repeat on every load.
                 warnings.simplefilter("ignore", FutureWarning)
-                module = torch.jit.load(io.BytesIO(data), map_location=self.device)
+                module = torch.jit.load(io.BytesIO(data), map_location=self.device, _extra_files=extra)
         except Exception as error:  # noqa: BLE001 - torch raises many kinds
             raise ModelLoadError(f"model {model_id!r} is not a TorchScript file: {error}") from None
-        return module.eval()
+        module = module.eval()
+        inputs, outputs = _declared_metadata(model_id, extra[METADATA_FILE]) or _inspect_metadata(module)
+        return LoadedModel(module, inputs, outputs)
+
+    async def oip_metadata(self, model_id: str) -> dict:
+        """OIP model metadata: loads the model (so a model that answers here is servable)."""
+        model = await self.load_model(model_id)
+        return {"name": model_id, "versions": ["1"], "platform": PLATFORM,
+                "inputs": list(model.inputs), "outputs": list(model.outputs)}
 
     @batch
     async def __call__(self, requests: list[Any]) -> list[Any]:
         model = await self.load_model(get_multiplexed_model_id())
-        rows, spans, results = [], [], [None] * len(requests)
+        results: list[Any] = [None] * len(requests)
+        groups: dict[tuple, list[_Work]] = {}
         for index, body in enumerate(requests):
             try:
-                tensor, single = _parse(body)
+                work = _oip_work(index, body) if isinstance(body, InferRequest) else _native_work(index, body)
             except BadRequest as error:
                 results[index] = error
                 continue
-            spans.append((index, len(rows), len(rows) + tensor.shape[0], single))
-            rows.extend(tensor)
-        if rows:
-            outputs = await asyncio.to_thread(self._forward, model, rows)
-            outputs = outputs.numpy()  # serialized natively by the replica's JSON writer
-            for index, start, stop, single in spans:
-                results[index] = {"outputs": outputs[start] if single else outputs[start:stop]}
+            signature = tuple((t.dtype, tuple(t.shape[1:])) for t in work.tensors)
+            groups.setdefault(signature, []).append(work)
+        for works in groups.values():
+            try:
+                outputs = await asyncio.to_thread(self._forward, model.module, works)
+            except BadRequest as error:
+                for work in works:
+                    results[work.index] = error
+                continue
+            start = 0
+            for work in works:
+                stop = start + work.tensors[0].shape[0]
+                results[work.index] = _answer(work, model, [o[start:stop] for o in outputs])
+                start = stop
         return results
 
-    def _forward(self, model: torch.jit.ScriptModule, rows: list[torch.Tensor]) -> torch.Tensor:
+    def _forward(self, module: torch.jit.ScriptModule, works: list[_Work]) -> list[np.ndarray]:
         with self._compute, torch.inference_mode():
+            arguments = [torch.cat([w.tensors[i] for w in works]).to(self.device) for i in range(len(works[0].tensors))]
             try:
-                return model(torch.stack(rows).to(self.device)).cpu()
+                result = module(*arguments)
             except RuntimeError as error:
                 raise BadRequest(f"the model rejected the inputs: {str(error).splitlines()[0]}") from None
+        results = result if isinstance(result, (tuple, list)) else (result,)
+        if not all(isinstance(r, torch.Tensor) for r in results):
+            raise BadRequest("the model returned something other than tensors")
+        return [r.cpu().numpy() for r in results]
 
 
-def _parse(body: Any) -> tuple[torch.Tensor, bool]:
+def _native_work(index: int, body: Any) -> _Work:
     if not isinstance(body, dict) or "inputs" not in body:
         raise BadRequest('body must be a JSON object {"inputs": [...]}')
     try:
@@ -85,7 +148,64 @@ def _parse(body: Any) -> tuple[torch.Tensor, bool]:
     except (TypeError, ValueError) as error:
         raise BadRequest(f"inputs must be a list of numbers or of equal-length lists: {error}") from None
     if tensor.dim() == 1:
-        return tensor.unsqueeze(0), True
+        return _Work(index, (tensor.unsqueeze(0),), body, single=True)
     if tensor.dim() == 2 and tensor.shape[0] > 0:
-        return tensor, False
+        return _Work(index, (tensor,), body)
     raise BadRequest(f"inputs must be one row or a list of rows (got shape {list(tensor.shape)})")
+
+
+def _oip_work(index: int, request: InferRequest) -> _Work:
+    if not request.inputs:
+        raise BadRequest("the request has no inputs")
+    tensors = []
+    for name, array in request.inputs.items():
+        if array.dtype == object:
+            raise BadRequest(f"input {name!r}: a TorchScript model takes numeric tensors, not BYTES")
+        if array.ndim == 0 or array.shape[0] == 0:
+            raise BadRequest(f"input {name!r}: the first dimension is the batch and must be >= 1 "
+                             f"(got shape {list(array.shape)})")
+        tensors.append(torch.from_numpy(array))
+    rows = {t.shape[0] for t in tensors}
+    if len(rows) > 1:
+        raise BadRequest(f"every input needs the same batch size (got {sorted(rows)})")
+    return _Work(index, tuple(tensors), request)
+
+
+def _answer(work: _Work, model: LoadedModel, outputs: list[np.ndarray]) -> Any:
+    if isinstance(work.request, InferRequest):
+        names = model.output_names + [f"output{i}" for i in range(len(model.outputs), len(outputs))]
+        return InferResponse(dict(zip(names, outputs)))
+    first = outputs[0]
+    return {"outputs": first[0] if work.single else first}
+
+
+def _declared_metadata(model_id: str, text: str) -> tuple[tuple[dict, ...], tuple[dict, ...]] | None:
+    if not text:
+        return None
+    try:
+        document = json.loads(text)
+        declared = tuple(tuple(tensor_metadata(t["name"], t["datatype"], t["shape"]) for t in document[side])
+                         for side in ("inputs", "outputs"))
+    except (ValueError, KeyError, TypeError) as error:
+        raise ModelLoadError(f"model {model_id!r}: {METADATA_FILE} must hold inputs and outputs, each a list of "
+                             f"{{name, datatype, shape}}: {error!r}") from None
+    for tensor in declared[0] + declared[1]:
+        if tensor["datatype"] not in DTYPES:
+            raise ModelLoadError(f"model {model_id!r}: {METADATA_FILE}: unknown datatype {tensor['datatype']!r}")
+    return declared
+
+
+def _inspect_metadata(module: torch.jit.ScriptModule) -> tuple[tuple[dict, ...], tuple[dict, ...]]:
+    try:
+        names = [a.name for a in module.forward.schema.arguments[1:]]  # [0] is self
+    except (AttributeError, RuntimeError):
+        names = ["input0"]
+    parameter = next((p for p in module.parameters() if p.is_floating_point()), None)
+    datatype = datatype_of(np.empty(0, dtype=str(parameter.dtype).removeprefix("torch."))) if parameter is not None \
+        else "FP32"
+    linears = [m for m in module.modules() if getattr(m, "original_name", "") == "Linear"]
+    width_in = int(linears[0].weight.shape[1]) if linears and len(names) == 1 else -1
+    width_out = int(linears[-1].weight.shape[0]) if linears else -1
+    inputs = tuple(tensor_metadata(name, datatype, [-1, width_in] if width_in > 0 else [-1]) for name in names)
+    outputs = (tensor_metadata("output0", datatype, [-1, width_out] if width_out > 0 else [-1]),)
+    return inputs, outputs

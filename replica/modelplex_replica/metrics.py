@@ -1,4 +1,10 @@
-"""The replica's Prometheus metrics (names from DESIGN.md), one registry per app."""
+"""The replica's Prometheus metrics, one registry per app.
+
+Request series are ``modelplex_replica_*`` and the router's ``modelplex_router_*``: one request
+passes both, and distinct names keep a ``sum()`` over a deployment's pods from counting it twice.
+Model and batch series (loads, evictions, batch sizes) exist only here. Series without a model
+label exist at 0 from the start, so ``rate()`` and alerts see them before the first event.
+"""
 
 from __future__ import annotations
 
@@ -20,10 +26,11 @@ class ReplicaMetrics:
         model = ("model",) if per_model else ()
         r = self.registry
         self.requests = Counter(
-            "modelplex_requests", "Requests answered, by status code.", ("deployment", "code"), registry=r
+            "modelplex_replica_requests", "Requests answered by the replica, by status code.", ("deployment", "code"),
+            registry=r,
         )
         self.latency = Histogram(
-            "modelplex_request_latency_seconds", "Request latency on the replica.", ("deployment", *model),
+            "modelplex_replica_request_latency_seconds", "Request latency on the replica.", ("deployment", *model),
             buckets=_LATENCY_BUCKETS, registry=r,
         )
         self.batch_size = Histogram(
@@ -43,7 +50,18 @@ class ReplicaMetrics:
         )
         self.evictions = Counter("modelplex_model_evictions", "Models evicted.", ("deployment", *model), registry=r)
         self.models_loaded = Gauge("modelplex_models_loaded", "Models in the cache.", ("deployment",), registry=r)
-        self.inflight = Gauge("modelplex_inflight_requests", "Requests in flight.", ("deployment",), registry=r)
+        self.inflight = Gauge("modelplex_replica_inflight_requests", "Requests in flight on the replica.", ("deployment",),
+                              registry=r)
+        self._zeros()
+
+    def _zeros(self) -> None:
+        d = self.deployment
+        for metric in (self.batch_size, self.batch_wait, self.load_seconds, self.models_loaded, self.inflight):
+            metric.labels(d)
+        self.requests.labels(d, "200")
+        if not self.per_model:
+            for metric in (self.latency, self.loads, self.load_failures, self.evictions):
+                metric.labels(d)
 
     def _labels(self, model_id: str) -> tuple[str, ...]:
         return (self.deployment, model_id) if self.per_model else (self.deployment,)

@@ -1,11 +1,15 @@
 """The router's aiohttp application: routes, and the long-lived resources behind them.
 
-Public API (DESIGN.md, "HTTP"):
+Public API (README, "Router API"; the OpenAPI document at ``/openapi.json``):
 
-- ``POST /`` and ``POST /{path}`` with the ``serve_multiplexed_model_id`` header (Ray Serve's);
-- ``POST /v1/models/{model}/predict``; ``POST /v2/models/{model}/infer`` (Open Inference
-  Protocol, JSON bodies), with ``GET /v2/health/live`` and ``/v2/health/ready``;
-- ``GET /healthz``, ``/readyz`` (a replica is ready), ``/metrics``, ``/v1/replicas``.
+- any method on ``/`` and every path under it (Ray Serve's route prefix), for the model named
+  by the ``serve_multiplexed_model_id`` header (or its dashed spelling, which proxies keep);
+- ``POST /v1/models/{model}/predict``;
+- the Open Inference Protocol v2 under ``/v2`` (:mod:`modelplex_router.oip`);
+- ``GET /healthz``, ``/readyz`` (a replica is ready), ``/metrics``, ``/v1/replicas``, ``/openapi.json``.
+
+The router's own paths are not the handler's: a wrong method there is a 405 with ``Allow``,
+an unknown path under ``/v2`` a 404.
 
 The client session and the discovery task live in ``cleanup_ctx``: started with the app,
 cancelled and awaited when it stops.
@@ -14,7 +18,6 @@ cancelled and awaited when it stops.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from typing import AsyncIterator, Callable
@@ -22,40 +25,39 @@ from typing import AsyncIterator, Callable
 import aiohttp
 from aiohttp import web
 
-from modelplex.errors import BadRequest, ModelplexError
-from modelplex.http import error_middleware, is_json
-from modelplex.ids import InvalidModelId, validate_model_id
+from modelplex.http import error_middleware
 from modelplex.names import MODEL_ID_HEADER
+from modelplex_router import oip
 from modelplex_router.config import RouterConfig
 from modelplex_router.discovery.base import Discovery
+from modelplex_router.keys import (CLOCK, CONFIG, DISCOVERY, METRICS, PROXY, SCHEDULER, SESSION, TABLE,
+                                   measured)
 from modelplex_router.metrics import CONTENT_TYPE, RouterMetrics
-from modelplex_router.proxy import ABORTED, Proxy
+from modelplex_router.openapi import openapi_document
+from modelplex_router.proxy import Proxy
 from modelplex_router.scheduler import Scheduler
 from modelplex_router.table import RoutingTable
 
 log = logging.getLogger("modelplex.router")
 
-CONFIG = web.AppKey("config", RouterConfig)
-TABLE = web.AppKey("table", RoutingTable)
-SCHEDULER = web.AppKey("scheduler", Scheduler)
-METRICS = web.AppKey("metrics", RouterMetrics)
-DISCOVERY = web.AppKey("discovery", Discovery)
-CLOCK = web.AppKey("clock", Callable[[], float])
-SESSION = web.AppKey("session", aiohttp.ClientSession)
-PROXY = web.AppKey("proxy", Proxy)
+#: The model id header as proxies pass it: nginx and others drop headers with underscores.
+DASHED_MODEL_ID_HEADER = MODEL_ID_HEADER.replace("_", "-")
+#: The router's own paths; everything else (any method) is the handler's.
+RESERVED = r"(?!(?:healthz|readyz|metrics|openapi\.json|v1/replicas|v2)(?:/|$)|v1/models/[^/]+/predict$)"
 
 
 def create_app(config: RouterConfig, discovery: Discovery, *,
                clock: Callable[[], float] = time.monotonic) -> web.Application:
     """A router for one deployment, its replicas found by ``discovery``."""
-    app = web.Application(middlewares=[error_middleware], client_max_size=config.max_request_bytes)
+    app = web.Application(middlewares=[error_middleware, oip.protocol_errors],
+                          client_max_size=config.max_request_bytes)
     table = RoutingTable(lag_s=discovery.lag_s)
     app[CONFIG] = config
     app[TABLE] = table
     app[CLOCK] = clock
     app[DISCOVERY] = discovery
     app[METRICS] = RouterMetrics(config.deployment, model_label=config.model_label)
-    app[SCHEDULER] = Scheduler(
+    app[SCHEDULER] = scheduler = Scheduler(
         table,
         config.params,
         policy=config.policy,
@@ -64,18 +66,18 @@ def create_app(config: RouterConfig, discovery: Discovery, *,
         clock=clock,
         deployment=config.deployment,
     )
+    app[METRICS].queued.set_function(lambda: scheduler.queued)
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_discovery)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/v1/replicas", replicas)
-    app.router.add_get("/v2/health/live", healthz)
-    app.router.add_get("/v2/health/ready", readyz)
-    app.router.add_post("/v1/models/{model}/predict", predict)
-    app.router.add_post("/v2/models/{model}/infer", infer)
-    app.router.add_post("/", invoke)
-    app.router.add_post("/{tail:.*}", invoke)
+    routes = app.router
+    routes.add_get("/healthz", healthz)
+    routes.add_get("/readyz", readyz)
+    routes.add_get("/metrics", metrics)
+    routes.add_get("/openapi.json", openapi)
+    routes.add_get("/v1/replicas", replicas)
+    routes.add_post("/v1/models/{model}/predict", predict)
+    oip.add_routes(routes, ready=readyz)
+    routes.add_route("*", "/{tail:" + RESERVED + ".*}", invoke)
     return app
 
 
@@ -119,64 +121,28 @@ def _report_crash(task: asyncio.Task) -> None:
 # -- inference -------------------------------------------------------------------------------
 
 
+def model_id_header(request: web.Request) -> str:
+    return request.headers.get(MODEL_ID_HEADER) or request.headers.get(DASHED_MODEL_ID_HEADER, "")
+
+
 async def invoke(request: web.Request) -> web.StreamResponse:
-    """``POST /`` (or any path) for the model named by the ``serve_multiplexed_model_id`` header."""
-    return await _serve(request, request.headers.get(MODEL_ID_HEADER, ""), oip=False)
+    """Any method on ``/`` or a path under it, for the model named by the model id header.
+
+    As in Ray Serve, a GET (a browser, ``EventSource``, Ray's docs' ``requests.get``) reaches
+    the handler too, with an empty body."""
+    model = model_id_header(request)
+    return await measured(request, model, lambda: _forward(request, model))
 
 
 async def predict(request: web.Request) -> web.StreamResponse:
     """``POST /v1/models/{model}/predict``: the model named in the path."""
-    return await _serve(request, request.match_info["model"], oip=False)
+    model = request.match_info["model"]
+    return await measured(request, model, lambda: _forward(request, model))
 
 
-async def infer(request: web.Request) -> web.StreamResponse:
-    """``POST /v2/models/{model}/infer`` (Open Inference Protocol); JSON bodies only."""
-    return await _serve(request, request.match_info["model"], oip=True)
-
-
-async def _serve(request: web.Request, model: str, *, oip: bool) -> web.StreamResponse:
-    app = request.app
-    metrics = app[METRICS]
-    start = time.perf_counter()
-    metrics.inflight.inc()
-    status = 500
-    label = model  # the metrics' model label: never an unchecked string
-    try:
-        if model:
-            try:
-                validate_model_id(model)
-            except InvalidModelId as error:
-                label = ""
-                raise BadRequest(str(error)) from None
-        body = await request.read()
-        if oip:
-            _check_oip(request, body)
-        response = await app[PROXY].forward(request, model, body)
-        status = response.get(ABORTED, response.status)
-        return response
-    except ModelplexError as error:
-        status = error.status
-        raise
-    except web.HTTPException as error:  # 413 from read(), mostly
-        status = error.status
-        raise
-    except asyncio.CancelledError:  # the client hung up (or the router is stopping)
-        status = 499
-        raise
-    finally:
-        metrics.inflight.dec()
-        metrics.observe(status, time.perf_counter() - start, label)
-
-
-def _check_oip(request: web.Request, body: bytes) -> None:
-    if not is_json(request.content_type):
-        raise BadRequest(f"/v2/models/*/infer takes application/json (got {request.content_type!r})")
-    try:
-        document = json.loads(body)
-    except ValueError as error:
-        raise BadRequest(f"the body is not valid JSON: {error}") from None
-    if not isinstance(document, dict) or not isinstance(document.get("inputs"), list):
-        raise BadRequest('an inference request is a JSON object with an "inputs" list')
+async def _forward(request: web.Request, model: str) -> web.StreamResponse:
+    body = await request.read()
+    return await request.app[PROXY].forward(request, model, body)
 
 
 # -- operations ------------------------------------------------------------------------------
@@ -192,6 +158,11 @@ async def readyz(request: web.Request) -> web.Response:
     ready = len(app[TABLE].usable(app[CLOCK]()))
     body = {"ready": ready > 0, "replicas": len(app[TABLE]), "ready_replicas": ready}
     return web.json_response(body, status=200 if ready else 503)
+
+
+async def openapi(request: web.Request) -> web.Response:
+    """The OpenAPI 3 document of this API."""
+    return web.json_response(openapi_document(request.app))
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -1,7 +1,14 @@
 """The router's Prometheus metrics, in a registry of its own (one per app, so tests and several
 routers in one process do not collide).
 
-Names follow DESIGN.md. A ``model`` label is added only when ``spec.metrics.modelLabel`` is
+Every name starts ``modelplex_router_``, and the replica's never do: a request counted by the
+router and again by the replica that answered it are two series with different names, so a
+``sum()`` over a deployment's pods never counts a request twice, and a query needs no label
+filter to be right (a ``component`` label would make the unfiltered sum the wrong one). The
+router's latency is the client's (queueing and retries included); the replica's is its own.
+Series without a model label exist at 0 from the start, so ``rate()`` and alerts see them.
+
+A ``model`` label is added only when ``spec.metrics.modelLabel`` is
 on: thousands of models would otherwise swamp Prometheus. Label children are cached, since
 ``labels()`` takes a lock and builds a key on every call.
 """
@@ -29,11 +36,11 @@ class RouterMetrics:
         extra = ["model"] if model_label else []
         r = self.registry
         self._requests = Counter(
-            "modelplex_requests_total", "Requests answered by the router, by HTTP status.",
+            "modelplex_router_requests_total", "Requests answered by the router, by HTTP status.",
             ["deployment", "code", *extra], registry=r,
         )
         self._latency = Histogram(
-            "modelplex_request_latency_seconds", "Time from request to the end of the response.",
+            "modelplex_router_request_latency_seconds", "Time from request to the end of the response, as the client sees it.",
             ["deployment", *extra], buckets=LATENCY_BUCKETS, registry=r,
         )
         self._hits = Counter(
@@ -51,15 +58,26 @@ class RouterMetrics:
             ["deployment", *extra], registry=r,
         )
         self._inflight = Gauge(
-            "modelplex_inflight_requests", "Requests in the router now (waiting or being answered).",
+            "modelplex_router_inflight_requests", "Requests in the router now (waiting or being answered).",
             ["deployment"], registry=r,
         )
         self._retries = Counter(
             "modelplex_router_retries_total", "Requests sent again to another replica, by reason.",
             ["deployment", "reason"], registry=r,
         )
+        self._queued = Gauge(
+            "modelplex_router_queued_requests", "Requests waiting for a replica slot now.",
+            ["deployment"], registry=r,
+        )
         self.inflight = self._inflight.labels(deployment)
+        self.queued = self._queued.labels(deployment)
         self._children: dict[tuple, object] = {}
+        for reason in ("replica_failed", "replica_full"):
+            self._child(self._retries, reason)
+        if not model_label:
+            for metric in (self._latency, self._hits, self._misses, self._fallbacks):
+                self._child(metric)
+            self._child(self._requests, "200")
 
     def _child(self, metric, *labels: str):
         key = (id(metric), *labels)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Mapping
 
 import aiohttp
 from aiohttp import hdrs, web
@@ -82,11 +83,20 @@ class Proxy:
         self.clock = clock
         self._urls: dict[str, URL] = {}
 
-    async def forward(self, request: web.Request, model: str, body: bytes) -> web.StreamResponse:
-        """Answer ``request`` (already read into ``body``) from a replica, for ``model``."""
-        headers = {name: value for name in FORWARDED_REQUEST_HEADERS if (value := request.headers.get(name))}
+    async def forward(self, request: web.Request, model: str, body: bytes, *, method: str = "POST",
+                      path: str = INVOKE_PATH, headers: Mapping[str, str] | None = None,
+                      buffer: bool = False) -> web.StreamResponse:
+        """Answer ``request`` (already read into ``body``) from a replica, for ``model``.
+
+        ``method`` and ``path`` name the replica endpoint (its ``/v1/invoke`` by default),
+        ``headers`` are added to the forwarded ones, and ``buffer`` reads the whole answer into
+        a ``web.Response`` (for unary protocols whose error bodies the caller rewrites).
+        """
+        forwarded = {name: value for name in FORWARDED_REQUEST_HEADERS if (value := request.headers.get(name))}
         if model:
-            headers[MODEL_ID_HEADER] = model
+            forwarded[MODEL_ID_HEADER] = model
+        forwarded.update(headers or {})
+        target = _Target(method, path, buffer)
         failures = 0
         refusals = 0
         exclude: set[str] = set()
@@ -95,7 +105,7 @@ class Proxy:
             lease = await self.scheduler.acquire(model, exclude, since=since)
             self.metrics.routed(lease.kind, model)
             try:
-                return await self._attempt(request, lease, headers, body)
+                return await self._attempt(request, lease, target, forwarded, body)
             except _Retry as retry:
                 exclude.add(lease.replica.name)
                 if retry.failed:
@@ -112,7 +122,8 @@ class Proxy:
                 self.metrics.retried("replica_failed" if retry.failed else "replica_full")
                 log.debug("retrying a request for %r elsewhere: %s %s", model, lease.replica.name, retry.reason)
 
-    async def _attempt(self, request: web.Request, lease: Lease, headers: dict, body: bytes) -> web.StreamResponse:
+    async def _attempt(self, request: web.Request, lease: Lease, target: _Target, headers: dict,
+                       body: bytes) -> web.StreamResponse:
         replica = lease.replica
         ok = False  # the replica answered successfully: it holds the model
         clean = False  # the replica's response was read to its end: the connection is reusable
@@ -120,13 +131,15 @@ class Proxy:
         try:
             try:
                 async with asyncio.timeout(self.first_byte_timeout_s):
-                    upstream = await self.session.post(self._url(replica.url), data=body, headers=headers)
+                    upstream = await self.session.request(target.method, self._url(replica.url, target.path),
+                                                          data=body, headers=headers)
+                    self.scheduler.table.answered(replica, self.clock())
                     if upstream.status == 503:
                         await upstream.read()
                         clean = True
                         raise _Retry("503 " + (upstream.reason or ""), failed=False,
                                      retry_after=_retry_after(upstream))
-                    first = await upstream.content.readany()
+                    first = await (upstream.read() if target.buffer else upstream.content.readany())
             except _FAILURES as error:
                 if isinstance(error, aiohttp.ClientConnectorError):
                     # Nothing listens there: take it out of rotation until discovery sees it again.
@@ -144,8 +157,13 @@ class Proxy:
                 if name.lower() not in HOP_BY_HOP:
                     out.add(name, value)
             out[REPLICA_HEADER] = replica.name
+            if upstream.content_type == "text/event-stream":
+                # Proxies in front of us (nginx, ingress controllers) buffer and caches keep
+                # answers unless told otherwise: an event stream must reach the client as sent.
+                out[hdrs.CACHE_CONTROL] = "no-cache"
+                out["X-Accel-Buffering"] = "no"
             length = upstream.content_length
-            if length is not None and len(first) == length and upstream.content.at_eof():
+            if target.buffer or (length is not None and len(first) == length and upstream.content.at_eof()):
                 # The whole (unary) answer came in one read: send headers and body in one write.
                 clean = True
                 ok = upstream.status < 400
@@ -201,11 +219,22 @@ class Proxy:
             return
         self.scheduler.table.apply(info, self.clock())
 
-    def _url(self, base: str) -> URL:
+    def _url(self, base: str, path: str) -> URL:
+        if path != INVOKE_PATH:
+            return URL(base + path)
         url = self._urls.get(base)
         if url is None:
             url = self._urls[base] = URL(base + INVOKE_PATH)
         return url
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """The replica endpoint a request goes to."""
+
+    method: str
+    path: str
+    buffer: bool
 
 
 def _retry_after(response: aiohttp.ClientResponse) -> float | None:

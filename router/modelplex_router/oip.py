@@ -1,0 +1,220 @@
+"""Open Inference Protocol v2 REST on the router (KServe v2, Triton's HTTP/REST API).
+
+- ``GET /v2``: server metadata; ``GET /v2/health/live``, ``/v2/health/ready``;
+- ``GET /v2/models/M[/versions/V]``: model metadata, from a replica that loads the model;
+- ``GET /v2/models/M[/versions/V]/ready``: 200 when the model is loaded on a replica or loads;
+- ``POST /v2/models/M[/versions/V]/infer``: JSON or binary tensors (``Inference-Header-Content-Length``),
+  passed to the replica untouched and answered as the protocol says;
+- ``POST /v2/repository/index``, ``.../models/M/load``, ``.../models/M/unload``: the model
+  repository extension over the replicas' caches.
+
+Every model has one version, ``1``. Errors under ``/v2`` are the protocol's ``{"error": "..."}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from importlib import metadata
+from urllib.parse import quote
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from modelplex.errors import ModelNotFound, ModelplexError
+from modelplex.http import error_response
+from modelplex.oip import (HEADER_LENGTH, PROTOCOL, PROTOCOL_HEADER, VERSION_HEADER, error_body, parse_header,
+                           split_body)
+from modelplex_router.keys import CLOCK, PROXY, SESSION, TABLE, checked_model_id, measured
+
+SERVER_NAME = "modelplex"
+EXTENSIONS = ("binary_tensor_data", "model_repository")
+VERSION = "1"
+
+
+def _server_version() -> str:
+    try:
+        return metadata.version("modelplex")
+    except metadata.PackageNotFoundError:
+        return "0"
+
+
+def add_routes(router: web.UrlDispatcher, *, ready) -> None:
+    """The protocol's routes; ``ready`` answers ``/v2/health/ready`` (the router's readiness)."""
+    router.add_get("/v2", server_metadata)
+    router.add_get("/v2/", server_metadata)
+    router.add_get("/v2/health/live", live)
+    router.add_get("/v2/health/ready", ready)
+    for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+        router.add_get(prefix, model_metadata)
+        router.add_get(prefix + "/ready", model_ready)
+        router.add_post(prefix + "/infer", infer)
+    router.add_post("/v2/repository/index", repository_index)
+    router.add_post("/v2/repository/models/{model}/load", repository_load)
+    router.add_post("/v2/repository/models/{model}/unload", repository_unload)
+
+
+def is_oip_path(path: str) -> bool:
+    return path == "/v2" or path.startswith("/v2/")
+
+
+@web.middleware
+async def protocol_errors(request: web.Request, handler) -> web.StreamResponse:
+    """Errors under ``/v2`` as ``{"error": "..."}``; every 405 with its ``Allow`` header."""
+    try:
+        return await handler(request)
+    except ModelplexError as error:
+        if not is_oip_path(request.path):
+            raise
+        return _error(error.status, error.message, retry_after=error.retry_after)
+    except web.HTTPException as error:
+        if error.status < 400:
+            raise
+        allow = error.headers.get("Allow")
+        if is_oip_path(request.path):
+            message = error.text if error.status == 413 else f"{error.reason}: {request.method} {request.path}"
+            response = _error(error.status, message)
+        elif error.status == 405:
+            response = error_response(405, "method_not_allowed", f"{request.method} is not allowed on {request.path}")
+        else:
+            raise
+        if allow is not None:
+            response.headers["Allow"] = allow
+        return response
+
+
+def _error(status: int, message: str, *, retry_after: float | None = None) -> web.Response:
+    response = web.Response(status=status, body=error_body(message), content_type="application/json")
+    if retry_after is not None:
+        response.headers["Retry-After"] = str(max(1, round(retry_after)))
+    return response
+
+
+def _as_oip(response: web.StreamResponse) -> web.StreamResponse:
+    """A replica's buffered answer with its native error body turned into the protocol's."""
+    if response.status < 400 or not isinstance(response, web.Response):
+        return response
+    try:
+        message = orjson.loads(response.body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = (response.body or b"").decode(errors="replace") or response.reason
+    oip = _error(response.status, message)
+    for name in ("Retry-After", "X-Modelplex-Replica"):
+        if name in response.headers:
+            oip.headers[name] = response.headers[name]
+    return oip
+
+
+def _model(request: web.Request) -> tuple[str, str | None]:
+    model = checked_model_id(request.match_info["model"])
+    version = request.match_info.get("version")
+    if version is not None and version != VERSION:
+        raise ModelNotFound(f"model {model!r} has no version {version!r} (its only version is {VERSION!r})")
+    return model, version
+
+
+# -- server ----------------------------------------------------------------------------------
+
+
+async def server_metadata(request: web.Request) -> web.Response:
+    return web.json_response({"name": SERVER_NAME, "version": _server_version(), "extensions": list(EXTENSIONS)})
+
+
+async def live(request: web.Request) -> web.Response:
+    return web.json_response({"live": True})
+
+
+# -- models ----------------------------------------------------------------------------------
+
+
+async def _metadata(request: web.Request, model: str) -> web.StreamResponse:
+    """The model's metadata from a replica (one that holds it, else one that loads it now)."""
+    response = await request.app[PROXY].forward(
+        request, model, b"", method="GET", path=f"/v1/models/{quote(model, safe='')}/metadata", buffer=True)
+    return _as_oip(response)
+
+
+async def model_metadata(request: web.Request) -> web.StreamResponse:
+    model, _ = _model(request)
+    return await measured(request, model, lambda: _metadata(request, model))
+
+
+async def model_ready(request: web.Request) -> web.StreamResponse:
+    """Ready when a replica holds the model, or loads it now (so "ready" means "servable")."""
+    model, _ = _model(request)
+    app = request.app
+    if any(replica.loaded(model) for replica in app[TABLE].usable(app[CLOCK]())):
+        return web.json_response({"name": model, "ready": True})
+    response = await _metadata(request, model)
+    if response.status >= 400:
+        return response
+    return web.json_response({"name": model, "ready": True})
+
+
+async def infer(request: web.Request) -> web.StreamResponse:
+    model, version = _model(request)
+
+    async def answer() -> web.StreamResponse:
+        body = await request.read()
+        header_length = request.headers.get(HEADER_LENGTH)
+        parse_header(split_body(body, header_length)[0])  # a malformed request is refused here, not by a replica
+        headers = {PROTOCOL_HEADER: PROTOCOL}
+        if header_length:
+            headers[HEADER_LENGTH] = header_length
+        if version is not None:
+            headers[VERSION_HEADER] = version
+        return _as_oip(await request.app[PROXY].forward(request, model, body, headers=headers, buffer=True))
+
+    return await measured(request, model, answer)
+
+
+# -- repository extension --------------------------------------------------------------------
+
+
+async def repository_index(request: web.Request) -> web.Response:
+    """Every model a replica holds (``READY``) or is loading (``LOADING``)."""
+    app = request.app
+    states: dict[str, str] = {}
+    for replica in app[TABLE].usable(app[CLOCK]()):
+        for model in replica.all_loading():
+            states.setdefault(model, "LOADING")
+        for model in replica.all_models():
+            states[model] = "READY"
+    return web.json_response([{"name": m, "version": VERSION, "state": s} for m, s in sorted(states.items())])
+
+
+async def repository_load(request: web.Request) -> web.StreamResponse:
+    """Load the model on the replica the router would send its requests to."""
+    model, _ = _model(request)
+
+    async def answer() -> web.StreamResponse:
+        response = _as_oip(await request.app[PROXY].forward(
+            request, model, b"", path=f"/v1/models/{quote(model, safe='')}/load", buffer=True))
+        if response.status >= 400:
+            return response
+        return web.json_response({"name": model, "state": "READY"})
+
+    return await measured(request, model, answer)
+
+
+async def repository_unload(request: web.Request) -> web.Response:
+    """Evict the model from every replica that holds it."""
+    model, _ = _model(request)
+    app = request.app
+    holders = [r for r in app[TABLE].replicas() if r.holds(model)]
+    path = f"/v1/models/{quote(model, safe='')}"
+
+    async def evict(url: str) -> int:
+        async with app[SESSION].delete(url + path) as response:
+            await response.read()
+            return response.status
+
+    statuses = await asyncio.gather(*(evict(r.url) for r in holders), return_exceptions=True)
+    failed = [f"{r.name}: {s!r}" for r, s in zip(holders, statuses)
+              if isinstance(s, aiohttp.ClientError) or (isinstance(s, int) and s not in (200, 404))]
+    errors = [s for s in statuses if isinstance(s, BaseException) and not isinstance(s, aiohttp.ClientError)]
+    if errors:
+        raise errors[0]
+    if failed:
+        return _error(502, f"unloading {model!r} failed on {', '.join(failed)}")
+    return web.json_response({"name": model, "state": "UNAVAILABLE"})
