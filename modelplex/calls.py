@@ -1,0 +1,162 @@
+"""What a request asks a handler to run: which method, with which arguments, answered how.
+
+Pure logic the replica applies to each request. A handle's request carries a call envelope
+(:mod:`modelplex.codec`): a method by name, its arguments with their types, and whether the
+caller reads a stream; the answer uses the codec too. A plain HTTP request calls
+``__call__`` with its body and is answered as JSON, text or bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Iterator
+
+from modelplex.batching import STREAMING_ATTR
+from modelplex.codec import (
+    CALL_CONTENT_TYPE, STREAM_CONTENT_TYPE, VALUE_CONTENT_TYPE, decode_call, encode_stream_error,
+    encode_stream_item, encode_value,
+)
+from modelplex.errors import BadRequest, HandlerError, ModelplexError, NotFound
+from modelplex.http import encode_body, to_json
+
+#: How a target runs: "async" (a coroutine), "sync" (blocking, run in a thread), "stream" (an
+#: async iterator), "sync_stream" (a generator, each item computed in a thread).
+MODES = ("async", "sync", "stream", "sync_stream")
+
+
+def call_mode(target: Callable) -> str:
+    """How ``target`` (a function, a bound method or a callable instance) runs."""
+    function = target if inspect.isroutine(target) else getattr(type(target), "__call__", None)
+    if function is None:
+        raise TypeError(f"{target!r} is not callable")
+    if getattr(function, STREAMING_ATTR, False) or inspect.isasyncgenfunction(function):
+        return "stream"
+    if inspect.isgeneratorfunction(function):
+        return "sync_stream"
+    return "async" if inspect.iscoroutinefunction(function) else "sync"
+
+
+def public_methods(handler: Any) -> list[str]:
+    """The methods a handle may call by name: public ones, and ``__call__``."""
+    names = [name for name, member in inspect.getmembers(type(handler), callable)
+             if not name.startswith("_") and not inspect.isclass(member)]
+    return (["__call__"] if _has_call(handler) else []) + names
+
+
+def check_handler(handler: Any) -> None:
+    """Refuse, at start-up, a handler that no request could call (it would start ready and fail
+    every request): one with neither ``__call__`` nor a public method."""
+    if not public_methods(handler):
+        raise TypeError(f"{type(handler).__qualname__} has no __call__ and no public method: nothing can call it")
+
+
+def _has_call(handler: Any) -> bool:
+    # Not getattr(type(handler), "__call__"): every class has one, its metaclass's.
+    return inspect.isroutine(handler) or any("__call__" in vars(klass) for klass in type(handler).__mro__)
+
+
+def method_of(handler: Any, name: str) -> Callable:
+    """The bound method ``name`` of ``handler``; a private or missing one is a clear error."""
+    if name == "__call__":
+        if not _has_call(handler):
+            raise NotFound(f"{type(handler).__qualname__} has no __call__; call one of its methods through a "
+                           f"handle: {', '.join(public_methods(handler)) or 'none'}")
+        return handler
+    target = getattr(handler, name, None) if not name.startswith("_") else None
+    if target is None or not callable(target):
+        raise NotFound(f"{type(handler).__qualname__} has no method {name!r}; it has "
+                       f"{', '.join(public_methods(handler)) or 'none'}")
+    return target
+
+
+@dataclass
+class Invocation:
+    """One request's call: run it with :meth:`run`, encode what it returns with :meth:`encode`."""
+
+    target: Callable
+    args: tuple = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    mode: str = "async"
+    typed: bool = False  # a handle's call: answer with the codec
+
+    def run(self) -> Any:
+        """Call the target: a coroutine, a value, an async iterator or a generator, by mode."""
+        return self.target(*self.args, **self.kwargs)
+
+    @property
+    def streams(self) -> bool:
+        return self.mode in ("stream", "sync_stream")
+
+    def encode(self, value: Any) -> tuple[bytes, str]:
+        """A unary answer as (body, content type); a value that cannot be sent is a handler error."""
+        try:
+            if self.typed:
+                return encode_value(value), VALUE_CONTENT_TYPE
+            return encode_body(value)
+        except TypeError as error:
+            raise HandlerError(f"the handler returned what cannot be sent: {error}",
+                               error_type="TypeError") from None
+
+    def stream_content_type(self, first: Any, sse: bool) -> str:
+        if sse:
+            return "text/event-stream"
+        if self.typed:
+            return STREAM_CONTENT_TYPE
+        if isinstance(first, (bytes, bytearray, memoryview)):
+            return "application/octet-stream"
+        if isinstance(first, str):
+            return "text/plain; charset=utf-8"
+        return "application/x-ndjson"
+
+    def frame(self, chunk: Any, sse: bool) -> bytes:
+        """One streamed item as bytes on the wire."""
+        try:
+            if self.typed and not sse:
+                return encode_stream_item(chunk)
+            if isinstance(chunk, (bytes, bytearray, memoryview)):
+                data = bytes(chunk)
+            elif isinstance(chunk, str):
+                data = chunk.encode()
+            else:
+                data = to_json(chunk) if sse else to_json(chunk) + b"\n"  # NDJSON: one record a line
+        except TypeError as error:
+            raise HandlerError(f"the handler yielded what cannot be sent: {error}", error_type="TypeError") from None
+        return b"data: " + data + b"\n\n" if sse else data
+
+    def error_frame(self, error: ModelplexError, sse: bool) -> bytes:
+        """The record that ends a stream that failed part way."""
+        if sse:
+            return b"event: error\ndata: " + to_json(error.to_dict()) + b"\n\n"
+        if self.typed:
+            return encode_stream_error(error)
+        return to_json(error.to_dict()) + b"\n"
+
+
+def invocation(handler: Any, content_type: str, body: Any) -> Invocation:
+    """The call a request makes: a handle's envelope (``body`` is its bytes), else ``__call__(body)``."""
+    if content_type == CALL_CONTENT_TYPE:
+        call = decode_call(body)
+        target = method_of(handler, call.method)
+        mode = call_mode(target)
+        name = type(handler).__qualname__ + ("" if call.method == "__call__" else f".{call.method}")
+        streams = mode in ("stream", "sync_stream")
+        if call.stream and not streams:
+            raise BadRequest(f"{name} does not stream: call it without .options(stream=True)")
+        if streams and not call.stream:
+            raise BadRequest(f"{name} streams its answer: call it with .options(stream=True)")
+        return Invocation(target, call.args, call.kwargs, mode, typed=True)
+    target = method_of(handler, "__call__")
+    return Invocation(target, (body,), {}, call_mode(target))
+
+
+async def iterate_in_thread(generator: Iterator[Any]) -> AsyncIterator[Any]:
+    """A synchronous generator as an async iterator: each item is computed in a worker thread,
+    so a generator that computes (a forward pass per chunk) streams without blocking a loop."""
+    end = object()
+    try:
+        while (item := await asyncio.to_thread(next, generator, end)) is not end:
+            yield item
+    finally:
+        await asyncio.to_thread(generator.close)
