@@ -80,6 +80,8 @@ class Invocation:
     kwargs: dict[str, Any] = field(default_factory=dict)
     mode: str = "async"
     typed: bool = False  # a handle's call: answer with the codec
+    stream_requested: bool = False  # a handle asked for a stream from a method that may return one
+    name: str = "__call__"
 
     def run(self) -> Any:
         """Call the target: a coroutine, a value, an async iterator or a generator, by mode."""
@@ -87,10 +89,33 @@ class Invocation:
 
     @property
     def streams(self) -> bool:
-        return self.mode in ("stream", "sync_stream")
+        return self.stream_requested or self.mode in ("stream", "sync_stream")
+
+    async def items(self) -> AsyncIterator[Any]:
+        """The streamed items: of a generator function, or of the generator a method returned."""
+        if self.mode == "stream":
+            produced = self.run()
+        elif self.mode == "sync_stream":
+            produced = self.run()
+        elif self.mode == "async":
+            produced = await self.run()
+        else:
+            produced = await asyncio.to_thread(self.run)
+        if hasattr(produced, "__aiter__"):
+            async for item in produced:
+                yield item
+        elif inspect.isgenerator(produced):
+            async for item in iterate_in_thread(produced):
+                yield item
+        else:
+            raise HandlerError(f"{self.name} must return a generator to be called with stream=True, but it "
+                               f"returned a {type(produced).__name__}", error_type="TypeError")
 
     def encode(self, value: Any) -> tuple[bytes, str]:
         """A unary answer as (body, content type); a value that cannot be sent is a handler error."""
+        if inspect.isgenerator(value) or inspect.isasyncgen(value):
+            raise HandlerError(f"{self.name} returned a generator: call it with .options(stream=True)",
+                               error_type="TypeError")
         try:
             if self.typed:
                 return encode_value(value), VALUE_CONTENT_TYPE
@@ -141,14 +166,12 @@ def invocation(handler: Any, content_type: str, body: Any) -> Invocation:
         target = method_of(handler, call.method)
         mode = call_mode(target)
         name = type(handler).__qualname__ + ("" if call.method == "__call__" else f".{call.method}")
-        streams = mode in ("stream", "sync_stream")
-        if call.stream and not streams:
-            raise BadRequest(f"{name} does not stream: call it without .options(stream=True)")
-        if streams and not call.stream:
-            raise BadRequest(f"{name} streams its answer: call it with .options(stream=True)")
-        return Invocation(target, call.args, call.kwargs, mode, typed=True)
+        if mode in ("stream", "sync_stream") and not call.stream:
+            raise BadRequest(f"{name} is a generator: call it with .options(stream=True)")
+        # A method that is not a generator function may still return one: known once it ran.
+        return Invocation(target, call.args, call.kwargs, mode, typed=True, stream_requested=call.stream, name=name)
     target = method_of(handler, "__call__")
-    return Invocation(target, (body,), {}, call_mode(target))
+    return Invocation(target, (body,), {}, call_mode(target), name=type(handler).__qualname__)
 
 
 async def iterate_in_thread(generator: Iterator[Any]) -> AsyncIterator[Any]:

@@ -80,13 +80,39 @@ def test_a_handler_nothing_can_call_is_refused_at_start_up():
     check_handler(Model())
 
 
-def test_stream_flag_and_method_must_agree():
-    with pytest.raises(BadRequest, match="does not stream"):
-        invocation(Model(), CALL_CONTENT_TYPE, encode_call(Call("run", (1,), stream=True)))
-    with pytest.raises(BadRequest, match="streams its answer"):
+def test_a_generator_called_without_stream_is_a_bad_request():
+    with pytest.raises(BadRequest, match=r"generator: call it with \.options\(stream=True\)"):
         invocation(Model(), CALL_CONTENT_TYPE, encode_call(Call("tokens", (1,))))
     streamed = invocation(Model(), CALL_CONTENT_TYPE, encode_call(Call("frames", (1,), stream=True)))
     assert streamed.stream_content_type(0, sse=False) == STREAM_CONTENT_TYPE
+
+
+async def test_stream_true_on_a_method_that_returns_no_generator_is_a_type_error():
+    call = invocation(Model(), CALL_CONTENT_TYPE, encode_call(Call("run", (1,), stream=True)))
+    with pytest.raises(HandlerError, match="must return a generator") as raised:
+        [item async for item in call.items()]
+    assert raised.value.error_type == "TypeError"
+
+
+async def test_a_method_that_returns_a_generator_streams_it():
+    class Inner:
+        def numbers(self, n):
+            yield from range(n)
+
+        async def inner(self, n):
+            return self.numbers(n)
+
+        def inner_sync(self, n):
+            return self.numbers(n)
+
+    for method in ("inner", "inner_sync"):
+        call = invocation(Inner(), CALL_CONTENT_TYPE, encode_call(Call(method, (3,), stream=True)))
+        assert [item async for item in call.items()] == [0, 1, 2]
+        unary = invocation(Inner(), CALL_CONTENT_TYPE, encode_call(Call(method, (3,))))
+        produced = unary.run()
+        produced = await produced if method == "inner" else produced
+        with pytest.raises(HandlerError, match="returned a generator"):
+            unary.encode(produced)
 
 
 def test_an_answer_that_cannot_be_sent_is_a_handler_error_with_its_reason():
