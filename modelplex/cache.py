@@ -86,6 +86,7 @@ class ModelCache:
             self._loading[model_id] = future
             # The load runs in its own task: a caller that goes away does not cancel it for the others.
             self._spawn(self._load_into(model_id, future))
+            self._notify("loading", model_id, 0.0)
         return await asyncio.shield(future)
 
     @contextmanager

@@ -15,7 +15,7 @@ BatchObserver = Callable[[str, int, float], None]
 """(model id, batch size, seconds the first request waited) for every batch."""
 
 CacheObserver = Callable[[str, str, float], None]
-"""(event, model id, seconds) with event in "loaded", "load_failed", "evicted"."""
+"""(event, model id, seconds) with event in "loading", "loaded", "load_failed", "evicted"."""
 
 
 @dataclass

@@ -229,11 +229,11 @@ def _downward_env() -> list[dict[str, Any]]:
     ]
 
 
-def _probe(path: str, *, period: int, failures: int, initial_delay: int = 0) -> dict[str, Any]:
+def _probe(path: str, *, period: int, failures: int, timeout: int = 2, initial_delay: int = 0) -> dict[str, Any]:
     probe = {
         "httpGet": {"path": path, "port": PORT_NAME},
         "periodSeconds": period,
-        "timeoutSeconds": 2,
+        "timeoutSeconds": timeout,
         "failureThreshold": failures,
     }
     if initial_delay:
@@ -299,9 +299,12 @@ def replica_deployment(deployment: Deployment, owner: dict[str, Any], settings: 
         "ports": [{"name": PORT_NAME, "containerPort": REPLICA_PORT, "protocol": "TCP"}],
         "env": _downward_env() + [env.model_dump(exclude_none=True) for env in spec.env],
         "volumeMounts": [{"name": SPEC_VOLUME, "mountPath": SPEC_MOUNT, "readOnly": True}],
-        "readinessProbe": _probe("/readyz", period=2, failures=3),
-        # Generous: a replica busy loading big models must not be killed for a slow answer.
-        "livenessProbe": _probe("/healthz", period=10, failures=6, initial_delay=30),
+        # User code runs on its own loop, so a busy replica answers at once; the margins are for a
+        # node whose CPUs the models saturate: a loaded replica must not leave its Service.
+        "readinessProbe": _probe("/readyz", period=2, failures=3, timeout=5),
+        # Generous: a replica busy loading big models must not be killed for a slow answer
+        # (30 s, as Ray Serve's health check).
+        "livenessProbe": _probe("/healthz", period=10, failures=6, timeout=30, initial_delay=30),
         "securityContext": dict(_CONTAINER_SECURITY),
     }
     if spec.model_source is not None and spec.model_source.secret_ref is not None:

@@ -1,4 +1,10 @@
-"""The replica's internal HTTP API (DESIGN.md, port 9000), as an aiohttp app factory."""
+"""The replica's internal HTTP API (DESIGN.md, port 9000), as an aiohttp app factory.
+
+Two event loops: the server loop (this module's handlers) does only I/O and answers health,
+readiness, metrics and the loaded-models document at once; user code (the handler, its
+``@multiplexed`` loader and ``@batch`` queues) runs on a :class:`UserCodeLoop` of its own, so
+a handler that computes for a while never makes the replica look dead.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +20,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from modelplex.cache import ModelCache
-from modelplex.context import reset_multiplexed_model_id, set_multiplexed_model_id
+from modelplex.context import set_multiplexed_model_id
 from modelplex.errors import BadRequest, HandlerError, ModelplexError, NotFound, NotReady, Overloaded
 from modelplex.handles import close_handles
 from modelplex.http import encode_body, error_middleware, from_json, is_json, to_json
@@ -25,43 +31,51 @@ from modelplex.runtime import runtime
 from modelplex.spec import Deployment
 from modelplex_replica.metrics import ReplicaMetrics
 from modelplex_replica.reporter import AnnotationReporter, Patch
+from modelplex_replica.usercode import UserCodeLoop
 
 log = logging.getLogger("modelplex.replica")
+
+_NO_MODELS = {"models": [], "capacity": 0, "version": 0, "loading": []}
 
 
 @dataclass
 class ReplicaState:
-    """Everything a request handler needs, kept on the app under :data:`STATE`."""
+    """Everything a request handler needs, kept on the app under :data:`STATE`.
+
+    The server loop owns ``inflight``, ``ready`` and the reporter; the user loop owns the
+    handler and its cache, and publishes the cache's state as an immutable ``document``.
+    """
 
     deployment: Deployment
     handler: Any
     cache: ModelCache | None
     metrics: ReplicaMetrics
     mode: str  # "stream" (async generator), "async" or "sync"
+    user: UserCodeLoop = field(default_factory=UserCodeLoop)
     inflight: int = 0
     ready: bool = False
     reporter: AnnotationReporter | None = None
     prewarm_errors: dict[str, str] = field(default_factory=dict)
-    _header: tuple[int, str] = (-1, "")
+    server_loop: asyncio.AbstractEventLoop | None = None
+    #: The loaded-models document (the pod annotation, ``GET /v1/models``) and its JSON, replaced
+    #: whole by the user loop on every cache change, so the server loop reads it without a lock.
+    published: tuple[dict[str, Any], str] = (_NO_MODELS, to_json(_NO_MODELS).decode())
 
     def models_document(self) -> dict[str, Any]:
         """The loaded-models document: the pod annotation and ``GET /v1/models``."""
-        if self.cache is None:
-            return {"models": [], "capacity": 0, "version": 0, "loading": []}
-        return {
-            "models": self.cache.loaded,
-            "capacity": self.cache.capacity,
-            "version": self.cache.version,
-            "loading": self.cache.loading,
-        }
-
+        return self.published[0]
 
     def models_header(self) -> str:
-        """The document as a header value, re-encoded only when the cache changed."""
-        version = self.cache.version if self.cache is not None else 0
-        if self._header[0] != version:
-            self._header = (version, to_json(self.models_document()).decode())
-        return self._header[1]
+        """The document as a header value."""
+        return self.published[1]
+
+    def publish(self) -> None:
+        """Snapshot the cache (on the user loop, where it changes) for the server loop to read."""
+        cache = self.cache
+        if cache is not None:
+            document = {"models": cache.loaded, "capacity": cache.capacity, "version": cache.version,
+                        "loading": cache.loading}
+            self.published = (document, to_json(document).decode())
 
 
 STATE = web.AppKey("state", ReplicaState)
@@ -103,9 +117,12 @@ def create_app(deployment: Deployment, handler: Any, *, patch_pod: Patch | None 
 def _lifecycle(patch_pod: Patch | None):
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         state = app[STATE]
+        state.server_loop = asyncio.get_running_loop()
+        state.user.start()
         runtime.batch_observers.append(state.metrics.on_batch)
         runtime.cache_observers.append(state.metrics.on_cache_event)
         runtime.cache_observers.append(lambda *_: _cache_changed(state))
+        state.publish()
         if patch_pod is not None and state.cache is not None:
             state.reporter = AnnotationReporter(state.models_document, patch_pod)
             await state.reporter.start()
@@ -116,8 +133,9 @@ def _lifecycle(patch_pod: Patch | None):
         if state.reporter is not None:
             await state.reporter.stop()
         if state.cache is not None:
-            await state.cache.close()
-        await close_handles()
+            await state.user.run(state.cache.close())
+        await state.user.run(close_handles())
+        await state.user.stop()
         runtime.batch_observers.clear()
         runtime.cache_observers.clear()
 
@@ -125,9 +143,11 @@ def _lifecycle(patch_pod: Patch | None):
 
 
 def _cache_changed(state: ReplicaState) -> None:
-    state.metrics.models_loaded.labels(state.deployment.name).set(len(state.cache.loaded) if state.cache else 0)
-    if state.reporter is not None:
-        state.reporter.changed()
+    """On the user loop, after a load starts, ends or fails, or a model is evicted."""
+    state.publish()
+    state.metrics.models_loaded.labels(state.deployment.name).set(len(state.models_document()["models"]))
+    if state.reporter is not None and state.server_loop is not None:
+        state.server_loop.call_soon_threadsafe(state.reporter.changed)
 
 
 async def _prewarm(state: ReplicaState) -> None:
@@ -136,13 +156,17 @@ async def _prewarm(state: ReplicaState) -> None:
         log.warning("prewarm is set but the handler has no @multiplexed loader; nothing to prewarm")
     elif model_ids:
         started = time.monotonic()
-        results = await asyncio.gather(*(state.cache.get(m) for m in model_ids), return_exceptions=True)
+        results = await state.user.run(_load_all(state.cache, model_ids))
         for model_id, result in zip(model_ids, results):
             if isinstance(result, BaseException):
                 state.prewarm_errors[model_id] = str(result)
                 log.error("prewarming model %r failed: %s", model_id, result)
         log.info("prewarm done: %d model(s) in %.3f s", len(model_ids), time.monotonic() - started)
     state.ready = True
+
+
+async def _load_all(cache: ModelCache, model_ids: list[str]) -> list[Any]:
+    return await asyncio.gather(*(cache.get(m) for m in model_ids), return_exceptions=True)
 
 
 def _model_id(raw: str) -> str:
@@ -175,12 +199,15 @@ async def invoke(request: web.Request) -> web.StreamResponse:
     state.inflight += 1
     state.metrics.inflight.labels(state.deployment.name).inc()
     status = 500
-    token = set_multiplexed_model_id(model_id)
     try:
         body = await _read_body(request)
-        pin = state.cache.pinned(model_id) if state.cache is not None and model_id else nullcontext()
-        with pin:
-            response = await _call_handler(state, request, body)
+        if state.mode == "stream":
+            response = await _stream(request, state, body, model_id)
+        else:
+            payload, content_type = await _unary(state, body, model_id)
+            response = web.Response(body=payload, content_type=content_type.split(";")[0],
+                                    charset=_charset(content_type))
+            response.headers[LOADED_MODELS_HEADER] = state.models_header()
         status = 500 if response.get(STREAM_FAILED) else response.status
         return response
     except ModelplexError as error:
@@ -190,74 +217,107 @@ async def invoke(request: web.Request) -> web.StreamResponse:
         status = error.status
         raise
     finally:
-        reset_multiplexed_model_id(token)
         state.inflight -= 1
         state.metrics.inflight.labels(state.deployment.name).dec()
         state.metrics.observe_request(model_id, status, time.perf_counter() - started)
 
 
-async def _call_handler(state: ReplicaState, request: web.Request, body: Any) -> web.StreamResponse:
-    handler = state.handler
+def _pinned(state: ReplicaState, model_id: str):
+    """Keep the request's model loaded while it is served (on the user loop, the cache's own)."""
+    return state.cache.pinned(model_id) if state.cache is not None and model_id else nullcontext()
+
+
+def _handler_error(error: Exception) -> ModelplexError:
+    if isinstance(error, ModelplexError):
+        return error
+    return HandlerError(f"handler raised {type(error).__name__}: {error}")
+
+
+async def _unary(state: ReplicaState, body: Any, model_id: str) -> tuple[bytes, str]:
+    """The handler's answer, encoded; the call and the encoding run off the server loop."""
+    if state.mode == "sync":  # a blocking handler: a worker thread, not the user loop
+        return await asyncio.to_thread(_call_sync, state, body, model_id)
+    return await state.user.run(_call_async(state, body, model_id))
+
+
+async def _call_async(state: ReplicaState, body: Any, model_id: str) -> tuple[bytes, str]:
+    set_multiplexed_model_id(model_id)  # this task's own context
     try:
-        if state.mode == "stream":
-            return await _stream(request, handler(body), state)
-        if state.mode == "async":
-            result = await handler(body)
-        else:  # a blocking handler runs in a thread so the replica keeps serving
-            result = await asyncio.to_thread(handler, body)
-    except (ModelplexError, asyncio.CancelledError):
+        with _pinned(state, model_id):
+            return encode_body(await state.handler(body))
+    except asyncio.CancelledError:
         raise
     except Exception as error:  # noqa: BLE001 - the user's code: report, never a traceback
-        log.exception("handler failed")
-        raise HandlerError(f"handler raised {type(error).__name__}: {error}") from None
-    payload, content_type = encode_body(result)
-    response = web.Response(body=payload, content_type=content_type.split(";")[0], charset=_charset(content_type))
-    response.headers[LOADED_MODELS_HEADER] = state.models_header()
-    return response
+        if not isinstance(error, ModelplexError):
+            log.exception("handler failed")
+        raise _handler_error(error) from None
 
 
-def _charset(content_type: str) -> str | None:
-    return "utf-8" if "charset" in content_type else None
+def _call_sync(state: ReplicaState, body: Any, model_id: str) -> tuple[bytes, str]:
+    set_multiplexed_model_id(model_id)  # to_thread runs this in a copy of the caller's context
+    try:
+        return encode_body(state.handler(body))
+    except Exception as error:  # noqa: BLE001
+        if not isinstance(error, ModelplexError):
+            log.exception("handler failed")
+        raise _handler_error(error) from None
 
 
-async def _stream(request: web.Request, chunks: AsyncIterator[Any], state: ReplicaState) -> web.StreamResponse:
+async def _generate(state: ReplicaState, body: Any, model_id: str) -> AsyncIterator[Any]:
+    """The handler's stream, as the user loop iterates it."""
+    set_multiplexed_model_id(model_id)
+    with _pinned(state, model_id):
+        async for chunk in state.handler(body):
+            yield chunk
+
+
+async def _stream(request: web.Request, state: ReplicaState, body: Any, model_id: str) -> web.StreamResponse:
     """Send each chunk as it is produced. Errors before the first chunk get a JSON error;
     after it, the stream ends with an error record and the connection is cut, so a client
     never mistakes a broken stream for a finished one."""
     sse = "text/event-stream" in request.headers.get("Accept", "")
-    iterator = chunks.__aiter__()
+    chunks = state.user.stream(lambda: _generate(state, body, model_id))
     try:
-        first = await iterator.__anext__()
-    except StopAsyncIteration:
-        first = None
-    response = web.StreamResponse(headers={
-        "Content-Type": _stream_content_type(first, sse), LOADED_MODELS_HEADER: state.models_header()})
-    response.enable_chunked_encoding()
-    await response.prepare(request)
-    if first is None:
+        try:
+            first = await chunks.__anext__()
+        except StopAsyncIteration:
+            first = None
+        except Exception as error:  # noqa: BLE001
+            if not isinstance(error, ModelplexError):
+                log.error("streaming handler failed before its first chunk: %r", error)
+            raise _handler_error(error) from None
+        response = web.StreamResponse(headers={
+            "Content-Type": _stream_content_type(first, sse), LOADED_MODELS_HEADER: state.models_header()})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        if first is None:
+            await response.write_eof()
+            return response
+        try:
+            await response.write(_frame(first, sse))
+            async for chunk in chunks:
+                await response.write(_frame(chunk, sse))
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise  # the client went away: the finally below stops the producer
+        except Exception as error:  # noqa: BLE001
+            log.error("streaming handler failed mid-stream: %r", error)
+            try:
+                await response.write(_error_frame(_handler_error(error), sse))
+            except ConnectionResetError:
+                pass
+            # Close before aiohttp could end the chunked body: the client sees a cut, not an end.
+            if request.transport is not None:
+                request.transport.close()
+            response[STREAM_FAILED] = True
+            return response
         await response.write_eof()
         return response
-    try:
-        await response.write(_frame(first, sse))
-        async for chunk in iterator:
-            await response.write(_frame(chunk, sse))
-    except (ConnectionResetError, asyncio.CancelledError):
-        await iterator.aclose()  # the client went away: stop the producer
-        raise
-    except Exception as error:  # noqa: BLE001
-        log.exception("streaming handler failed mid-stream")
-        failure = error if isinstance(error, ModelplexError) else HandlerError(f"handler raised {type(error).__name__}: {error}")
-        try:
-            await response.write(_error_frame(failure, sse))
-        except ConnectionResetError:
-            pass
-        # Close before aiohttp could end the chunked body: the client sees a cut, not an end.
-        if request.transport is not None:
-            request.transport.close()
-        response[STREAM_FAILED] = True
-        return response
-    await response.write_eof()
-    return response
+    finally:
+        await chunks.aclose()
+
+
+def _charset(content_type: str) -> str | None:
+    return "utf-8" if "charset" in content_type else None
 
 
 def _stream_content_type(first: Any, sse: bool) -> str:
@@ -299,14 +359,14 @@ async def load_model(request: web.Request) -> web.Response:
     state = request.app[STATE]
     model_id = _model_id(request.match_info["model_id"])
     started = time.monotonic()
-    await _require_cache(state).get(model_id)
+    await state.user.run(_require_cache(state).get(model_id))
     return web.json_response({"model": model_id, "loaded": True, "seconds": round(time.monotonic() - started, 6)})
 
 
 async def unload_model(request: web.Request) -> web.Response:
     state = request.app[STATE]
     model_id = _model_id(request.match_info["model_id"])
-    if not await _require_cache(state).evict(model_id):
+    if not await state.user.run(_require_cache(state).evict(model_id)):
         raise NotFound(f"model {model_id!r} is not loaded")
     return web.json_response({"model": model_id, "loaded": False})
 

@@ -4,8 +4,10 @@
 request joins a line. Whenever a slot frees up, the scheduler walks the line oldest first,
 asks the policy for each waiter and hands the slot straight to the first one it suits (so a
 newcomer cannot take it first, and one freed slot costs a few policy runs, not one per
-waiter). A waiter also looks for itself when its matching timeout passes. Past the queue
-bound a request is refused with 503 and Retry-After rather than queued for ever.
+waiter). A waiter also looks for itself when its matching timeout passes. A request that
+finds no ready replica waits in the same line (a replica may be starting, or briefly out of
+rotation): an instant 503 would only make clients resend at once. Past the queue bound a
+request is refused with 503 and Retry-After rather than queued for ever.
 """
 
 from __future__ import annotations
@@ -85,11 +87,11 @@ class Scheduler:
         table.listener = self._on_table_event
 
     def try_acquire(self, model: str, waited_s: float = 0.0, exclude: Collection[str] = ()) -> Lease | None:
-        """One routing decision now: a lease, or ``None`` to wait. Raises NotReady when no replica is."""
+        """One routing decision now: a lease, or ``None`` to wait (every candidate full, or none ready)."""
         now = self.clock()
         usable = self.table.usable(now)
         if not usable:
-            raise NotReady(f"no replica of deployment {self.deployment!r} is ready", retry_after=1.0)
+            return None
         if exclude:
             usable = [r for r in usable if r.name not in exclude]
             if not usable:
@@ -124,10 +126,7 @@ class Scheduler:
             while True:
                 now = self.clock()
                 if now >= deadline:
-                    raise Overloaded(
-                        f"every replica of {self.deployment!r} stayed at maxOngoingRequests="
-                        f"{self.params.max_ongoing} for {self.queue_timeout_s:g} s"
-                    )
+                    raise self._gave_up(now)
                 # Wake at the matching timeout too: the policy may then place the request elsewhere.
                 wake = deadline if now >= match_at else min(deadline, match_at)
                 if exclude:
@@ -136,7 +135,7 @@ class Scheduler:
                     wake = min(wake, now + EXCLUDED_BACKOFF_S)
                 await asyncio.wait((waiter.future,), timeout=wake - now)
                 if waiter.future.done():
-                    return waiter.future.result()  # handed a lease (or NotReady)
+                    return waiter.future.result()  # handed a lease
                 lease = self._try_for(waiter, self.clock())
                 if lease is not None:
                     return lease
@@ -150,6 +149,13 @@ class Scheduler:
             if not waiter.future.done():
                 waiter.future.cancel()  # the hand-off skips (and drops) it
             self.queued -= 1
+
+    def _gave_up(self, now: float) -> Overloaded | NotReady:
+        if not self.table.usable(now):
+            return NotReady(f"no replica of deployment {self.deployment!r} became ready within "
+                            f"{self.queue_timeout_s:g} s", retry_after=1.0)
+        return Overloaded(f"every replica of {self.deployment!r} stayed at maxOngoingRequests="
+                          f"{self.params.max_ongoing} for {self.queue_timeout_s:g} s")
 
     def _try_for(self, waiter: _Waiter, now: float) -> Lease | None:
         lease = self.try_acquire(waiter.model, now - waiter.start, waiter.exclude or ())
@@ -187,12 +193,7 @@ class Scheduler:
             if waiter.future.done():
                 del line[i]
                 continue
-            try:
-                lease = self._try_for(waiter, now)
-            except NotReady as error:
-                waiter.future.set_exception(error)
-                del line[i]
-                continue
+            lease = self._try_for(waiter, now)
             if lease is not None:
                 waiter.future.set_result(lease)
                 del line[i]

@@ -60,6 +60,7 @@ class Replica:
     # model -> when a success for it came back from here
     learned: dict[str, float] = field(default_factory=dict)
     down_at: float | None = None  # last connection failure, while quarantined
+    answered_at: float = float("-inf")  # when it last answered a request (any status)
 
     def loaded(self, model: str) -> bool:
         return model in self.models or model in self.learned
@@ -222,6 +223,14 @@ class RoutingTable:
         if ok and model:
             replica.learned[model] = now
         self._notify(True)
+
+    def answered(self, replica: Replica, now: float) -> None:
+        """``replica`` answered a request: it is alive, whatever its polls say."""
+        replica.answered_at = now
+
+    def answered_since(self, name: str, since: float) -> bool:
+        replica = self._replicas.get(name)
+        return replica is not None and replica.answered_at >= since
 
     def failed(self, replica: Replica, now: float) -> None:
         """A connection to ``replica`` failed: out of rotation until seen alive again."""

@@ -2,7 +2,8 @@
 
 Each poll reads ``GET /v1/models`` (models, capacity, version, loading) and ``GET /readyz``
 at once. A poll that started at T shows everything the replica did before T, so the table
-gets it with ``observed_at=T`` (lag 0).
+gets it with ``observed_at=T`` (lag 0). A failed poll alone does not take a replica out of
+rotation (:mod:`modelplex_router.discovery.health`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from modelplex_router.discovery.base import Discovery, parse_models_document, unreachable
+from modelplex_router.discovery.health import FAILURE_THRESHOLD, Poll, PollHealth
 from modelplex_router.table import ReplicaInfo, RoutingTable
 
 log = logging.getLogger("modelplex.router.discovery")
@@ -43,13 +45,15 @@ class StaticDiscovery(Discovery):
 
     lag_s = 0.0
 
-    def __init__(self, replicas: list[str], *, interval_s: float = 0.15, timeout_s: float = 1.0):
+    def __init__(self, replicas: list[str], *, interval_s: float = 0.15, timeout_s: float = 2.0,
+                 failure_threshold: int = FAILURE_THRESHOLD):
         self.replicas = [parse_replica_arg(r) for r in replicas]
         names = [name for name, _ in self.replicas]
         if len(set(names)) != len(names):
             raise ValueError(f"replica names must be distinct (got {names})")
         self.interval_s = interval_s
         self.timeout_s = timeout_s
+        self.failure_threshold = failure_threshold
 
     async def run(self, table: RoutingTable, clock: Callable[[], float]) -> None:
         # A session of its own: polls must not queue behind (or hold) proxy connections.
@@ -70,23 +74,33 @@ class StaticDiscovery(Discovery):
 
     async def _poll(self, session: aiohttp.ClientSession, table: RoutingTable,
                     clock: Callable[[], float], name: str, url: str) -> None:
+        health = PollHealth(self.failure_threshold)
         was_ready: bool | None = None
         while True:
             started = clock()
-            info = await self._read(session, name, url)
-            table.apply(info, started)
-            if info.ready != was_ready:
-                log.info("replica %s (%s) is %s", name, url, "ready" if info.ready else "not ready")
-                was_ready = info.ready
+            poll, info = await self._read(session, name, url)
+            ready = health.observe(poll, answered_traffic=table.answered_since(name, started))
+            if info is not None:
+                table.apply(info, started)
+            elif not ready:
+                table.apply(unreachable(name, url), started)
+            if ready != was_ready:
+                detail = "" if ready else f" ({poll.value}" + (
+                    f", {health.failures} polls in a row)" if poll is Poll.FAILED else ")")
+                log.info("replica %s (%s) is %s%s", name, url, "ready" if ready else "not ready", detail)
+                was_ready = ready
             await asyncio.sleep(max(0.0, self.interval_s - (clock() - started)))
 
-    async def _read(self, session: aiohttp.ClientSession, name: str, url: str) -> ReplicaInfo:
+    async def _read(self, session: aiohttp.ClientSession, name: str, url: str) -> tuple[Poll, ReplicaInfo | None]:
         try:
             models_doc, ready = await asyncio.gather(self._models(session, url), self._ready(session, url))
+        except aiohttp.ClientConnectorError:
+            return Poll.REFUSED, None
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-            return unreachable(name, url)
+            return Poll.FAILED, None
         models, capacity, version, loading = parse_models_document(models_doc, source=url)
-        return ReplicaInfo(name, url, ready, models, capacity, version, loading)
+        return (Poll.READY if ready else Poll.NOT_READY), ReplicaInfo(name, url, ready, models, capacity,
+                                                                     version, loading)
 
     @staticmethod
     async def _models(session: aiohttp.ClientSession, url: str) -> object:

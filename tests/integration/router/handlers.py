@@ -67,3 +67,36 @@ class Streamer:
             yield {"gate_opened": opened}
         for i in range(1, int(body.get("chunks", 3))):
             yield {"chunk": i}
+
+
+class Forward:
+    """CPU-bound, written the way users write it: a synchronous torch forward pass of a
+    512→2048→2048→512 MLP over 48 rows inside ``async def`` (no thread, no await)."""
+
+    def __init__(self):
+        import torch
+
+        torch.manual_seed(0)
+        self.torch = torch
+        self.mlp = torch.nn.Sequential(
+            torch.nn.Linear(512, 2048), torch.nn.ReLU(),
+            torch.nn.Linear(2048, 2048), torch.nn.ReLU(),
+            torch.nn.Linear(2048, 512),
+        ).eval()
+        self.rows = torch.randn(48, 512)
+
+    def forward(self) -> float:
+        with self.torch.inference_mode():
+            return float(self.mlp(self.rows).sum())
+
+    async def __call__(self, body):
+        return {"sum": self.forward(), "pid": os.getpid()}
+
+
+class ForwardStream(Forward):
+    """CPU-bound streaming: an async generator that computes each of its chunks."""
+
+    async def __call__(self, body):
+        chunks = int(body.get("chunks", 20)) if isinstance(body, dict) else 20
+        for index in range(chunks):
+            yield {"chunk": index, "sum": self.forward()}

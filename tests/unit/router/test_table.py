@@ -171,13 +171,11 @@ def test_the_quarantine_runs_out(clock):
     assert sorted(r.name for r in table.usable(clock())) == ["a", "b"]
 
 
-def test_no_ready_replica_is_refused_at_once(clock):
+def test_with_no_ready_replica_a_request_waits_instead_of_failing(clock):
     table, scheduler = make(clock)
-    with pytest.raises(NotReady):
-        scheduler.try_acquire("m")
+    assert scheduler.try_acquire("m") is None
     table.apply(info("a", ready=False), clock())
-    with pytest.raises(NotReady):
-        scheduler.try_acquire("m")
+    assert scheduler.try_acquire("m") is None
 
 
 def test_per_replica_max_ongoing_requests(clock):
@@ -200,6 +198,32 @@ def test_excluded_replicas_are_skipped(clock):
 
 
 # -- waiting (real event loop; bounded) ------------------------------------------------------
+
+
+@pytest.mark.looptime
+async def test_a_request_held_while_no_replica_is_ready_goes_to_the_first_that_becomes_ready():
+    loop = asyncio.get_running_loop()
+    table, scheduler = make(loop.time, queue_timeout_s=10.0)
+    waiter = asyncio.create_task(scheduler.acquire("m"))
+    await asyncio.sleep(5.0)
+    assert not waiter.done() and scheduler.queued == 1
+    table.apply(info("a"), loop.time())
+    lease = await asyncio.wait_for(waiter, 1)
+    assert lease.replica.name == "a" and loop.time() == pytest.approx(5.0, abs=0.01)
+
+
+@pytest.mark.looptime
+async def test_a_request_held_past_the_bound_with_no_ready_replica_gets_503_not_ready():
+    loop = asyncio.get_running_loop()
+    table, scheduler = make(loop.time, queue_timeout_s=10.0)
+    table.apply(info("a", ready=False), loop.time())
+    with pytest.raises(NotReady) as raised:
+        await scheduler.acquire("m")
+    assert loop.time() == pytest.approx(10.0, abs=0.01)
+    assert raised.value.status == 503 and raised.value.retry_after == 1.0
+    assert "became ready within 10 s" in raised.value.message
+    assert scheduler.queued == 0
+
 
 
 async def test_a_request_waits_for_a_slot_and_gets_it_when_one_frees():
