@@ -1,9 +1,21 @@
 """Handles: call another deployment through its router, as Ray Serve's DeploymentHandle does.
 
     detect = modelplex.handle("detect").options(multiplexed_model_id="faces-v2")
-    boxes = await detect.remote(frame)                       # one result
-    async for chunk in decode.options(stream=True).remote(video):   # a stream of chunks
+    boxes = await detect.remote(frame)                         # __call__(frame)
+    boxes = await detect.predict.remote(frame, threshold=0.5)  # a method by name
+    responses = [model.run.remote(i) for i in range(8)]       # all eight are sent at once
+    async for chunk in decode.options(stream=True).remote(video):   # a stream of items
         ...
+
+``.remote()`` sends at once, with or without a running event loop, and returns a
+:class:`DeploymentResponse`: await it in any loop, or call ``.result()`` outside one. Requests
+run on one I/O thread per process (the handle loop), so a response is not tied to the loop
+that made it. A response passed as an argument to another call is awaited first.
+
+Arguments and results keep their Python types (:mod:`modelplex.codec`: str, bytes, None,
+tuples, sets, numpy arrays, tensors); an exception raised by the deployment's code arrives
+with its type name and message (a built-in type is raised as itself: ``except ValueError``
+works), other failures as the :mod:`modelplex.errors` class of their HTTP answer.
 
 Calls go through the deployment's router, so routing stays cache-aware and the model id
 travels in the ``serve_multiplexed_model_id`` header. A handle resolves a deployment name to
@@ -11,45 +23,82 @@ its router: ``MODELPLEX_ROUTER_<NAME>`` when set (``modelplex local`` sets it fo
 deployment it runs), else the deployment's Service in the pod's namespace
 (``http://<name>.<POD_NAMESPACE>.svc:8000``).
 
-Streams are pulled: a chunk is read from the socket only when the consumer asks for the next
-one, so a slow consumer slows the producer (TCP backpressure) and nothing buffers without
-bound. Closing the stream, or cancelling the awaiting task, closes the connection, and the
-work upstream is cancelled.
+Streams are pulled: an item is read from the socket only when the consumer asks for the
+next one, so a slow consumer slows the producer (TCP backpressure) and nothing buffers
+without bound. Closing the stream, or cancelling the awaiting task, closes the connection,
+and the work upstream is cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
-import weakref
+import threading
 from dataclasses import dataclass, replace
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Coroutine
 
 import aiohttp
+import orjson
 
+from modelplex.codec import (
+    CALL_CONTENT_TYPE, STREAM_CONTENT_TYPE, VALUE_CONTENT_TYPE, Call, RemoteStreamError, decode_value, encode_call,
+    from_plain,
+)
 from modelplex.errors import BadRequest, ModelplexError, ReplicaFailed, UpstreamTimeout, error_for_status
-from modelplex.http import encode_body, from_json, is_json
+from modelplex.http import from_json, is_json
+from modelplex.ids import InvalidModelId, validate_model_id
 from modelplex.names import ENV_POD_NAMESPACE, MODEL_ID_HEADER, ROUTER_PORT, router_env_name
 
-_sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession] = weakref.WeakKeyDictionary()
+#: The longest record (one streamed item) a stream may send; one is held at a time.
+MAX_RECORD_BYTES = 64 * 1024 * 1024
 
 
-def _session() -> aiohttp.ClientSession:
-    # One pooled session per event loop: keep-alive connections to the routers.
-    loop = asyncio.get_running_loop()
-    session = _sessions.get(loop)
-    if session is None or session.closed:
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=60)
-        session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
-        _sessions[loop] = session
-    return session
+class _HandleLoop:
+    """One event loop in a daemon thread that runs every handle request of the process."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    def submit(self, coroutine: Coroutine) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._running_loop())
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None or self._loop.is_closed():
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="modelplex-handles", daemon=True).start()
+                self._loop = loop
+            return self._loop
+
+    def in_loop(self) -> bool:
+        try:
+            return asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            return False
+
+    def session(self) -> aiohttp.ClientSession:
+        # Called on the handle loop only: keep-alive connections to the routers.
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=60)
+            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        return self._session
+
+    async def close(self) -> None:
+        if self._loop is None or self._session is None:
+            return
+        session, self._session = self._session, None
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(session.close(), self._loop))
+
+
+_handles = _HandleLoop()
 
 
 async def close_handles() -> None:
-    """Close this event loop's pooled connections (the replica does this at shutdown)."""
-    session = _sessions.pop(asyncio.get_running_loop(), None)
-    if session is not None:
-        await session.close()
+    """Close the pooled connections to the routers (the replica does this at shutdown)."""
+    await _handles.close()
 
 
 def resolve(deployment: str) -> str:
@@ -66,14 +115,126 @@ def resolve(deployment: str) -> str:
     )
 
 
+def _not_in_a_loop(what: str) -> None:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise RuntimeError(f"{what} blocks: inside an event loop, use `await` instead")
+
+
+class DeploymentResponse:
+    """The answer to one ``.remote()`` call, already on its way."""
+
+    def __init__(self, future: concurrent.futures.Future):
+        self._future = future
+
+    def __await__(self):
+        return asyncio.wrap_future(self._future).__await__()
+
+    def result(self, timeout_s: float | None = None) -> Any:
+        """Wait for the answer (outside an event loop); ``TimeoutError`` after ``timeout_s``."""
+        _not_in_a_loop("DeploymentResponse.result()")
+        try:
+            return self._future.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"no answer within {timeout_s:g} s") from None
+
+    def cancel(self) -> None:
+        """Give up on the answer: the request is aborted and the work upstream cancelled."""
+        self._future.cancel()
+
+
+_END = object()
+
+
+class DeploymentResponseGenerator:
+    """The items of one streaming call; the request is sent at once, items are read on demand."""
+
+    def __init__(self, records: AsyncIterator[Any]):
+        self._records = records
+        self._closed = False
+        self._pending: concurrent.futures.Future | None = _handles.submit(_next_or_end(records))
+
+    def _next_future(self) -> concurrent.futures.Future:
+        future, self._pending = self._pending, None
+        return future if future is not None else _handles.submit(_next_or_end(self._records))
+
+    def __aiter__(self) -> DeploymentResponseGenerator:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._closed:
+            raise StopAsyncIteration
+        future = self._next_future()
+        self._pending = future
+        try:
+            item = await asyncio.wrap_future(future)  # cancelling the reader cancels the read
+        except BaseException:
+            self._closed = True  # a failed or cancelled read ends the stream
+            raise
+        finally:
+            self._pending = None
+        if item is _END:
+            self._closed = True
+            raise StopAsyncIteration
+        return item
+
+    def __iter__(self) -> DeploymentResponseGenerator:
+        return self
+
+    def __next__(self) -> Any:
+        _not_in_a_loop("iterating a DeploymentResponseGenerator with `for`")
+        if self._closed:
+            raise StopIteration
+        item = self._next_future().result()
+        if item is _END:
+            self._closed = True
+            raise StopIteration
+        return item
+
+    async def aclose(self) -> None:
+        """Stop reading: the connection closes and the producer upstream is cancelled."""
+        if not self._closed:
+            self._closed = True
+            await asyncio.wrap_future(_handles.submit(_close(self._records, self._pending)))
+
+    def cancel(self) -> None:
+        if not self._closed:
+            self._closed = True
+            _handles.submit(_close(self._records, self._pending))
+
+    async def __aenter__(self) -> DeploymentResponseGenerator:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+async def _next_or_end(records: AsyncIterator[Any]) -> Any:
+    try:
+        return await records.__anext__()
+    except StopAsyncIteration:
+        return _END
+
+
+async def _close(records: AsyncIterator[Any], pending: concurrent.futures.Future | None) -> None:
+    if pending is not None and not pending.done():
+        pending.cancel()
+        await asyncio.gather(asyncio.wrap_future(pending), return_exceptions=True)
+    await records.aclose()
+
+
 @dataclass(frozen=True)
 class DeploymentHandle:
-    """A reference to a deployment; :meth:`options` returns a changed copy, :meth:`remote` calls it."""
+    """A reference to a deployment: :meth:`options` returns a changed copy, ``.remote()`` calls
+    ``__call__``, and ``handle.<method>.remote()`` calls a method by name."""
 
     deployment: str
     url: str
     multiplexed_model_id: str = ""
     stream: bool = False
+    method_name: str = "__call__"
     path: str = "/"
     timeout_s: float = 300.0
 
@@ -82,14 +243,21 @@ class DeploymentHandle:
         *,
         multiplexed_model_id: str | None = None,
         stream: bool | None = None,
+        method_name: str | None = None,
         path: str | None = None,
         timeout_s: float | None = None,
     ) -> DeploymentHandle:
+        if multiplexed_model_id:
+            try:
+                validate_model_id(multiplexed_model_id)
+            except InvalidModelId as error:
+                raise BadRequest(f"{self.deployment}: {error}") from None
         changes = {
             key: value
             for key, value in (
                 ("multiplexed_model_id", multiplexed_model_id),
                 ("stream", stream),
+                ("method_name", method_name),
                 ("path", path),
                 ("timeout_s", timeout_s),
             )
@@ -97,98 +265,88 @@ class DeploymentHandle:
         }
         return replace(self, **changes)
 
-    def remote(self, body: Any = None):
-        """Send ``body``; an awaitable result, or (``stream=True``) an async iterator of chunks."""
-        if self.stream:
-            return HandleStream(self, body)
-        return self._call(body)
+    def __getattr__(self, name: str) -> DeploymentHandle:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return replace(self, method_name=name)
 
-    def _request(self, body: Any) -> tuple[str, bytes, dict[str, str]]:
-        payload, content_type = encode_body({} if body is None else body)
-        headers = {"Content-Type": content_type}
+    def remote(self, *args: Any, **kwargs: Any) -> DeploymentResponse | DeploymentResponseGenerator:
+        """Call the deployment now: an awaitable response, or (``stream=True``) an async iterator."""
+        call = Call(self.method_name, args, kwargs, self.stream)
+        # Encoding here makes an argument that cannot travel fail in the caller, at once;
+        # a call that takes another call's response encodes once that has arrived.
+        waits = any(isinstance(value, _RESPONSES) for value in (*args, *kwargs.values()))
+        body = None if waits else encode_call(call)
+        if self.stream:
+            return DeploymentResponseGenerator(self._stream(call, body))
+        return DeploymentResponse(_handles.submit(self._call(call, body)))
+
+    # -- on the handle loop ----------------------------------------------------------------
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": CALL_CONTENT_TYPE, "Accept": f"{VALUE_CONTENT_TYPE}, {STREAM_CONTENT_TYPE}"}
         if self.multiplexed_model_id:
             headers[MODEL_ID_HEADER] = self.multiplexed_model_id
-        return self.url + self.path, payload, headers
+        return headers
 
-    async def _call(self, body: Any) -> Any:
-        url, payload, headers = self._request(body)
+    async def _call(self, call: Call, body: bytes | None) -> Any:
+        body = body if body is not None else encode_call(await _resolved(call))
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         try:
-            async with _session().post(url, data=payload, headers=headers, timeout=timeout) as response:
+            async with _handles.session().post(self.url + self.path, data=body, headers=self._headers(),
+                                               timeout=timeout) as response:
                 data = await response.read()
                 if response.status >= 400:
                     raise _error(self.deployment, response.status, data)
-                if response.content_type == "application/x-ndjson":
-                    raise BadRequest(f"{self.deployment} streams its answer: call it with .options(stream=True)")
+                if response.content_type == STREAM_CONTENT_TYPE:
+                    raise BadRequest(f"{self.deployment}.{call.method} streams its answer: "
+                                     "call it with .options(stream=True)")
                 return _decode(response.content_type, data)
         except TimeoutError:
             raise UpstreamTimeout(f"{self.deployment}: no answer within {self.timeout_s:g} s") from None
         except aiohttp.ClientError as error:
             raise ReplicaFailed(f"{self.deployment}: {error}") from None
 
-
-class HandleStream:
-    """The chunks of one streaming call, read from the socket only as they are consumed."""
-
-    def __init__(self, handle: DeploymentHandle, body: Any):
-        self._handle = handle
-        self._body = body
-        self._chunks: AsyncIterator[Any] | None = None
-        self._closed = False
-
-    def __aiter__(self) -> HandleStream:
-        return self
-
-    async def __anext__(self) -> Any:
-        if self._closed:
-            raise StopAsyncIteration
-        if self._chunks is None:
-            self._chunks = self._read()
-        return await self._chunks.__anext__()
-
-    async def aclose(self) -> None:
-        """Stop reading: the connection closes and the producer upstream is cancelled."""
-        self._closed = True
-        if self._chunks is not None:
-            await self._chunks.aclose()
-
-    async def __aenter__(self) -> HandleStream:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def _read(self) -> AsyncIterator[Any]:
-        handle = self._handle
-        url, payload, headers = handle._request(self._body)
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=handle.timeout_s)
+    async def _stream(self, call: Call, body: bytes | None) -> AsyncIterator[Any]:
+        body = body if body is not None else encode_call(await _resolved(call))
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=self.timeout_s)
         try:
-            async with _session().post(url, data=payload, headers=headers, timeout=timeout) as response:
+            async with _handles.session().post(self.url + self.path, data=body, headers=self._headers(),
+                                               timeout=timeout) as response:
                 if response.status >= 400:
-                    raise _error(handle.deployment, response.status, await response.read())
-                kind = response.content_type
-                if kind == "application/x-ndjson":
-                    async for record in _ndjson(response.content, handle.deployment):
-                        yield record
-                else:
-                    async for data in response.content.iter_any():
-                        yield data.decode() if kind.startswith("text/") else data
+                    raise _error(self.deployment, response.status, await response.read())
+                if response.content_type != STREAM_CONTENT_TYPE:
+                    raise BadRequest(f"{self.deployment}.{call.method} does not stream: "
+                                     "call it without .options(stream=True)")
+                async for line in _lines(response.content, self.deployment):
+                    item = _parse(line, self.deployment)
+                    if isinstance(item, RemoteStreamError):
+                        raise error_for_status(500, f"{self.deployment}: {item.message}", item.code, item.type)
+                    yield item
         except aiohttp.ClientPayloadError:
-            raise ReplicaFailed(f"{handle.deployment}: the stream broke off") from None
+            raise ReplicaFailed(f"{self.deployment}: the stream broke off") from None
         except TimeoutError:
-            raise UpstreamTimeout(f"{handle.deployment}: no chunk within {handle.timeout_s:g} s") from None
+            raise UpstreamTimeout(f"{self.deployment}: no item within {self.timeout_s:g} s") from None
         except aiohttp.ClientError as error:
-            raise ReplicaFailed(f"{handle.deployment}: {error}") from None
+            raise ReplicaFailed(f"{self.deployment}: {error}") from None
 
 
-#: The longest record (an NDJSON line) a stream may send; one is held at a time.
-MAX_RECORD_BYTES = 64 * 1024 * 1024
+_RESPONSES = (DeploymentResponse,)
 
-_NOTHING = object()
+
+async def _resolved(call: Call) -> Call:
+    """``call`` with each response among its arguments replaced by its value."""
+
+    async def value(argument: Any) -> Any:
+        return await argument if isinstance(argument, DeploymentResponse) else argument
+
+    args = [await value(arg) for arg in call.args]
+    kwargs = {key: await value(arg) for key, arg in call.kwargs.items()}
+    return replace(call, args=tuple(args), kwargs=kwargs)
 
 
 async def _lines(content: aiohttp.StreamReader, deployment: str) -> AsyncIterator[bytes]:
-    """The lines of a body as they arrive, each up to :data:`MAX_RECORD_BYTES`.
+    """The non-empty lines of a body as they arrive, each up to :data:`MAX_RECORD_BYTES`.
 
     Not ``StreamReader.readline``: it refuses lines longer than aiohttp's read buffer's
     high-water mark (512 KiB; 128 KiB in older aiohttp), which one chunk of frames passes.
@@ -200,60 +358,26 @@ async def _lines(content: aiohttp.StreamReader, deployment: str) -> AsyncIterato
         buffer += data
         start = 0
         while (newline := buffer.find(b"\n", max(start, searched))) != -1:
-            yield bytes(buffer[start:newline + 1])
+            if newline > start:
+                yield bytes(buffer[start:newline])
             start = newline + 1
         del buffer[:start]
         if len(buffer) > MAX_RECORD_BYTES:
             raise ReplicaFailed(f"{deployment}: a streamed record passed {MAX_RECORD_BYTES} bytes")
-    if buffer:
+    if buffer.strip():
         yield bytes(buffer)
-
-
-def _is_error_record(record: Any) -> bool:
-    return isinstance(record, dict) and record.keys() == {"error"} and isinstance(record["error"], dict)
-
-
-def _stream_error(deployment: str, record: dict) -> ModelplexError:
-    error = record["error"]
-    return error_for_status(500, f"{deployment}: {error.get('message')}", error.get("code"))
 
 
 def _parse(line: bytes, deployment: str) -> Any:
     try:
-        return from_json(line)
+        return from_plain(orjson.loads(line))
     except ValueError:
-        raise ReplicaFailed(f"{deployment}: a streamed record is not JSON: {line[:80]!r}") from None
-
-
-async def _ndjson(content: aiohttp.StreamReader, deployment: str) -> AsyncIterator[Any]:
-    """The records of an NDJSON stream; a producer's failure is raised, never yielded.
-
-    A stream that fails part way ends with an error record and a cut connection. A record of
-    that shape is therefore held back until the stream goes on (then it was data after all),
-    ends cleanly (data too), or is cut (the producer's error: raised with its message).
-    """
-    held: Any = _NOTHING
-    try:
-        async for line in _lines(content, deployment):
-            if not line.strip():
-                continue
-            record = _parse(line, deployment)
-            if held is not _NOTHING:
-                yield held
-                held = _NOTHING
-            if _is_error_record(record):
-                held = record
-            else:
-                yield record
-    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError):
-        if held is not _NOTHING:
-            raise _stream_error(deployment, held) from None
-        raise
-    if held is not _NOTHING:
-        yield held
+        raise ReplicaFailed(f"{deployment}: a streamed record is not valid: {line[:80]!r}") from None
 
 
 def _decode(content_type: str, data: bytes) -> Any:
+    if content_type == VALUE_CONTENT_TYPE:
+        return decode_value(data)
     if is_json(content_type):
         return from_json(data)
     if content_type.startswith("text/"):
@@ -264,10 +388,10 @@ def _decode(content_type: str, data: bytes) -> Any:
 def _error(deployment: str, status: int, data: bytes) -> ModelplexError:
     try:
         error = from_json(data)["error"]
-        message, code = error["message"], error.get("code")
+        message, code, error_type = error["message"], error.get("code"), error.get("type")
     except (ValueError, KeyError, TypeError):
-        message, code = data[:200].decode(errors="replace") or f"HTTP {status}", None
-    return error_for_status(status, f"{deployment}: {message}", code)
+        message, code, error_type = data[:200].decode(errors="replace") or f"HTTP {status}", None, None
+    return error_for_status(status, f"{deployment}: {message}", code, error_type)
 
 
 def handle(deployment: str, *, url: str | None = None) -> DeploymentHandle:

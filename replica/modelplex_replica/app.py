@@ -9,7 +9,6 @@ a handler that computes for a while never makes the replica look dead.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import time
 from contextlib import nullcontext
@@ -20,22 +19,38 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from modelplex.cache import ModelCache
+from modelplex.calls import Invocation, check_handler, invocation
 from modelplex.context import set_multiplexed_model_id
 from modelplex.errors import BadRequest, HandlerError, ModelplexError, NotFound, NotReady, Overloaded
 from modelplex.handles import close_handles
-from modelplex.http import encode_body, error_middleware, from_json, is_json, to_json
+from modelplex.http import error_middleware, from_json, is_json, to_json
 from modelplex.ids import InvalidModelId, validate_model_id
+from modelplex.loaded import LoadedModels, LoadedSummary
 from modelplex.multiplex import find_cache
 from modelplex.names import LOADED_MODELS_HEADER, MODEL_ID_HEADER
 from modelplex.runtime import runtime
-from modelplex.spec import Deployment
+from modelplex.spec import Deployment, SpecError
 from modelplex_replica.metrics import ReplicaMetrics
 from modelplex_replica.reporter import AnnotationReporter, Patch
 from modelplex_replica.usercode import UserCodeLoop
 
 log = logging.getLogger("modelplex.replica")
 
-_NO_MODELS = {"models": [], "capacity": 0, "version": 0, "loading": []}
+
+
+@dataclass(frozen=True)
+class Published:
+    """The cache's state as the server loop serves it, encoded once per change."""
+
+    document: LoadedModels
+    body: bytes  # GET /v1/models
+    summary: LoadedSummary
+    header: str  # the summary as the X-Modelplex-Loaded-Models header and the pod annotation
+
+    @classmethod
+    def of(cls, document: LoadedModels) -> Published:
+        summary = document.summary()
+        return cls(document, to_json(document.to_dict()), summary, summary.to_json())
 
 
 @dataclass
@@ -50,32 +65,27 @@ class ReplicaState:
     handler: Any
     cache: ModelCache | None
     metrics: ReplicaMetrics
-    mode: str  # "stream" (async generator), "async" or "sync"
     user: UserCodeLoop = field(default_factory=UserCodeLoop)
     inflight: int = 0
     ready: bool = False
     reporter: AnnotationReporter | None = None
     prewarm_errors: dict[str, str] = field(default_factory=dict)
     server_loop: asyncio.AbstractEventLoop | None = None
-    #: The loaded-models document (the pod annotation, ``GET /v1/models``) and its JSON, replaced
-    #: whole by the user loop on every cache change, so the server loop reads it without a lock.
-    published: tuple[dict[str, Any], str] = (_NO_MODELS, to_json(_NO_MODELS).decode())
-
-    def models_document(self) -> dict[str, Any]:
-        """The loaded-models document: the pod annotation and ``GET /v1/models``."""
-        return self.published[0]
+    #: What the cache holds, replaced whole by the user loop on every cache change, so the
+    #: server loop reads it without a lock.
+    published: Published = Published.of(LoadedModels())
 
     def models_header(self) -> str:
-        """The document as a header value."""
-        return self.published[1]
+        """The fixed-size summary, for every answer's header."""
+        return self.published.header
 
     def publish(self) -> None:
         """Snapshot the cache (on the user loop, where it changes) for the server loop to read."""
         cache = self.cache
         if cache is not None:
-            document = {"models": cache.loaded, "capacity": cache.capacity, "version": cache.version,
-                        "loading": cache.loading}
-            self.published = (document, to_json(document).decode())
+            self.published = Published.of(LoadedModels(
+                version=cache.version, capacity=cache.capacity, models=tuple(cache.loaded),
+                loading=tuple(cache.loading)))
 
 
 STATE = web.AppKey("state", ReplicaState)
@@ -83,23 +93,19 @@ STATE = web.AppKey("state", ReplicaState)
 STREAM_FAILED = "modelplex_stream_failed"
 
 
-def _call_mode(handler: Any) -> str:
-    target = handler if inspect.isroutine(handler) else getattr(type(handler), "__call__", None)
-    if inspect.isasyncgenfunction(target):
-        return "stream"
-    return "async" if inspect.iscoroutinefunction(target) else "sync"
-
-
 def create_app(deployment: Deployment, handler: Any, *, patch_pod: Patch | None = None) -> web.Application:
     """The replica app for ``handler``; ``patch_pod`` publishes the loaded-models annotation."""
     spec = deployment.spec
+    try:
+        check_handler(handler)  # one that nothing can call must not start as ready
+    except TypeError as error:
+        raise SpecError([f"spec.handler: {error}"]) from None
     metrics = ReplicaMetrics(deployment.name, per_model=spec.metrics.model_label)
     state = ReplicaState(
         deployment=deployment,
         handler=handler,
         cache=find_cache(handler),
         metrics=metrics,
-        mode=_call_mode(handler),
     )
     app = web.Application(middlewares=[error_middleware], client_max_size=spec.max_request_bytes)
     app[STATE] = state
@@ -124,7 +130,7 @@ def _lifecycle(patch_pod: Patch | None):
         runtime.cache_observers.append(lambda *_: _cache_changed(state))
         state.publish()
         if patch_pod is not None and state.cache is not None:
-            state.reporter = AnnotationReporter(state.models_document, patch_pod)
+            state.reporter = AnnotationReporter(lambda: state.published.summary, patch_pod)
             await state.reporter.start()
         prewarm = asyncio.create_task(_prewarm(state), name="prewarm")
         yield
@@ -145,7 +151,7 @@ def _lifecycle(patch_pod: Patch | None):
 def _cache_changed(state: ReplicaState) -> None:
     """On the user loop, after a load starts, ends or fails, or a model is evicted."""
     state.publish()
-    state.metrics.models_loaded.labels(state.deployment.name).set(len(state.models_document()["models"]))
+    state.metrics.models_loaded.labels(state.deployment.name).set(len(state.published.document.models))
     if state.reporter is not None and state.server_loop is not None:
         state.server_loop.call_soon_threadsafe(state.reporter.changed)
 
@@ -176,14 +182,15 @@ def _model_id(raw: str) -> str:
         raise BadRequest(str(error)) from None
 
 
-async def _read_body(request: web.Request) -> Any:
+async def _read_call(request: web.Request, handler: Any) -> Invocation:
+    """What the request asks for: a handle's call envelope, or ``__call__`` with the body."""
     data = await request.read()  # over client_max_size: HTTPRequestEntityTooLarge → 413
     if is_json(request.content_type):
         try:
-            return from_json(data)
+            data = from_json(data)
         except ValueError as error:
             raise BadRequest(f"body is not valid JSON: {error}") from None
-    return data
+    return invocation(handler, request.content_type, data)
 
 
 async def invoke(request: web.Request) -> web.StreamResponse:
@@ -200,11 +207,11 @@ async def invoke(request: web.Request) -> web.StreamResponse:
     state.metrics.inflight.labels(state.deployment.name).inc()
     status = 500
     try:
-        body = await _read_body(request)
-        if state.mode == "stream":
-            response = await _stream(request, state, body, model_id)
+        call = await _read_call(request, state.handler)
+        if call.streams:
+            response = await _stream(request, state, call, model_id)
         else:
-            payload, content_type = await _unary(state, body, model_id)
+            payload, content_type = await _unary(state, call, model_id)
             response = web.Response(body=payload, content_type=content_type.split(";")[0],
                                     charset=_charset(content_type))
             response.headers[LOADED_MODELS_HEADER] = state.models_header()
@@ -230,21 +237,21 @@ def _pinned(state: ReplicaState, model_id: str):
 def _handler_error(error: Exception) -> ModelplexError:
     if isinstance(error, ModelplexError):
         return error
-    return HandlerError(f"handler raised {type(error).__name__}: {error}")
+    return HandlerError.of(error)  # the user's exception type travels to a handle
 
 
-async def _unary(state: ReplicaState, body: Any, model_id: str) -> tuple[bytes, str]:
+async def _unary(state: ReplicaState, call: Invocation, model_id: str) -> tuple[bytes, str]:
     """The handler's answer, encoded; the call and the encoding run off the server loop."""
-    if state.mode == "sync":  # a blocking handler: a worker thread, not the user loop
-        return await asyncio.to_thread(_call_sync, state, body, model_id)
-    return await state.user.run(_call_async(state, body, model_id))
+    if call.mode == "sync":  # a blocking handler: a worker thread, not the user loop
+        return await asyncio.to_thread(_call_sync, state, call, model_id)
+    return await state.user.run(_call_async(state, call, model_id))
 
 
-async def _call_async(state: ReplicaState, body: Any, model_id: str) -> tuple[bytes, str]:
+async def _call_async(state: ReplicaState, call: Invocation, model_id: str) -> tuple[bytes, str]:
     set_multiplexed_model_id(model_id)  # this task's own context
     try:
         with _pinned(state, model_id):
-            return encode_body(await state.handler(body))
+            return call.encode(await call.run())
     except asyncio.CancelledError:
         raise
     except Exception as error:  # noqa: BLE001 - the user's code: report, never a traceback
@@ -253,30 +260,30 @@ async def _call_async(state: ReplicaState, body: Any, model_id: str) -> tuple[by
         raise _handler_error(error) from None
 
 
-def _call_sync(state: ReplicaState, body: Any, model_id: str) -> tuple[bytes, str]:
+def _call_sync(state: ReplicaState, call: Invocation, model_id: str) -> tuple[bytes, str]:
     set_multiplexed_model_id(model_id)  # to_thread runs this in a copy of the caller's context
     try:
-        return encode_body(state.handler(body))
+        return call.encode(call.run())
     except Exception as error:  # noqa: BLE001
         if not isinstance(error, ModelplexError):
             log.exception("handler failed")
         raise _handler_error(error) from None
 
 
-async def _generate(state: ReplicaState, body: Any, model_id: str) -> AsyncIterator[Any]:
-    """The handler's stream, as the user loop iterates it."""
+async def _generate(state: ReplicaState, call: Invocation, model_id: str) -> AsyncIterator[Any]:
+    """The handler's stream, as the user loop iterates it (a sync generator's items come from a thread)."""
     set_multiplexed_model_id(model_id)
     with _pinned(state, model_id):
-        async for chunk in state.handler(body):
+        async for chunk in call.items():
             yield chunk
 
 
-async def _stream(request: web.Request, state: ReplicaState, body: Any, model_id: str) -> web.StreamResponse:
+async def _stream(request: web.Request, state: ReplicaState, call: Invocation, model_id: str) -> web.StreamResponse:
     """Send each chunk as it is produced. Errors before the first chunk get a JSON error;
     after it, the stream ends with an error record and the connection is cut, so a client
     never mistakes a broken stream for a finished one."""
     sse = "text/event-stream" in request.headers.get("Accept", "")
-    chunks = state.user.stream(lambda: _generate(state, body, model_id))
+    chunks = state.user.stream(lambda: _generate(state, call, model_id))
     try:
         try:
             first = await chunks.__anext__()
@@ -287,22 +294,22 @@ async def _stream(request: web.Request, state: ReplicaState, body: Any, model_id
                 log.error("streaming handler failed before its first chunk: %r", error)
             raise _handler_error(error) from None
         response = web.StreamResponse(headers={
-            "Content-Type": _stream_content_type(first, sse), LOADED_MODELS_HEADER: state.models_header()})
+            "Content-Type": call.stream_content_type(first, sse), LOADED_MODELS_HEADER: state.models_header()})
         response.enable_chunked_encoding()
         await response.prepare(request)
         if first is None:
             await response.write_eof()
             return response
         try:
-            await response.write(_frame(first, sse))
+            await response.write(call.frame(first, sse))
             async for chunk in chunks:
-                await response.write(_frame(chunk, sse))
+                await response.write(call.frame(chunk, sse))
         except (ConnectionResetError, asyncio.CancelledError):
             raise  # the client went away: the finally below stops the producer
         except Exception as error:  # noqa: BLE001
             log.error("streaming handler failed mid-stream: %r", error)
             try:
-                await response.write(_error_frame(_handler_error(error), sse))
+                await response.write(call.error_frame(_handler_error(error), sse))
             except ConnectionResetError:
                 pass
             # Close before aiohttp could end the chunked body: the client sees a cut, not an end.
@@ -320,33 +327,8 @@ def _charset(content_type: str) -> str | None:
     return "utf-8" if "charset" in content_type else None
 
 
-def _stream_content_type(first: Any, sse: bool) -> str:
-    if sse:
-        return "text/event-stream"
-    if isinstance(first, (bytes, bytearray, memoryview)):
-        return "application/octet-stream"
-    if isinstance(first, str):
-        return "text/plain; charset=utf-8"
-    return "application/x-ndjson"
-
-
-def _frame(chunk: Any, sse: bool) -> bytes:
-    if isinstance(chunk, (bytes, bytearray, memoryview)):
-        data = bytes(chunk)
-    elif isinstance(chunk, str):
-        data = chunk.encode()
-    else:
-        data = to_json(chunk) if sse else to_json(chunk) + b"\n"  # NDJSON: one record a line
-    return b"data: " + data + b"\n\n" if sse else data
-
-
-def _error_frame(error: ModelplexError, sse: bool) -> bytes:
-    record = to_json(error.to_dict())
-    return b"event: error\ndata: " + record + b"\n\n" if sse else record + b"\n"
-
-
 async def list_models(request: web.Request) -> web.Response:
-    return web.json_response(request.app[STATE].models_document())
+    return web.Response(body=request.app[STATE].published.body, content_type="application/json")
 
 
 def _require_cache(state: ReplicaState) -> ModelCache:

@@ -32,10 +32,10 @@ async def test_upstream_passes_its_own_requests_model_id_on(composition, session
 
 
 async def test_a_downstream_error_reaches_the_client_with_its_reason(composition, session):
-    # An invalid model id is refused by Downstream's router (400); Upstream's handle raises
+    # An invalid model id (a control character) is refused by the handle (400); Upstream raises
     # it, and the client sees the reason, not a bare 500.
     url = composition.url("upstream")
-    async with session.post(url + "/", json={"model": "no spaces allowed"}) as response:
+    async with session.post(url + "/", json={"model": "bad\tid"}) as response:
         assert response.status == 400, await response.text()
         error = (await response.json())["error"]
     assert error["code"] == "bad_request"

@@ -104,8 +104,9 @@ async def test_bad_requests_get_the_right_status_and_a_json_error(processes, man
         await wait_ready(session, replica)
         cases = [
             ("malformed JSON", {"data": b"{not json", "headers": {"Content-Type": "application/json", MODEL_ID_HEADER: "m"}}, 400, "bad_request"),
-            ("traversal id", {"json": {}, "headers": {MODEL_ID_HEADER: "../../etc/passwd"}}, 400, "bad_request"),
-            ("encoded traversal id", {"json": {}, "headers": {MODEL_ID_HEADER: "%2e%2e%2fsecret"}}, 400, "bad_request"),
+            # Any printable id is a name, as in Ray ("../x" too: sources escape it); only the
+            # unusable are refused.
+            ("overlong id", {"json": {}, "headers": {MODEL_ID_HEADER: "x" * 201}}, 400, "bad_request"),
             ("oversize body", {"data": b"x" * 10_000, "headers": {MODEL_ID_HEADER: "m"}}, 413, "payload_too_large"),
             ("failing load", {"json": {}, "headers": {MODEL_ID_HEADER: "broken-1"}}, 500, "model_load_failed"),
         ]
@@ -118,8 +119,8 @@ async def test_bad_requests_get_the_right_status_and_a_json_error(processes, man
         async with session.get(replica.url + "/v1/nowhere") as response:
             assert response.status == 404
             assert (await response.json())["error"]["code"] == "not_found"
-        async with session.post(replica.url + "/v1/models/..%2F..%2Fx/load") as response:
-            assert response.status in (400, 404)
+        async with session.post(replica.url + "/v1/models/bad%0Aid/load") as response:
+            assert response.status == 400
             assert "error" in await response.json()
 
 
