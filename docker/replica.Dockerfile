@@ -1,32 +1,37 @@
-# syntax=docker/dockerfile:1
 # The Modelplex replica runtime: `modelplex replica` with torch (the `replica` extra).
-# Build from the repository root:
+# hack/images/build.sh builds it, also where no registry can be reached; by hand, from the
+# repository root:
 #   docker build -f docker/replica.Dockerfile -t modelplex/replica:0.1.0 .
 # It serves the built-in TorchScript handler as it is. For your own handler, build on it:
 #   FROM modelplex/replica:0.1.0
 #   COPY recs/ /app/recs/          # then `handler: "recs.models:Recommender"` in the spec
-# CPU-only torch (much smaller): --build-arg PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
-# Pin the base by digest in CI (python:3.11-slim@sha256:...) for reproducible images.
-ARG PYTHON_IMAGE=python:3.11-slim
+# BASE_IMAGE: any image with Python 3.11 and its venv module (pin it by digest for reproducible
+# images). pip trusts the certificates in docker/ca/ too (a network that intercepts TLS); the final
+# stage copies only the finished virtual environment, so they never reach the image.
+# TORCH_VARIANT: `cuda` (default: PyPI's torch, for GPU pods) or `cpu`: with
+# TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu a CPU-only torch (far smaller); with PyPI
+# alone, PyPI's torch less the packages that only a GPU loads (docker/install_deps.py).
+ARG BASE_IMAGE=python:3.11-slim
 
-FROM ${PYTHON_IMAGE} AS build
-ARG PIP_EXTRA_INDEX_URL=""
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+FROM ${BASE_IMAGE} AS build
+ARG TORCH_VARIANT=cuda
+ARG TORCH_INDEX_URL=""
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY docker/install_deps.py pyproject.toml ./
+COPY docker/ca/ ./ca/
+RUN python3 install_deps.py --venv /opt/modelplex --extra replica
+COPY README.md ./
 COPY modelplex ./modelplex
 COPY replica ./replica
 COPY router ./router
 COPY operator ./operator
-RUN pip wheel ${PIP_EXTRA_INDEX_URL:+--extra-index-url "$PIP_EXTRA_INDEX_URL"} --wheel-dir /wheels ".[replica]"
+RUN python3 install_deps.py --venv /opt/modelplex --project .
 
-FROM ${PYTHON_IMAGE}
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PYTHONPATH=/app
+FROM ${BASE_IMAGE}
+ENV PATH=/opt/modelplex/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PYTHONPATH=/app
 RUN groupadd --gid 10001 modelplex \
  && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin modelplex
-RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-index --find-links /wheels "modelplex[replica]"
+COPY --from=build /opt/modelplex /opt/modelplex
 # Handler code goes here (it is on PYTHONPATH).
 WORKDIR /app
 USER 10001:10001

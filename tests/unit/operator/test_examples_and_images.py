@@ -1,19 +1,20 @@
 """The example manifests parse, and the Dockerfiles are consistent with what the pods run.
 
-There is no Docker engine here: the images are checked for what can be checked without one
-(base image, non-root user, the command the operator's pods use, the right extras, sources
-that exist and that the Dockerfile's ignore file lets through).
+The images themselves are built and run in tests/integration/images; this checks what can be
+checked without an engine: builds that need no registry (no `# syntax` line, no BuildKit-only
+instruction, the base image a build argument), a numeric non-root user, the command the operator's
+pods use, torch only in the replica, and sources that exist and that the ignore file lets through.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import re
 from pathlib import Path
 
 import pytest
 
 from modelplex.spec import load_manifests
+from modelplex_cluster.images import is_ignored, parse_dockerignore
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = sorted((ROOT / "examples" / "operator").glob("*.yaml"))
@@ -41,42 +42,58 @@ def _instructions(path: Path) -> list[tuple[str, str]]:
     return out
 
 
-def _ignored(path: str, patterns: list[str]) -> bool:
-    ignored = False
-    for pattern in patterns:
-        negate = pattern.startswith("!")
-        pat = pattern[1:] if negate else pattern
-        if fnmatch.fnmatch(path, pat.rstrip("/")) or fnmatch.fnmatch(path, pat.rstrip("/") + "/*"):
-            ignored = not negate
-    return ignored
-
-
 @pytest.mark.parametrize("name", sorted(DOCKERFILES))
 def test_dockerfiles(name):
     path = DOCKERFILES[name]
+    text = path.read_text()
+    # `# syntax=` makes BuildKit fetch a frontend image from a registry; RUN --mount needs BuildKit.
+    assert not re.search(r"^#\s*syntax\s*=", text, re.M | re.I)
     steps = _instructions(path)
+    assert not [rest for op, rest in steps if op == "RUN" and rest.startswith("--mount")]
     args = {rest.split("=", 1)[0]: rest.split("=", 1)[1] for op, rest in steps if op == "ARG" and "=" in rest}
-    assert args["PYTHON_IMAGE"] == "python:3.11-slim"
+    assert args["BASE_IMAGE"] == "python:3.11-slim"
     froms = [rest for op, rest in steps if op == "FROM"]
-    assert froms and all(f.startswith("${PYTHON_IMAGE}") for f in froms)
-    # The final stage runs as a numeric non-root user (runAsNonRoot can check a numeric one).
+    assert len(froms) == 2 and all(f.startswith("${BASE_IMAGE}") for f in froms)
+    # The final stage runs as a numeric non-root user (runAsNonRoot can check a numeric one) and
+    # takes only the finished virtual environment from the build stage.
     final = steps[max(i for i, (op, _) in enumerate(steps) if op == "FROM"):]
     users = [rest for op, rest in final if op == "USER"]
     assert users and users[-1].split(":")[0].isdigit() and users[-1].split(":")[0] != "0"
+    # pip in the build stage trusts docker/ca/; the final stage copies nothing but the venv.
+    assert ("COPY", "docker/ca/ ./ca/") in steps[:len(steps) - len(final)]
+    assert [rest for op, rest in final if op == "COPY"] == ["--from=build /opt/modelplex /opt/modelplex"]
+    assert any(op == "ENV" and "PATH=/opt/modelplex/bin:$PATH" in rest for op, rest in final)
     cmd = [rest for op, rest in final if op == "CMD"][-1]
     assert cmd == f'["modelplex", "{name}"]'
-    installs = " ".join(rest for op, rest in steps if op == "RUN" and "pip" in rest)
+    installs = [rest for op, rest in steps if op == "RUN" and "install_deps.py" in rest]
+    assert installs[-1].endswith("--project .")
     if name == "replica":
-        assert '".[replica]"' in installs and '"modelplex[replica]"' in installs
+        assert "--extra replica" in installs[0] and {"TORCH_VARIANT", "TORCH_INDEX_URL"} <= set(args)
     else:
-        assert "[replica]" not in installs  # no torch outside the replica
+        assert "--extra" not in " ".join(installs)  # no torch outside the replica
     # Every COPY source exists and gets through the Dockerfile's .dockerignore.
-    ignore = [line.strip() for line in (path.parent / f"{path.name}.dockerignore").read_text().splitlines()
-              if line.strip() and not line.startswith("#")]
+    rules = parse_dockerignore((path.parent / f"{path.name}.dockerignore").read_text())
     for op, rest in steps:
         if op == "COPY" and not rest.startswith("--from"):
             *sources, _ = rest.split()
             for source in sources:
                 assert (ROOT / source).exists(), f"{path.name}: COPY {source}: no such file"
-                assert not _ignored(source.rstrip("/"), ignore), f"{path.name}: {source} is in its .dockerignore"
-    assert _ignored(".venv", ignore) and _ignored("tests", ignore)
+                assert not is_ignored(source.rstrip("/"), rules), f"{path.name}: {source} is in its .dockerignore"
+    for left_out in (".venv", "tests", ".git", "cluster", "modelplex/__pycache__"):
+        assert is_ignored(left_out, rules)
+
+
+def test_the_images_version_tags_are_the_charts_defaults():
+    """hack/images/build.sh tags each image `modelplex/<component>:<project version>`: the chart's
+    default image tag is its appVersion, and the examples name the replica image so."""
+    import tomllib
+
+    import yaml
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    chart = yaml.safe_load((ROOT / "charts/modelplex/Chart.yaml").read_text())
+    values = yaml.safe_load((ROOT / "charts/modelplex/values.yaml").read_text())
+    assert chart["appVersion"] == version
+    assert values["image"]["repository"] == "modelplex/operator" and values["image"]["tag"] in ("", version)
+    assert values["routerImage"]["repository"] == "modelplex/router" and values["routerImage"]["tag"] in ("", version)
+    assert yaml.safe_load((ROOT / "examples/operator/zoo.yaml").read_text())["spec"]["image"] == f"modelplex/replica:{version}"

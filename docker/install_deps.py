@@ -1,0 +1,111 @@
+"""Build-stage installer for the images in docker/: a virtual environment with Modelplex in it.
+
+    python3 install_deps.py --venv /opt/modelplex [--extra replica]   # dependencies (a cached layer)
+    python3 install_deps.py --venv /opt/modelplex --project /src      # the project, without deps
+
+The dependencies come from pyproject.toml, so the images never drift from it, and they go in
+before the sources are copied: a source change does not download torch again.
+
+pip trusts the PEM certificates in --ca-dir (docker/ca/) besides the base image's bundle, for a
+network or proxy that intercepts TLS; used in the build stage only, the final image never sees them.
+
+Build arguments it reads from the environment:
+- TORCH_VARIANT: `cuda` (PyPI's torch with its NVIDIA wheels, for GPU pods) or `cpu`.
+- TORCH_INDEX_URL: where `cpu` gets torch from, e.g. https://download.pytorch.org/whl/cpu (a
+  CPU-only build, about 1/10 the size). Empty: PyPI's torch without the packages that only a GPU
+  ever loads (see GPU_ONLY): with PyPI alone that is all that can be trimmed, since libtorch itself
+  links the CUDA, cuBLAS, cuDNN and NCCL libraries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import tomllib
+from pathlib import Path
+
+SYSTEM_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+
+# Installed with PyPI's torch but never loaded on a machine without a GPU: triton (GPU kernels for
+# torch.compile), cuSOLVER (loaded lazily by torch.linalg on CUDA tensors), NVTX and cuda-bindings.
+GPU_ONLY = ("triton", "nvidia-cusolver", "nvidia-nvtx", "cuda-bindings", "cuda-pathfinder")
+
+
+def requirements(pyproject: dict, extras: list[str]) -> list[str]:
+    """The project's dependencies plus those of the named extras, in the order pyproject gives."""
+    project = pyproject["project"]
+    optional = project.get("optional-dependencies", {})
+    unknown = [e for e in extras if e not in optional]
+    if unknown:
+        raise SystemExit(f"install_deps: no extra {unknown[0]!r} in pyproject.toml (has {sorted(optional)})")
+    return list(project.get("dependencies", [])) + [r for e in extras for r in optional[e]]
+
+
+def is_torch(requirement: str) -> bool:
+    name = requirement.split(";")[0].strip()
+    for sep in "<>=!~[ ":
+        name = name.split(sep)[0]
+    return name.lower() == "torch"
+
+
+def ca_bundle(ca_dir: Path, directory: Path, system: Path = SYSTEM_CA_BUNDLE) -> Path | None:
+    """A bundle of the system's certificates and those in ``ca_dir``, or None without any there."""
+    extra = [p.read_text().strip() for p in sorted(ca_dir.glob("*")) if p.suffix in (".pem", ".crt")]
+    extra = [pem for pem in extra if pem]
+    if not extra:
+        return None
+    bundle = directory / "ca-bundle.pem"
+    base = [system.read_text().strip()] if system.exists() else []
+    bundle.write_text("\n".join(base + extra) + "\n")
+    return bundle
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--venv", type=Path, required=True)
+    parser.add_argument("--extra", action="append", default=[])
+    parser.add_argument("--project", type=Path, help="install this source tree (its dependencies must be in)")
+    parser.add_argument("--pyproject", type=Path, default=Path("pyproject.toml"))
+    parser.add_argument("--ca-dir", type=Path, default=Path("ca"), help="extra PEM certificates for pip")
+    args = parser.parse_args(argv)
+
+    variant = os.environ.get("TORCH_VARIANT", "cuda")
+    if variant not in ("cuda", "cpu"):
+        raise SystemExit(f"install_deps: TORCH_VARIANT must be cuda or cpu (got {variant!r})")
+    index_url = os.environ.get("TORCH_INDEX_URL", "")
+
+    python = args.venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(args.venv)], check=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, PIP_NO_CACHE_DIR="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+        bundle = ca_bundle(args.ca_dir, Path(tmp))
+        if bundle:
+            env["PIP_CERT"] = str(bundle)
+
+        def pip(*pip_args: str) -> None:
+            print("+ pip", " ".join(pip_args), flush=True)
+            subprocess.run([str(python), "-m", "pip", *pip_args], check=True, env=env)
+
+        if args.project:
+            pip("install", "--no-deps", str(args.project))
+            return
+        wanted = requirements(tomllib.loads(args.pyproject.read_text()), args.extra)
+        torch = [r for r in wanted if is_torch(r)]
+        if torch and variant == "cpu" and index_url:
+            pip("install", "--index-url", index_url, *torch)
+        pip("install", *wanted)
+        if torch and variant == "cpu":
+            pip("uninstall", "--yes", *GPU_ONLY)
+        if torch:
+            # Fail the build, not the first pod, if the trimmed torch cannot run a TorchScript model.
+            subprocess.run([str(python), "-c", "import torch; m = torch.jit.script(torch.nn.Linear(2, 1)); "
+                            "print('torch', torch.__version__, 'ok:', tuple(m(torch.ones(1, 2)).shape))"],
+                           check=True, env=env)
+
+
+if __name__ == "__main__":
+    main()

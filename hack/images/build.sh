@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Builds the operator, router and replica images from docker/ on this machine, with no container
+# registry: starts a Docker engine of its own when none runs (and stops it), makes a Debian base
+# image when python:3.11-slim cannot be pulled, and rebuilds only images whose inputs changed.
+# The logic (and every option) is in cluster/modelplex_cluster/images.py; `--help` lists them.
+#   hack/images/build.sh --json     # {"operator": "modelplex/operator:0.1.0-<hash>", ...}
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+PYTHONPATH="$root/cluster${PYTHONPATH:+:$PYTHONPATH}" exec python3 -m modelplex_cluster.images "$@"

@@ -1,0 +1,62 @@
+"""The images' build-stage installer (docker/install_deps.py): what it installs, which CA it trusts."""
+
+from __future__ import annotations
+
+import importlib.util
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+_spec = importlib.util.spec_from_file_location("install_deps", ROOT / "docker" / "install_deps.py")
+install_deps = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(install_deps)
+
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_requirements_are_the_projects_dependencies_plus_the_named_extras():
+    base = install_deps.requirements(PYPROJECT, [])
+    replica = install_deps.requirements(PYPROJECT, ["replica"])
+    assert base == PYPROJECT["project"]["dependencies"]
+    assert replica == base + PYPROJECT["project"]["optional-dependencies"]["replica"]
+    assert not any(install_deps.is_torch(r) for r in base)
+    assert [r for r in replica if install_deps.is_torch(r)] == ["torch>=2.2"]
+
+
+def test_an_unknown_extra_is_an_error_that_names_it():
+    with pytest.raises(SystemExit, match="'gpu'"):
+        install_deps.requirements(PYPROJECT, ["gpu"])
+
+
+@pytest.mark.parametrize(("requirement", "torch"), [
+    ("torch", True), ("torch>=2.2", True), ("Torch[opt-einsum]==2.5; python_version>'3'", True),
+    ("torch ~= 2.4", True), ("torchvision>=0.1", False), ("pytorch-lightning", False),
+])
+def test_is_torch(requirement, torch):
+    assert install_deps.is_torch(requirement) is torch
+
+
+def test_the_ca_bundle_adds_the_extra_certificates_to_the_systems(tmp_path):
+    system = tmp_path / "system.crt"
+    system.write_text("SYSTEM\n")
+    ca_dir = tmp_path / "ca"
+    ca_dir.mkdir()
+    (ca_dir / "README.md").write_text("not a certificate")
+    assert install_deps.ca_bundle(ca_dir, tmp_path, system) is None
+
+    (ca_dir / "proxy.pem").write_text("PROXY\n")
+    (ca_dir / "corp.crt").write_text("CORP\n")
+    bundle = install_deps.ca_bundle(ca_dir, tmp_path, system)
+    assert bundle.read_text() == "SYSTEM\nCORP\nPROXY\n"
+    assert install_deps.ca_bundle(ca_dir, tmp_path, tmp_path / "absent.crt").read_text() == "CORP\nPROXY\n"
+
+
+def test_the_cpu_variant_drops_only_what_a_gpu_loads():
+    # libtorch links cuBLAS, cuDNN, cuFFT, cuSPARSE(Lt), NCCL, NVSHMEM, NVRTC, cuFile and CUPTI:
+    # those must stay, or `import torch` fails.
+    kept = ("nvidia-cublas", "nvidia-cudnn-cu13", "nvidia-cufft", "nvidia-cusparse", "nvidia-nccl-cu13",
+            "nvidia-cuda-runtime", "nvidia-cuda-nvrtc", "nvidia-cufile", "nvidia-cuda-cupti", "nvidia-nvshmem-cu13")
+    assert not set(kept) & set(install_deps.GPU_ONLY)
+    assert "triton" in install_deps.GPU_ONLY
