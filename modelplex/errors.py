@@ -74,6 +74,20 @@ class ModelLoadError(ModelplexError):
     code = "model_load_failed"
 
 
+class ModelLoadTimeout(ModelplexError):
+    """A load ran past ``loadTimeoutSeconds``; not cached, so the next request tries again."""
+
+    status = 504
+    code = "model_load_timeout"
+
+
+class ModelTooLarge(ModelplexError):
+    """A model measured larger than the replica's whole cache budget: it can never be held."""
+
+    status = 507
+    code = "model_too_large"
+
+
 class HandlerError(ModelplexError):
     """The user's code raised; ``error_type`` names the exception's class (``"ValueError"``)."""
 
@@ -107,7 +121,7 @@ class UpstreamTimeout(ModelplexError):
 
 
 _CLASSES = [BadRequest, ModelNotFound, NotFound, PayloadTooLarge, Overloaded, NotReady, ModelLoadError,
-            HandlerError, ReplicaFailed, UpstreamTimeout]
+            ModelLoadTimeout, ModelTooLarge, HandlerError, ReplicaFailed, UpstreamTimeout]
 
 
 def error_for_status(status: int, message: str, code: str | None = None,
