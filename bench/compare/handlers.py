@@ -34,6 +34,9 @@ MUX_SLOTS = 4
 MUX_SIZES = (256, 1024, 256)
 # Workload 3: streams.
 STREAM_CHUNKS = 20
+# Workload 4, busy replicas: user code that computes on its event loop, as users write it.
+BUSY_ROWS = 48
+BUSY_CHUNKS = 20
 
 
 #: Run the batched MLP's forward pass in a worker thread instead of on the event loop.
@@ -194,5 +197,42 @@ def build(sdk) -> SimpleNamespace:
                     await asyncio.sleep(self.interval_s)
                 yield {"i": i, "token": f"token-{i:04d}"}
 
+    class BusyMLP:
+        """Workload 4, unbatched: a forward pass of a BUSY_ROWS-row batch, computed with synchronous
+        torch right inside ``async def`` (no thread), as the seeds write handlers."""
+
+        def __init__(self):
+            import torch
+
+            _one_thread()
+            self.torch = torch
+            self.model = make_mlp(MLP_SIZES, seed=0)
+
+        async def __call__(self, body):
+            torch = self.torch
+            with torch.inference_mode():
+                out = self.model(torch.tensor([body["inputs"]], dtype=torch.float32).repeat(BUSY_ROWS, 1))
+            return {"outputs": out[0, :8].tolist()}
+
+    class BusyStreamer:
+        """Workload 4, streaming: an async generator that computes each chunk (one forward pass of
+        a BUSY_ROWS-row batch, on its event loop) and yields it: a token generator on a CPU."""
+
+        def __init__(self):
+            import torch
+
+            _one_thread()
+            self.torch = torch
+            self.model = make_mlp(MLP_SIZES, seed=0)
+
+        async def __call__(self, body):
+            torch = self.torch
+            chunks = int(body.get("chunks", BUSY_CHUNKS))
+            x = torch.tensor([body["inputs"]], dtype=torch.float32).repeat(BUSY_ROWS, 1)
+            for i in range(chunks):
+                with torch.inference_mode():
+                    out = self.model(x)
+                yield {"i": i, "token": int(out[i % BUSY_ROWS].argmax())}
+
     return SimpleNamespace(MLP=MLP, BatchedMLP=BatchedMLP, GPUBatchedMLP=GPUBatchedMLP,
-                           Multiplexed=Multiplexed, Streamer=Streamer)
+                           Multiplexed=Multiplexed, Streamer=Streamer, BusyMLP=BusyMLP, BusyStreamer=BusyStreamer)

@@ -179,6 +179,45 @@ async def streams(url: str, body: dict, expect_chunks: int, concurrency: int, se
     return point
 
 
+async def with_probe(load, url: str | None, interval_s: float = 0.1, timeout_s: float = 5.0):
+    """Await ``load`` (a coroutine returning a :class:`Point`) while a separate client GETs
+    ``url`` every ``interval_s``, as a kubelet or a router would poll a replica's health:
+    (the point, each answered probe's latency in seconds, the count of failed probes)."""
+    if url is None:
+        return await load, [], 0
+    stop = asyncio.Event()
+    latencies: list[float] = []
+    failed = 0
+
+    async def probe() -> None:
+        nonlocal failed
+        async with _session(timeout_s) as session:
+            while not stop.is_set():
+                started = time.perf_counter()
+                try:
+                    async with session.get(url) as resp:
+                        await resp.read()
+                        ok = resp.status == 200
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    ok = False
+                if ok:
+                    latencies.append(time.perf_counter() - started)
+                else:
+                    failed += 1
+                try:
+                    await asyncio.wait_for(stop.wait(), interval_s)
+                except asyncio.TimeoutError:
+                    pass
+
+    task = asyncio.create_task(probe())
+    try:
+        point = await load
+    finally:
+        stop.set()
+        await task
+    return point, latencies, failed
+
+
 async def paired(url_a: str, url_b: str, body: dict, headers: dict, n: int) -> tuple[list[float], list[float]]:
     """Concurrency 1: ``n`` requests to each URL, interleaved A, B, A, B... so both see the
     same background load. URLs are complete (no ``/`` added)."""

@@ -14,3 +14,5 @@ BatchedMLP = _classes.BatchedMLP
 GPUBatchedMLP = _classes.GPUBatchedMLP
 Multiplexed = _classes.Multiplexed
 Streamer = _classes.Streamer
+BusyMLP = _classes.BusyMLP
+BusyStreamer = _classes.BusyStreamer

@@ -26,6 +26,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 APP_NAME = "bench"
+STREAMING = {"Streamer", "BusyStreamer"}  # the handlers that are async generators
 
 
 def adapt(cls, *, streaming: bool):
@@ -62,7 +63,7 @@ def deployment(workload: str, options: dict):
     from handlers import build
 
     cls = getattr(build(serve), workload)
-    return serve.deployment(name=workload, **options)(adapt(cls, streaming=workload == "Streamer"))
+    return serve.deployment(name=workload, **options)(adapt(cls, streaming=workload in STREAMING))
 
 
 def main() -> int:

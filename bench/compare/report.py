@@ -49,7 +49,7 @@ def _bound_rows(results: dict, batch: int) -> float | None:
 
 
 def targets(results: dict) -> list[tuple[str, str, str]]:
-    """(target, met / not met, the numbers) for each goal of issue 7."""
+    """(target, met / not met, the numbers) for each goal of issues 7 and 10."""
     out = []
     batching = results.get("batching")
     max_batch = results["batch"]["max_batch_size"]
@@ -107,6 +107,7 @@ def targets(results: dict) -> list[tuple[str, str, str]]:
             f"Modelplex {m_top['rps']:.0f} streams/s at {top} ({m_top['rps'] / best:.0%} of its best, {best:.0f}), "
             f"{m_top['errors']} errors, time to first chunk p99 {_f(m_top.get('ttfc_p99_ms'))} ms; Ray Serve "
             f"{_f(r_top.get('rps'), 0)} streams/s, {r_top.get('errors', '-')} errors, p99 {_f(r_top.get('ttfc_p99_ms'))} ms"))
+    out += _busy_targets(results)
     if mux and mux["systems"].get(MPX, {}).get("overhead"):
         o = mux["systems"][MPX]["overhead"]
         out.append((
@@ -114,6 +115,32 @@ def targets(results: dict) -> list[tuple[str, str, str]]:
             "met" if o["diff_p50"] < 1.0 else "not met",
             f"paired difference p50 {o['diff_p50']:.3f} ms (p99 {o['diff_p99']:.3f} ms); through the router "
             f"{o['router_p50']:.2f} ms vs straight to the replica {o['direct_p50']:.2f} ms"))
+    return out
+
+
+def _busy_targets(results: dict) -> list[tuple[str, str, str]]:
+    busy = results.get("busy")
+    if not busy or not all(s in busy["systems"] for s in SYSTEMS):
+        return []
+    out = []
+    errors = {s: {mode: sum(p["errors"] for p in by_c.values()) for mode, by_c in busy["systems"][s].items()}
+              for s in SYSTEMS}
+    transitions = sum(h["not_ready_transitions"] for by_c in busy.get("modelplex_health", {}).values()
+                      for h in by_c.values())
+    total = sum(errors[MPX].values())
+    out.append((
+        "Busy replicas: Modelplex answers every CPU-bound request and stream (0 errors)",
+        "met" if total == 0 else "not met",
+        f"Modelplex {errors[MPX]['stream']} stream / {errors[MPX]['unary']} unary errors, router 'not ready' "
+        f"lines {transitions}; Ray Serve {errors[RAY]['stream']} / {errors[RAY]['unary']}"))
+    r8, m8 = busy["systems"][RAY]["stream"].get("8"), busy["systems"][MPX]["stream"].get("8")
+    if r8 and m8 and "ttfc_p99_ms" in r8 and "ttfc_p99_ms" in m8:
+        ok = m8["ttfc_p99_ms"] <= 0.5 * r8["ttfc_p99_ms"]
+        out.append((
+            "Busy replicas: CPU-bound stream, time to first chunk p99 at concurrency 8 <= half of Ray Serve's",
+            "met" if ok else "not met",
+            f"{m8['ttfc_p99_ms']:.1f} vs {r8['ttfc_p99_ms']:.1f} ms = "
+            f"{_ratio(m8['ttfc_p99_ms'], r8['ttfc_p99_ms']):.2f}x of Ray Serve's"))
     return out
 
 
@@ -157,8 +184,9 @@ def markdown(results: dict) -> str:
     lines += _batching_md(results)
     lines += _mux_md(results)
     lines += _stream_md(results)
+    lines += _busy_md(results)
     lines += _gpu_md(results)
-    lines += ["## Targets (issue 7)", ""]
+    lines += ["## Targets (issues 7 and 10)", ""]
     goals = targets(results)
     lines += [table(["target", "result", "numbers"], [[t, f"**{r}**", n] for t, r, n in goals], "llr"), ""]
     lines += ["Where Modelplex falls short, what dominates and what would fix it, with the profiles and the "
@@ -288,6 +316,57 @@ def _stream_md(results: dict) -> list[str]:
               "(TTFC: time to first chunk, ms; a stream's ideal length is "
               f"{(st['chunks'] - 1) * st['interval_s'] * 1000:.0f} ms.)", "",
               "![latency CDFs](latency_cdf.png)", ""]
+    return lines
+
+
+def _busy_md(results: dict) -> list[str]:
+    busy = results.get("busy")
+    if not busy:
+        return []
+    bound = busy["compute_bound"]
+    health = busy.get("modelplex_health", {})
+    lines = [f"## 4. Busy replicas: user code computing on its event loop, {busy['replicas']} replica", "",
+             f"Handlers as users write them: synchronous torch inside `async def`, no thread. One forward pass "
+             f"of the MLP on a {busy['rows']}-row batch takes {bound['ms_per_pass']:.1f} ms here (in-process, one "
+             f"thread: {bound['passes_per_s']:.0f} passes/s). `max_ongoing_requests` {busy['max_ongoing']} on "
+             f"both; {busy['seconds']:.0f} s per point, {busy['rounds']} alternating round(s), pooled. Modelplex "
+             "only: the replica's `/readyz` polled every 100 ms by a separate client during each point, and the "
+             "router's \"is not ready\" log lines counted.", ""]
+
+    def health_cells(mode: str, c: str) -> list[str]:
+        h = health.get(mode, {}).get(c)
+        if not h:
+            return ["-", "-"]
+        failed = f" ({h['readyz_failed']} failed)" if h["readyz_failed"] else ""
+        return [_f(h["readyz_p99_ms"]) + failed, str(h["not_ready_transitions"])]
+
+    def errs(p: dict) -> str:
+        kinds = ", ".join(f"{k}: {v}" for k, v in p.get("error_kinds", {}).items())
+        return f"{p['errors']}" + (f" ({kinds})" if kinds else "")
+
+    ray, mpx = busy["systems"].get(RAY, {}), busy["systems"].get(MPX, {})
+    rows = []
+    for c, r in ray.get("stream", {}).items():
+        m = mpx.get("stream", {}).get(c, {})
+        rows.append([c, _f(r["rps"], 2), _f(r.get("ttfc_p50_ms")), _f(r.get("ttfc_p99_ms")), _f(r["p99_ms"]), errs(r),
+                     _f(m.get("rps"), 2), _f(m.get("ttfc_p50_ms")), _f(m.get("ttfc_p99_ms")), _f(m.get("p99_ms")),
+                     errs(m) if m else "-", *health_cells("stream", c)])
+    lines += [f"Streams of {busy['chunks']} chunks, each chunk one forward pass (ideal: "
+              f"{bound['passes_per_s'] / busy['chunks']:.1f} streams/s on one core):", ""]
+    lines += [table(["conc.", "Ray streams/s", "Ray TTFC p50", "Ray TTFC p99", "Ray stream p99", "Ray err",
+                     "Mpx streams/s", "Mpx TTFC p50", "Mpx TTFC p99", "Mpx stream p99", "Mpx err",
+                     "Mpx /readyz p99", "router 'not ready'"], rows), ""]
+    rows = []
+    for c, r in ray.get("unary", {}).items():
+        m = mpx.get("unary", {}).get(c, {})
+        rows.append([c, _f(r["rps"]), _f(r["p50_ms"]), _f(r["p99_ms"]), errs(r), _f(m.get("rps")), _f(m.get("p50_ms")),
+                     _f(m.get("p99_ms")), errs(m) if m else "-", f"{_ratio(m.get('rps'), r['rps']):.1f}x",
+                     *health_cells("unary", c)])
+    lines += [f"Unbatched, one {busy['rows']}-row forward pass per request (ideal: {bound['passes_per_s']:.0f} req/s):", ""]
+    lines += [table(["conc.", "Ray req/s", "Ray p50 ms", "Ray p99 ms", "Ray err", "Mpx req/s", "Mpx p50 ms",
+                     "Mpx p99 ms", "Mpx err", "Mpx / Ray", "Mpx /readyz p99", "router 'not ready'"], rows), ""]
+    lines += ["(ms throughout; TTFC: time to first chunk; errors are non-200 answers, transport errors and "
+              "streams cut short of their chunks.)", ""]
     return lines
 
 

@@ -10,12 +10,20 @@ Workloads (handlers in ``handlers.py``, built once with ``modelplex`` and once w
    compute bound; plus a GPU variant (a larger MLP, batches up to 256) where CUDA exists;
 2. multiplexing: 40 models, Zipf(1.1), 2 replicas x 4 slots, each load a 100 ms fetch plus real
    construction; hit rate beside the offline Belady optimum of the same trace;
-3. streaming: 20-chunk NDJSON streams, time to first chunk and throughput up to 256 streams.
+3. streaming: 20-chunk NDJSON streams, time to first chunk and throughput up to 256 streams;
+4. busy: user code that computes on its event loop, as users write it (issue 10): an async
+   generator computing each of its 20 chunks (a 48-row forward pass of the MLP) and an unbatched
+   ``async def`` doing the same forward pass, one replica; errors per system, time to first
+   chunk, and (Modelplex) the replica's ``/readyz`` latency and the router's "not ready" lines.
 
 Both systems run as local processes (Ray: ``ray.init`` with 2 CPUs, Serve's proxy on
 127.0.0.1; Modelplex: ``modelplex local``), one system at a time, alternating; the load
 generator (``loadgen.py``) runs in this process. Everything started is stopped by process id.
 Writes ``README.md``, ``results.json`` and PNG plots to the output folder.
+
+``--tree PATH`` runs Modelplex from another checkout of the repository (a ``git worktree``):
+its packages go first on the path of every Modelplex process and it is their working directory,
+so edits in progress in this checkout do not touch the numbers. The bench code is this one.
 """
 
 from __future__ import annotations
@@ -45,11 +53,14 @@ import aiohttp  # noqa: E402
 import belady  # noqa: E402
 import loadgen  # noqa: E402
 import report  # noqa: E402
-from handlers import (BATCH_MAX, BATCH_WAIT_S, GPU_BATCH_MAX, GPU_MLP_SIZES, MLP_SIZES, MUX_SIZES,  # noqa: E402
-                      MUX_SLOTS, STREAM_CHUNKS, make_mlp)
+from handlers import (BATCH_MAX, BATCH_WAIT_S, BUSY_CHUNKS, BUSY_ROWS, GPU_BATCH_MAX, GPU_MLP_SIZES,  # noqa: E402
+                      MLP_SIZES, MUX_SIZES, MUX_SLOTS, STREAM_CHUNKS, make_mlp)
 
 RAY = "Ray Serve"
 MPX = "Modelplex"
+WORKLOADS = ["batching", "multiplexing", "streaming", "busy", "gpu"]
+#: The checkout whose Modelplex the stacks run (``--tree``); this one by default.
+product_root = ROOT
 
 
 def log(message: str) -> None:
@@ -206,7 +217,8 @@ class Monitor:
 
 def bench_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    tree = [] if product_root == ROOT else [str(product_root / p) for p in ("", "replica", "router", "operator")]
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), *tree, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
@@ -216,8 +228,8 @@ def bench_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 class ModelplexStack:
     """``modelplex local MANIFEST`` as a process group; stopped with all its children."""
 
-    def __init__(self, workdir: Path, name: str, spec: dict, env: dict[str, str]):
-        self.workdir, self.name = workdir, name
+    def __init__(self, workdir: Path, name: str, spec: dict, env: dict[str, str], *, log_level: str = "warning"):
+        self.workdir, self.name, self.log_level = workdir, name, log_level
         self.manifest = workdir / f"{name}.yaml"
         self.manifest.write_text(json.dumps({
             "apiVersion": "modelplex.io/v1alpha1", "kind": "MultiplexedDeployment",
@@ -230,11 +242,12 @@ class ModelplexStack:
         self.log_path = workdir / f"{name}.log"
 
     def __enter__(self) -> ModelplexStack:
-        argv = [sys.executable, "-m", "modelplex.cli", "--log-level", "warning", "local", str(self.manifest),
+        argv = [sys.executable, "-m", "modelplex.cli", "--log-level", self.log_level, "local", str(self.manifest),
                 "--port", str(self.port)]
+        # The working directory comes first on `python -m`'s path: it picks the checkout that runs.
         with self.log_path.open("ab") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=self.env, cwd=str(ROOT), start_new_session=True)
+                                         env=self.env, cwd=str(product_root), start_new_session=True)
         try:
             asyncio.run(self._wait_ready())
         except BaseException:
@@ -403,6 +416,9 @@ class Settings:
     stream_seconds: float
     overhead_pairs: int
     gpu_concurrency: list[int]
+    busy_seconds: float
+    busy_stream_concurrency: list[int]
+    busy_concurrency: list[int]
 
 
 def compute_bound(sizes, batch_sizes: list[int], device: str = "cpu", seconds: float = 1.0) -> dict[int, dict]:
@@ -735,6 +751,83 @@ def _gpu_sweep(system: str, url: str, body: dict, settings: Settings, by_c: dict
             f"errors {s['errors']}")
 
 
+BUSY = {"replicas": 1, "max_ongoing": 32, "rows": BUSY_ROWS, "chunks": BUSY_CHUNKS}
+BUSY_MODES = (("stream", "BusyStreamer"), ("unary", "BusyMLP"))
+
+
+def run_busy(settings: Settings, workdir: Path, results: dict) -> None:
+    """Workload 4 (issue 10): handlers that compute on their event loop, one replica, both
+    systems, in alternating rounds; the points of each (mode, concurrency) are pooled."""
+    body = mlp_body(MLP_SIZES[0])
+    bound = compute_bound(MLP_SIZES, [BUSY_ROWS])[BUSY_ROWS]
+    log(f"busy: compute bound {bound['passes_per_s']:.0f} passes/s of {BUSY_ROWS} rows "
+        f"({bound['ms_per_pass']:.1f} ms each) = {bound['passes_per_s'] / BUSY_CHUNKS:.1f} streams/s")
+    points: dict = {system: {mode: {c: [] for c in _busy_levels(settings, mode)} for mode, _ in BUSY_MODES}
+                    for system in (RAY, MPX)}
+    health: dict = {mode: {c: {"readyz": [], "readyz_failed": 0, "not_ready": 0} for c in _busy_levels(settings, mode)}
+                    for mode, _ in BUSY_MODES}
+    order = [RAY, MPX]
+    for round_index in range(settings.rounds):
+        for system in order:
+            with results["monitor"].phase(f"busy round {round_index + 1}, {system}"):
+                if system == RAY:
+                    with RayStack(workdir, bench_env(), results=results) as ray:
+                        for mode, cls in BUSY_MODES:
+                            ray.deploy(cls, {"num_replicas": BUSY["replicas"], "max_ongoing_requests": BUSY["max_ongoing"],
+                                             "ray_actor_options": {"num_cpus": 1}})
+                            _busy_sweep(system, mode, ray.url, body, settings, points, None, None)
+                else:
+                    for mode, cls in BUSY_MODES:
+                        spec = {"replicas": BUSY["replicas"], "handler": f"mp_handlers:{cls}",
+                                "maxOngoingRequests": BUSY["max_ongoing"]}
+                        # info: the router logs each replica's "ready" / "not ready" transition.
+                        with ModelplexStack(workdir, f"busy-{mode}-{round_index}", spec, bench_env(),
+                                            log_level="info") as stack:
+                            _busy_sweep(system, mode, stack.url, body, settings, points, stack, health)
+        order.reverse()
+    results["busy"] = {
+        **BUSY, "seconds": settings.busy_seconds, "rounds": settings.rounds, "compute_bound": bound,
+        "systems": {system: {mode: {str(c): _merge(p).summary() for c, p in by_c.items()}
+                             for mode, by_c in by_mode.items()} for system, by_mode in points.items()},
+        "modelplex_health": {mode: {str(c): {"readyz_p50_ms": loadgen.pct(h["readyz"], 0.5),
+                                             "readyz_p99_ms": loadgen.pct(h["readyz"], 0.99),
+                                             "readyz_max_ms": max(h["readyz"], default=float("nan")) * 1000,
+                                             "readyz_probes": len(h["readyz"]), "readyz_failed": h["readyz_failed"],
+                                             "not_ready_transitions": h["not_ready"]}
+                                    for c, h in by_c.items()} for mode, by_c in health.items()}}
+
+
+def _busy_levels(settings: Settings, mode: str) -> list[int]:
+    return settings.busy_stream_concurrency if mode == "stream" else settings.busy_concurrency
+
+
+def _busy_sweep(system, mode, url, body, settings, points, stack, health) -> None:
+    replica = stack.replicas_table()[0]["url"] if stack else None
+    for c in _busy_levels(settings, mode):
+        log_start = stack.log_path.stat().st_size if stack else 0
+        if mode == "stream":
+            load = loadgen.streams(url, body, BUSY_CHUNKS, c, settings.busy_seconds, warmup_s=settings.warmup_s)
+        else:
+            load = loadgen.unary(url, body, c, settings.busy_seconds, warmup_s=settings.warmup_s)
+        point, probes, failed = asyncio.run(loadgen.with_probe(load, replica + "/readyz" if replica else None))
+        points[system][mode][c].append(point)
+        s = point.summary()
+        extra = ""
+        if stack:
+            with stack.log_path.open("rb") as handle:
+                handle.seek(log_start)
+                not_ready = handle.read().count(b"is not ready")
+            h = health[mode][c]
+            h["readyz"] += probes
+            h["readyz_failed"] += failed
+            h["not_ready"] += not_ready
+            extra = (f"  replica /readyz p99 {loadgen.pct(probes, 0.99):.1f} ms ({failed} failed), "
+                     f"router 'not ready' lines {not_ready}")
+        ttfc = f"  ttfc p50 {s['ttfc_p50_ms']:7.1f} p99 {s['ttfc_p99_ms']:7.1f} ms" if "ttfc_p50_ms" in s else ""
+        log(f"busy {system:9s} {mode:6s} c={c:<3d} {s['rps']:7.1f}/s  p50 {s['p50_ms']:7.1f} p99 {s['p99_ms']:7.1f} ms"
+            f"{ttfc}  errors {s['errors']} {s['error_kinds'] or ''}{extra}")
+
+
 # -- environment -------------------------------------------------------------------------------
 
 
@@ -760,7 +853,8 @@ def environment() -> dict:
 
     def git(*args: str) -> str:
         try:
-            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+            return subprocess.run(["git", *args], cwd=product_root, capture_output=True, text=True,
+                                  timeout=10).stdout.strip()
         except (OSError, subprocess.TimeoutExpired):
             return ""
 
@@ -775,6 +869,7 @@ def environment() -> dict:
             "python": platform.python_version(), "torch": torch.__version__, "ray": version("ray"),
             "aiohttp": version("aiohttp"), "modelplex": version("modelplex"),
             "commit": git("rev-parse", "--short", "HEAD"), "commit_subject": git("log", "-1", "--format=%s"),
+            "tree": None if product_root == ROOT else str(product_root),
             "tree_dirty_outside_bench": len(dirty),
             "cuda": torch.cuda.is_available(),
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
@@ -787,11 +882,13 @@ def settings_for(args: argparse.Namespace) -> Settings:
     if args.quick:
         return Settings(quick=True, seconds=3.0, warmup_s=0.5, concurrency=[1, 8, 32, 64], rounds=1,
                         mux_requests=400, mux_concurrency=16, mux_max_seconds=60, stream_concurrency=[1, 8, 64, 256],
-                        stream_seconds=3.0, overhead_pairs=200, gpu_concurrency=[1, 64, 256])
+                        stream_seconds=3.0, overhead_pairs=200, gpu_concurrency=[1, 64, 256],
+                        busy_seconds=3.0, busy_stream_concurrency=[8], busy_concurrency=[1, 32])
     return Settings(quick=False, seconds=args.seconds, warmup_s=1.0, concurrency=[1, 8, 32, 64], rounds=args.rounds,
                     mux_requests=2000, mux_concurrency=16, mux_max_seconds=240,
                     stream_concurrency=[1, 8, 32, 64, 128, 256], stream_seconds=args.seconds, overhead_pairs=500,
-                    gpu_concurrency=[1, 16, 64, 256])
+                    gpu_concurrency=[1, 16, 64, 256], busy_seconds=max(args.seconds, 10.0),
+                    busy_stream_concurrency=[1, 8, 16], busy_concurrency=[1, 8, 32])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -800,14 +897,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="results folder (default bench/results, or bench/results/quick)")
     parser.add_argument("--seconds", type=float, default=6.0, help="measured seconds per point (full run)")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of workload 1 (full run)")
-    parser.add_argument("--workloads", nargs="+", default=["batching", "multiplexing", "streaming", "gpu"],
-                        choices=["batching", "multiplexing", "streaming", "gpu"])
+    parser.add_argument("--workloads", nargs="+", default=WORKLOADS, choices=WORKLOADS)
+    parser.add_argument("--tree", type=Path, default=None,
+                        help="run Modelplex from this checkout (e.g. a `git worktree`) instead of this one")
     parser.add_argument("--wait-load", type=float, default=None, metavar="LOAD",
                         help="first wait (up to --max-wait s) until the 1-minute load average is below LOAD "
                              "(default: 1.0 for the full run, no wait for --quick)")
     parser.add_argument("--max-wait", type=float, default=600.0)
     parser.add_argument("--gpu-device", default=None, help=argparse.SUPPRESS)  # e.g. cpu: smoke-test the GPU path
     args = parser.parse_args(argv)
+    global product_root
+    if args.tree is not None:
+        product_root = args.tree.resolve()
+        if not (product_root / "modelplex" / "cli.py").exists():
+            parser.error(f"--tree {args.tree}: not a Modelplex checkout (no modelplex/cli.py)")
     settings = settings_for(args)
     out_dir = args.out or (ROOT / "bench" / "results" / ("quick" if args.quick else ""))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -842,6 +945,8 @@ def main(argv: list[str] | None = None) -> int:
             run_multiplexing(settings, workdir, results)
         if "streaming" in args.workloads:
             run_streaming(settings, workdir, results)
+        if "busy" in args.workloads:
+            run_busy(settings, workdir, results)
         if "gpu" in args.workloads:
             import torch
 
