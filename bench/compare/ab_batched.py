@@ -1,0 +1,109 @@
+"""Workload 1's batched MLP at concurrency 32, through router and replica, on two checkouts of
+Modelplex (A: before a change, B: after it), interleaved: is B within 5% of A?
+
+    git worktree add --detach /tmp/bench-old ae28ec5; git worktree add --detach /tmp/bench-new HEAD
+    .venv/bin/python bench/compare/ab_batched.py --a /tmp/bench-old --b /tmp/bench-new [--runs 5] [--seconds 10]
+
+Each run starts ``modelplex local`` from one checkout (as ``run.py --tree`` does: its packages
+first on the path, its folder the working directory), serves the very same handler
+(``handlers.py``'s ``BatchedMLP``, 32 rows, 2 ms), warms up, then measures 32 closed-loop
+clients. Runs alternate A B B A A B ..., so background load that drifts reaches both alike
+(one run on these shared 2-core machines varies by more than 5%); the verdict is on the
+medians. Each run's load average and outside CPU are recorded beside it. Prints a markdown
+table; ``--out`` also gets the numbers as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import loadgen  # noqa: E402
+import run  # noqa: E402
+from handlers import MLP_SIZES  # noqa: E402
+
+
+def commit(tree: Path) -> str:
+    out = subprocess.run(["git", "log", "-1", "--format=%h %s"], cwd=tree, capture_output=True, text=True, timeout=10)
+    return out.stdout.strip()[:90]
+
+
+def one_run(tree: Path, workdir: Path, name: str, args: argparse.Namespace, monitor: run.Monitor) -> dict:
+    run.product_root = tree
+    spec = {"replicas": 1, "handler": "mp_handlers:BatchedMLP", "maxOngoingRequests": args.max_ongoing}
+    with monitor.phase(name), run.ModelplexStack(workdir, name, spec, run.bench_env()) as stack:
+        point = asyncio.run(loadgen.unary(stack.url, run.mlp_body(MLP_SIZES[0]), args.concurrency, args.seconds,
+                                          warmup_s=args.warmup))
+    s = point.summary()
+    phase = monitor.summary()[-1]
+    return {"rps": s["rps"], "p50_ms": s["p50_ms"], "p99_ms": s["p99_ms"], "errors": s["errors"],
+            "load1": round(phase["load"][0], 2), "other_cores": phase["other_cores"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--a", type=Path, required=True, help="checkout before the change")
+    parser.add_argument("--b", type=Path, required=True, help="checkout after the change")
+    parser.add_argument("--runs", type=int, default=5, help="runs of each (at least 3)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per run")
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--max-ongoing", type=int, default=128, help="as workload 1 sets it")
+    parser.add_argument("--out", type=Path, help="write the runs and medians here as JSON")
+    args = parser.parse_args(argv)
+    trees = {"A": args.a.resolve(), "B": args.b.resolve()}
+    for tree in trees.values():
+        if not (tree / "modelplex" / "cli.py").exists():
+            parser.error(f"{tree}: not a Modelplex checkout")
+    order = [("A", "B") if i % 2 == 0 else ("B", "A") for i in range(args.runs)]
+    runs: dict[str, list[dict]] = {"A": [], "B": []}
+    with run.Monitor() as monitor, tempfile.TemporaryDirectory(prefix="modelplex-ab-") as tmp:
+        for i, pair in enumerate(order):
+            for label in pair:
+                result = one_run(trees[label], Path(tmp), f"ab-{label.lower()}-{i}", args, monitor)
+                runs[label].append(result)
+                run.log(f"run {i + 1} {label}: {result['rps']:7.1f} req/s  p50 {result['p50_ms']:6.1f}  "
+                        f"p99 {result['p99_ms']:6.1f} ms  errors {result['errors']}  load {result['load1']:.2f}  "
+                        f"others {result['other_cores']:.2f} cores")
+    medians = {k: {m: statistics.median(r[m] for r in v) for m in ("rps", "p50_ms", "p99_ms")} for k, v in runs.items()}
+    ratio = medians["B"]["rps"] / medians["A"]["rps"]
+    summary = {"command": "python bench/compare/ab_batched.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+               "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+               "trees": {k: {"path": str(v), "commit": commit(v)} for k, v in trees.items()},
+               "concurrency": args.concurrency, "seconds": args.seconds, "order": order, "runs": runs,
+               "medians": medians, "ratio_b_over_a": round(ratio, 4), "within_5_percent": ratio >= 0.95}
+    print(markdown(summary))
+    if args.out:
+        args.out.write_text(json.dumps(summary, indent=1) + "\n")
+    return 0
+
+
+def markdown(summary: dict) -> str:
+    lines = [f"A = `{summary['trees']['A']['commit']}`, B = `{summary['trees']['B']['commit']}`; "
+             f"c={summary['concurrency']}, {summary['seconds']:g} s per run; order "
+             + " ".join("".join(p) for p in summary["order"]), "",
+             "| run | A req/s | A p99 ms | B req/s | B p99 ms | load avg (A / B) | others' cores (A / B) |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    a, b = summary["runs"]["A"], summary["runs"]["B"]
+    for i, (x, y) in enumerate(zip(a, b)):
+        lines.append(f"| {i + 1} | {x['rps']:.1f} | {x['p99_ms']:.1f} | {y['rps']:.1f} | {y['p99_ms']:.1f} | "
+                     f"{x['load1']:.2f} / {y['load1']:.2f} | {x['other_cores']:.2f} / {y['other_cores']:.2f} |")
+    ma, mb = summary["medians"]["A"], summary["medians"]["B"]
+    lines.append(f"| **median** | **{ma['rps']:.1f}** | {ma['p99_ms']:.1f} | **{mb['rps']:.1f}** | {mb['p99_ms']:.1f} | | |")
+    errors = sum(r["errors"] for r in a + b)
+    lines += ["", f"B / A (medians): **{summary['ratio_b_over_a']:.3f}** "
+              f"({'within' if summary['within_5_percent'] else 'NOT within'} 5%); errors in all runs: {errors}"]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
