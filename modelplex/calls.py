@@ -9,6 +9,7 @@ caller reads a stream; the answer uses the codec too. A plain HTTP request calls
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Iterator
@@ -82,6 +83,7 @@ class Invocation:
     typed: bool = False  # a handle's call: answer with the codec
     stream_requested: bool = False  # a handle asked for a stream from a method that may return one
     name: str = "__call__"
+    framing: str = "ndjson"  # set by stream_content_type: "sse", "typed", "raw" or "ndjson"
 
     def run(self) -> Any:
         """Call the target: a coroutine, a value, an async iterator or a generator, by mode."""
@@ -125,14 +127,20 @@ class Invocation:
                                error_type="TypeError") from None
 
     def stream_content_type(self, first: Any, sse: bool) -> str:
+        """The content type of the stream whose first item is ``first`` (it decides for the rest)."""
         if sse:
+            self.framing = "sse"
             return "text/event-stream"
         if self.typed:
+            self.framing = "typed"
             return STREAM_CONTENT_TYPE
         if isinstance(first, (bytes, bytearray, memoryview)):
+            self.framing = "raw"
             return "application/octet-stream"
         if isinstance(first, str):
+            self.framing = "raw"
             return "text/plain; charset=utf-8"
+        self.framing = "ndjson"
         return "application/x-ndjson"
 
     def frame(self, chunk: Any, sse: bool) -> bytes:
@@ -151,11 +159,14 @@ class Invocation:
         return b"data: " + data + b"\n\n" if sse else data
 
     def error_frame(self, error: ModelplexError, sse: bool) -> bytes:
-        """The record that ends a stream that failed part way."""
+        """The record that ends a stream that failed part way; none for raw text or bytes, where
+        it would read as data (the cut connection is the signal there)."""
         if sse:
             return b"event: error\ndata: " + to_json(error.to_dict()) + b"\n\n"
         if self.typed:
             return encode_stream_error(error)
+        if self.framing == "raw":
+            return b""
         return to_json(error.to_dict()) + b"\n"
 
 
@@ -176,10 +187,24 @@ def invocation(handler: Any, content_type: str, body: Any) -> Invocation:
 
 async def iterate_in_thread(generator: Iterator[Any]) -> AsyncIterator[Any]:
     """A synchronous generator as an async iterator: each item is computed in a worker thread,
-    so a generator that computes (a forward pass per chunk) streams without blocking a loop."""
+    so a generator that computes (a forward pass per chunk) streams without blocking a loop.
+
+    Closing or cancelling the iterator lets the step in flight finish (a thread cannot be
+    interrupted), then closes the generator, so its ``finally`` blocks run.
+    """
+    loop = asyncio.get_running_loop()
+    context = contextvars.copy_context()  # the request's model id, in every step
     end = object()
+    step = None
     try:
-        while (item := await asyncio.to_thread(next, generator, end)) is not end:
+        while True:
+            step = loop.run_in_executor(None, context.run, next, generator, end)
+            item = await asyncio.shield(step)
+            step = None
+            if item is end:
+                return
             yield item
     finally:
-        await asyncio.to_thread(generator.close)
+        if step is not None:
+            await asyncio.wait([step])
+        await loop.run_in_executor(None, context.run, generator.close)

@@ -26,7 +26,8 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except ModelplexError as error:
-        return error_response(error.status, error.code, error.message, retry_after=error.retry_after)
+        headers = {"Retry-After": str(max(1, round(error.retry_after)))} if error.retry_after is not None else None
+        return web.json_response(error.to_dict(), status=error.status, headers=headers)
     except web.HTTPRequestEntityTooLarge as error:
         return error_response(413, "payload_too_large", error.text or "request body too large")
     except web.HTTPException as error:

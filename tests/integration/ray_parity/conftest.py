@@ -1,0 +1,50 @@
+"""One ``modelplex local`` stack of the deployments in parity.py, started once for the module."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Iterator
+
+import aiohttp
+import pytest
+
+from support.servers import Processes
+from support.stacks import Stack, manifest, start_local, write_documents
+
+HERE = Path(__file__).resolve().parent
+DEPLOYMENTS = {
+    "batched": "parity:Batched",
+    "async-streamer": "parity:AsyncStreamer",
+    "sync-streamer": "parity:SyncStreamer",
+    "text-streamer": "parity:TextStreamer",
+    "echo": "parity:Echo",
+    "loader": "parity:Loader",
+    "delegate": "parity:Delegate",
+}
+
+
+@pytest.fixture(scope="module")
+def _parity_stack(tmp_path_factory) -> Iterator[Stack]:
+    processes = Processes(tmp_path_factory.mktemp("parity"))
+    try:
+        shutil.copy(HERE / "parity.py", processes.folder / "parity.py")
+        path = write_documents(processes.folder / "parity.yaml",
+                               [manifest(name, handler) for name, handler in DEPLOYMENTS.items()])
+        yield start_local(processes, path, deployments=len(DEPLOYMENTS))
+    finally:
+        processes.stop_all()
+
+
+@pytest.fixture
+def stack(_parity_stack: Stack, request) -> Iterator[Stack]:
+    yield _parity_stack
+    call = getattr(request.node, "rep_call", None)
+    if call is not None and call.failed:
+        print(_parity_stack.report())
+
+
+@pytest.fixture
+async def session() -> Iterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as client:
+        yield client

@@ -1,0 +1,204 @@
+"""Deployments for the Ray parity tests, written as Ray Serve's own tests write theirs
+(``python/ray/serve/tests/test_batching.py``, ``test_handle_streaming.py``,
+``test_streaming_response.py``), with only the SDK's import changed."""
+
+import time
+from pathlib import Path
+
+import numpy
+import torch
+
+from modelplex import batch, get_multiplexed_model_id, handle, multiplexed
+
+
+class Batched:
+    """The seed's SimpleBatchedModel, and Ray's batching deployments, as methods."""
+
+    def __init__(self):
+        self.batches = []
+        self.count = 0
+
+    @batch(batch_wait_timeout_s=0.1, max_batch_size=4)
+    async def run(self, multiple_samples: list[int]) -> list[int]:
+        self.batches.append(len(multiple_samples))
+        return [sample * 2 for sample in multiple_samples]
+
+    def batch_sizes(self) -> list[int]:
+        return self.batches
+
+    @batch(max_batch_size=5, batch_wait_timeout_s=1)
+    async def counted(self, requests):
+        self.count += 1
+        return [self.count] * len(requests)
+
+    @batch(max_batch_size=5)
+    async def not_a_list(self, requests):
+        return len(requests)
+
+    @batch(max_batch_size=2, batch_wait_timeout_s=1000)
+    async def pairs(self, key1, key2):
+        return [(key1[i], key2[i]) for i in range(len(key1))]
+
+    @batch(max_batch_size=4, batch_wait_timeout_s=1000)
+    async def textgen(self, prompts: list[str]):
+        for _ in range(10):
+            yield prompts
+
+    async def __call__(self, body):
+        """Over HTTP: a prompt streams back from the batched generator."""
+        async for text in self.textgen(body["prompt"]):
+            yield text
+
+
+class AsyncStreamer:
+    async def __call__(self, n: int, should_error: bool = False):
+        if should_error:
+            raise RuntimeError("oopsies")
+        for i in range(n):
+            yield i
+
+    async def other_method(self, n: int):
+        for i in range(n):
+            yield i
+
+    async def call_inner_generator(self, n: int):
+        return self.other_method(n)
+
+    async def unary(self, n: int) -> int:
+        return n
+
+    async def hi(self):
+        for i in range(10):
+            yield f"hi_{i}"
+
+
+class SyncStreamer:
+    def __call__(self, n: int, should_error: bool = False):
+        if should_error:
+            raise RuntimeError("oopsies")
+        yield from range(n)
+
+    def other_method(self, n: int):
+        yield from range(n)
+
+    def call_inner_generator(self, n: int):
+        return self.other_method(n)
+
+    def unary(self, n: int) -> int:
+        return n
+
+    def hi(self):
+        for i in range(10):
+            yield f"hi_{i}"
+
+
+class TextStreamer:
+    """Plain HTTP streams, as Ray's StreamingResponse tests send them."""
+
+    def __call__(self, body):
+        kind = body.get("kind")
+        if kind == "fail":
+            yield "first result"
+            raise RuntimeError("raised in generator")
+        if kind == "disconnect":
+            yield from self._until_cancelled(Path(body["flag"]))
+            return
+        for i in range(10):
+            yield f"hi_{i}"
+
+    @staticmethod
+    def _until_cancelled(flag: Path):
+        try:
+            yield "hi"
+            for _ in range(600):  # at most 60 s
+                time.sleep(0.1)
+                yield "."
+        finally:
+            flag.write_text("closed")
+
+
+class Echo:
+    """Types and errors across a handle."""
+
+    def echo(self, *args, **kwargs):
+        return args, kwargs
+
+    def types(self, *args):
+        return [type(arg).__name__ for arg in args]
+
+    def tensor_sum(self, tensor):
+        assert isinstance(tensor, torch.Tensor)
+        return tensor.sum(dim=0)
+
+    def array_double(self, array):
+        assert isinstance(array, numpy.ndarray)
+        return array * 2
+
+    def fail(self, kind: str):
+        if kind == "zero":
+            return 1 / 0
+        if kind == "key":
+            return {}["missing"]
+
+        class QuotaExceeded(Exception):
+            pass
+
+        raise QuotaExceeded("tenant over quota")
+
+    def unsendable(self):
+        return object()
+
+    def model(self):
+        return get_multiplexed_model_id()
+
+    async def __call__(self, body):
+        return {"body": body, "type": type(body).__name__}
+
+
+class Loader:
+    """Passes what it is given to its @multiplexed loader: a bytes body must not break it."""
+
+    @multiplexed(max_num_models_per_replica=2)
+    async def get_model(self, model_id: str):
+        return {"id": model_id}
+
+    async def __call__(self, body):
+        model_id = body if isinstance(body, bytes) else get_multiplexed_model_id()
+        return await self.get_model(model_id)
+
+
+class Delegate:
+    """Calls the streamers through handles from inside a deployment, as Ray's Delegate does."""
+
+    def __init__(self):
+        self.streamers = {name: handle(name) for name in ("async-streamer", "sync-streamer")}
+
+    async def __call__(self, body):
+        h = self.streamers[body["target"]].options(stream=True)
+        got = {
+            "call": [i async for i in h.remote(5)],
+            "other": [i async for i in h.other_method.remote(5)],
+            "by_option": [i async for i in h.options(method_name="other_method").remote(5)],
+            "inner": [i async for i in h.call_inner_generator.remote(5)],
+            "unary": await h.options(stream=False).unary.remote(5),
+        }
+        first, second = h.remote(1), h.remote(2)
+        got["interleaved"] = [await first.__anext__(), await second.__anext__(), await second.__anext__()]
+        for stream in (first, second):
+            try:
+                await stream.__anext__()
+            except StopAsyncIteration:
+                got["interleaved"].append("end")
+        return got
+
+    async def hi(self, body):
+        """Streams what a handle streams (Ray's proxy-from-a-streaming-handle test)."""
+        async for text in self.streamers[body["target"]].options(stream=True).hi.remote():
+            yield text
+
+    async def chained(self, x: int):
+        """A response passed as an argument is awaited first."""
+        echo = handle("echo")
+        first = echo.echo.remote(x)
+        return await echo.echo.remote(first)
+
