@@ -1,4 +1,5 @@
-"""One ``modelplex local`` stack of the deployments in parity.py, started once for the module."""
+"""One ``modelplex local`` stack of the deployments in parity.py, started once for the package
+(a cold start of 16 processes costs tens of seconds on two cores)."""
 
 from __future__ import annotations
 
@@ -20,17 +21,20 @@ DEPLOYMENTS = {
     "text-streamer": "parity:TextStreamer",
     "echo": "parity:Echo",
     "loader": "parity:Loader",
+    "lru": "parity:Loader",
     "delegate": "parity:Delegate",
 }
+#: Spec fields per deployment, beyond one replica of its handler.
+SPECS = {"loader": {"replicas": 2}, "lru": {"multiplexing": {"maxModelsPerReplica": 2}}}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def _parity_stack(tmp_path_factory) -> Iterator[Stack]:
     processes = Processes(tmp_path_factory.mktemp("parity"))
     try:
         shutil.copy(HERE / "parity.py", processes.folder / "parity.py")
         path = write_documents(processes.folder / "parity.yaml",
-                               [manifest(name, handler) for name, handler in DEPLOYMENTS.items()])
+                               [manifest(name, handler, **SPECS.get(name, {})) for name, handler in DEPLOYMENTS.items()])
         yield start_local(processes, path, deployments=len(DEPLOYMENTS))
     finally:
         processes.stop_all()

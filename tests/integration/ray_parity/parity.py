@@ -2,6 +2,7 @@
 (``python/ray/serve/tests/test_batching.py``, ``test_handle_streaming.py``,
 ``test_streaming_response.py``), with only the SDK's import changed."""
 
+import os
 import time
 from pathlib import Path
 
@@ -164,7 +165,7 @@ class Loader:
 
     async def __call__(self, body):
         model_id = body if isinstance(body, bytes) else get_multiplexed_model_id()
-        return await self.get_model(model_id)
+        return {**await self.get_model(model_id), "pid": os.getpid()}
 
 
 class Delegate:
@@ -195,6 +196,12 @@ class Delegate:
         """Streams what a handle streams (Ray's proxy-from-a-streaming-handle test)."""
         async for text in self.streamers[body["target"]].options(stream=True).hi.remote():
             yield text
+
+    async def model_ids(self):
+        """Setting a model id on a handle call leaves the caller's own unchanged."""
+        before = get_multiplexed_model_id()
+        other = await handle("echo").options(multiplexed_model_id="bar").model.remote()
+        return [before, other, get_multiplexed_model_id()]
 
     async def chained(self, x: int):
         """A response passed as an argument is awaited first."""
