@@ -1,33 +1,65 @@
-"""The per-replica multiplexed model cache: LRU, single-flight, parallel loads, safe eviction.
+"""The per-replica multiplexed model cache: a count and a byte budget, bounded loads, a warm tier.
 
 Past Ray Serve's cache:
-- loads of *different* models run in parallel (Ray serializes all loads under one lock);
-  the same model requested concurrently still loads once;
+- loads of *different* models run in parallel, up to ``max_concurrent_loads`` at once; the
+  loads waiting for a slot start in the order they were asked for, and one whose callers have
+  all gone before it started is dropped; the same model requested concurrently loads once;
+- with a byte budget (``max_bytes``), a load first reserves its expected size (the last
+  measured size of that id, else what the loader declares with :meth:`LoadContext.expect`,
+  else the mean measured size of the deployment, else nothing) and evicts idle models until
+  the reservation fits, so concurrent loads never overcommit memory; the reservation becomes
+  the model's measured size (``size_of``) when it is in. A measured size over the whole budget
+  is refused (:class:`ModelTooLarge`) and remembered, so the next request is refused at once;
+- a load that runs longer than ``load_timeout_s`` (counted from when it gets its slot) is
+  abandoned: not cached, every waiter gets :class:`ModelLoadTimeout` (504), the next request
+  retries;
 - a model pinned by requests in flight is never unloaded under them: eviction skips it, and
   if every loaded model is busy the cache runs over capacity until one goes idle;
-- the victim is chosen when the new model is in, not when its load starts: models used
-  during a slow load stay, and only the least recently used idle one goes. So up to
-  capacity + loads in flight are resident for the length of a load (evicting first cost a
-  third of the hits on a Zipf trace: bench/results/experiment_cache.txt);
+- with the count capacity alone, the victim is chosen when the new model is in, not when its
+  load starts: models used during a slow load stay (evicting first cost a third of the hits on
+  a Zipf trace: bench/results/experiment_cache.txt). Bytes are evicted before a load, because
+  memory that is not there cannot be borrowed;
+- the victim is the least recently used idle model (``policy="lru"``, Ray's) or the least
+  requested recently (``"lfu"``: request counts that halve every :data:`LFU_HALF_LIFE_S`, so
+  a once-hot model does not stay forever);
+- an evicted model may go to a warm tier (host memory) and come back from it by a copy; such
+  a load needs no load slot and its waiters are never turned away;
 - a failed load is not cached, and every waiter gets the error.
+
+The cache is pure: sizes come from a ``size_of(model_id, model)`` hook the replica gives it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import logging
+import math
 import time
-from collections import Counter, OrderedDict
-from contextlib import contextmanager
-from typing import Any, Awaitable, Callable, Iterator
+from collections import Counter, OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Literal, Protocol
 
-from modelplex.errors import ModelLoadError, ModelplexError
+from modelplex.errors import ModelLoadError, ModelLoadTimeout, ModelplexError, ModelTooLarge, Overloaded
 
 log = logging.getLogger("modelplex.cache")
 
 Loader = Callable[[str], Awaitable[Any]]
 Listener = Callable[[str, str, float], None]
+"""(event, model id, seconds); events: loading, loaded (cold), loaded_warm, load_failed,
+load_dropped (queued, every caller gone), evicted."""
+SizeOf = Callable[[str, Any], "int | None"]
+"""The bytes a freshly loaded model occupies on its device, or None when unknown."""
+LoadStarted = Callable[[str], None]
+"""Called as a load begins (a CUDA sizer notes the allocator's count there)."""
+Policy = Literal["lru", "lfu"]
+
+POLICIES = ("lru", "lfu")
+#: How fast ``lfu`` forgets: a request counts half as much this many seconds later.
+LFU_HALF_LIFE_S = 60.0
+#: Ids whose size and request rate are remembered after they leave the cache.
+REMEMBERED_IDS = 10_000
 
 
 class ModelInUse(ModelplexError):
@@ -35,27 +67,165 @@ class ModelInUse(ModelplexError):
     code = "model_in_use"
 
 
+class WarmTier(Protocol):
+    """Where evicted models wait to come back by a copy (host memory next to a GPU)."""
+
+    def holds(self, model_id: str) -> bool:
+        """Whether :meth:`take` would return the model now."""
+
+    async def keep(self, model_id: str, model: Any, nbytes: int) -> bool:
+        """Take an evicted model; False when it does not fit (the cache then releases it)."""
+
+    async def take(self, model_id: str) -> Any | None:
+        """The model, back on its device and no longer held by the tier; None if it is gone."""
+
+    async def close(self) -> None:
+        """Release everything held."""
+
+
+@dataclass
+class _Stats:
+    """What the cache remembers of an id, loaded or not."""
+
+    nbytes: int | None = None  # last measured size
+    score: float = 0.0  # requests, halved every LFU_HALF_LIFE_S
+    scored_at: float = 0.0
+
+
+@dataclass
+class _Entry:
+    model: Any
+    nbytes: int
+
+
+@dataclass
+class _Load:
+    model_id: str
+    future: asyncio.Future
+    task: asyncio.Task | None = None
+    waiters: int = 0
+    started: bool = False
+    warm: bool = False
+    reserved: int = 0
+
+
+@dataclass
+class LoadContext:
+    """The load in progress, as the loader sees it through :func:`current_load`."""
+
+    _cache: ModelCache
+    _load: _Load
+    tier: str = "cold"  # a loader that finds a local copy of its source says "warm"
+    declared: int | None = field(default=None)
+
+    @property
+    def model_id(self) -> str:
+        return self._load.model_id
+
+    async def expect(self, nbytes: int) -> None:
+        """Declare the model's expected size (e.g. its file's) before it takes device memory:
+        the reservation grows to it (evicting idle models) unless the id has a measured size."""
+        self.declared = nbytes
+        if self._cache._stats_of(self.model_id).nbytes is None:
+            await self._cache._reserve(self._load, nbytes)
+
+
+_current_load: contextvars.ContextVar[LoadContext | None] = contextvars.ContextVar("modelplex_load", default=None)
+
+
+def current_load() -> LoadContext | None:
+    """The load a ``@multiplexed`` loader runs for (None outside the cache's loads)."""
+    return _current_load.get()
+
+
+class _Slots:
+    """At most ``limit`` holders; waiters are served first come, first served."""
+
+    def __init__(self, limit: int | None):
+        self.free = limit
+        self._queue: deque[asyncio.Future] = deque()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._queue)
+
+    async def acquire(self) -> None:
+        if self.free is None:
+            return
+        if self.free > 0 and not self._queue:
+            self.free -= 1
+            return
+        granted = asyncio.get_running_loop().create_future()
+        self._queue.append(granted)
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():
+                self.release()  # granted, then cancelled before it ran: pass the slot on
+            elif granted in self._queue:
+                self._queue.remove(granted)
+            raise
+
+    def release(self) -> None:
+        if self.free is None:
+            return
+        while self._queue:
+            granted = self._queue.popleft()
+            if not granted.done():
+                granted.set_result(None)
+                return
+        self.free += 1
+
+
 class ModelCache:
-    """Up to ``capacity`` models, loaded on demand by ``load`` and evicted least recently used."""
+    """Models loaded on demand by ``load``, kept within ``capacity`` models and ``max_bytes``."""
 
     def __init__(
         self,
         load: Loader,
         capacity: int,
         *,
+        max_bytes: int | None = None,
+        max_concurrent_loads: int | None = None,
+        load_timeout_s: float | None = None,
+        max_waiting: int | None = None,
+        policy: Policy = "lru",
+        size_of: SizeOf | None = None,
+        load_started: LoadStarted | None = None,
+        warm: WarmTier | None = None,
         listener: Listener | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1 (got {capacity})")
+        if max_bytes is not None and max_bytes < 1:
+            raise ValueError(f"max_bytes must be >= 1 (got {max_bytes})")
+        if max_concurrent_loads is not None and max_concurrent_loads < 1:
+            raise ValueError(f"max_concurrent_loads must be >= 1 (got {max_concurrent_loads})")
+        if load_timeout_s is not None and load_timeout_s <= 0:
+            raise ValueError(f"load_timeout_s must be > 0 (got {load_timeout_s})")
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)} (got {policy!r})")
         self.capacity = capacity
+        self.capacity_bytes = max_bytes
+        self.max_concurrent_loads = max_concurrent_loads
+        self.load_timeout_s = load_timeout_s
+        self.max_waiting = max_waiting
+        self.policy = policy
         self._load = load
+        self._size_of = size_of
+        self._load_started = load_started
+        self._warm = warm
         self._listener = listener
         self._clock = clock
-        self._models: OrderedDict[str, Any] = OrderedDict()  # least recently used first
-        self._loading: dict[str, asyncio.Future] = {}
+        self._models: OrderedDict[str, _Entry] = OrderedDict()  # least recently used first
+        self._loading: dict[str, _Load] = {}
+        self._slots = _Slots(max_concurrent_loads)
+        self._stats: OrderedDict[str, _Stats] = OrderedDict()  # least recently requested first
+        self._measured_sum = 0
+        self._measured_count = 0
         self._pins: Counter[str] = Counter()
-        self._idle = asyncio.Condition()
+        self._changed: list[asyncio.Future] = []  # woken when memory or a model frees up
         self._background: set[asyncio.Task] = set()
         self.version = 0
 
@@ -70,6 +240,28 @@ class ModelCache:
     def loading(self) -> list[str]:
         return list(self._loading)
 
+    @property
+    def model_bytes(self) -> dict[str, int]:
+        """Measured size of each loaded model (0 where unknown), least recently used first."""
+        return {model_id: entry.nbytes for model_id, entry in self._models.items()}
+
+    @property
+    def bytes_used(self) -> int:
+        """Loaded models plus the reservations of loads in flight."""
+        return sum(entry.nbytes for entry in self._models.values()) + self.bytes_reserved
+
+    @property
+    def bytes_reserved(self) -> int:
+        return sum(load.reserved for load in self._loading.values())
+
+    @property
+    def loads_running(self) -> int:
+        return sum(1 for load in self._loading.values() if load.started)
+
+    @property
+    def loads_queued(self) -> int:
+        return sum(1 for load in self._loading.values() if not load.started)
+
     def __contains__(self, model_id: str) -> bool:
         return model_id in self._models
 
@@ -77,42 +269,48 @@ class ModelCache:
 
     async def get(self, model_id: str) -> Any:
         """The model, loading it if needed; concurrent calls for one id share one load."""
-        if model_id in self._models:
+        self._count_request(model_id)
+        entry = self._models.get(model_id)
+        if entry is not None:
             self._models.move_to_end(model_id)
-            return self._models[model_id]
-        future = self._loading.get(model_id)
-        if future is None:
-            future = asyncio.get_running_loop().create_future()
-            self._loading[model_id] = future
+            return entry.model
+        load = self._loading.get(model_id)
+        if load is None:
+            self._refuse_if_too_large(model_id)
+            load = _Load(model_id, asyncio.get_running_loop().create_future())
+            load.warm = self._warm is not None and self._warm.holds(model_id)
+            self._loading[model_id] = load
             # The load runs in its own task: a caller that goes away does not cancel it for the others.
-            self._spawn(self._load_into(model_id, future))
+            load.task = self._spawn(self._run(load))
             self._notify("loading", model_id, 0.0)
-        return await asyncio.shield(future)
-
-    @contextmanager
-    def pinned(self, model_id: str) -> Iterator[None]:
-        """Mark ``model_id`` in use for the duration of a request: it is not evicted meanwhile."""
-        self._pins[model_id] += 1
+        elif self.max_waiting is not None and load.waiters >= self.max_waiting and not load.warm:
+            raise Overloaded(f"{load.waiters} requests already wait for model {model_id!r} to load "
+                             f"(maxOngoingRequests)", retry_after=1)
+        load.waiters += 1
         try:
-            yield
+            return await asyncio.shield(load.future)
         finally:
-            self._pins[model_id] -= 1
-            if self._pins[model_id] <= 0:
-                del self._pins[model_id]
-                self._spawn(self._on_idle())
+            load.waiters -= 1
+            if load.waiters == 0 and not load.started and not load.future.done():
+                self._abandon(load)
+
+    def pinned(self, model_id: str):
+        """Mark ``model_id`` in use for the duration of a request: it is not evicted meanwhile."""
+        return _Pin(self, model_id)
 
     async def evict(self, model_id: str, *, timeout: float = 30.0) -> bool:
         """Unload ``model_id`` once no request uses it; False if it was not loaded."""
         if model_id not in self._models:
             return False
         try:
-            async with self._idle:
-                await asyncio.wait_for(self._idle.wait_for(lambda: self._pins[model_id] == 0), timeout)
+            async with asyncio.timeout(timeout):
+                while self._pins[model_id] > 0:
+                    await self._wait_for_change()
         except TimeoutError:
             raise ModelInUse(f"model {model_id!r} is still serving requests after {timeout:g} s") from None
         if model_id not in self._models:
             return False
-        await self._unload(model_id)
+        await self._unload(model_id, to_warm=False)
         return True
 
     async def close(self) -> None:
@@ -121,68 +319,247 @@ class ModelCache:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
         for model_id in list(self._models):
-            await self._unload(model_id)
+            await self._unload(model_id, to_warm=False)
+        if self._warm is not None:
+            await self._warm.close()
 
-    # -- internals -----------------------------------------------------------------------------
+    # -- loads ---------------------------------------------------------------------------------
 
-    def _spawn(self, coroutine: Awaitable[None]) -> None:
+    def _spawn(self, coroutine: Awaitable[None]) -> asyncio.Task:
         task = asyncio.ensure_future(coroutine)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
-    async def _load_into(self, model_id: str, future: asyncio.Future) -> None:
-        log.info("Loading model %r.", model_id)
+    def _abandon(self, load: _Load) -> None:
+        """Every caller left before the load began: drop it (it never took memory)."""
+        del self._loading[load.model_id]
+        load.future.cancel()
+        if load.task is not None:
+            load.task.cancel()
+        log.info("Dropped the queued load of model %r: every caller has gone.", load.model_id)
+        self._notify("load_dropped", load.model_id, 0.0)
+
+    async def _run(self, load: _Load) -> None:
+        model_id = load.model_id
+        context = LoadContext(self, load, tier="warm" if load.warm else "cold")
+        slot = False
         started = self._clock()
         try:
-            model = await self._load(model_id)
+            if not load.warm:
+                await self._slots.acquire()
+                slot = True
+            load.started = True
+            log.info("Loading model %r%s.", model_id, " from the warm tier" if load.warm else "")
+            started = self._clock()
+            deadline = asyncio.timeout(self.load_timeout_s)
+            try:
+                async with deadline:
+                    model = await self._fetch(load, context)
+            except TimeoutError:
+                if not deadline.expired():
+                    raise  # the loader's own timeout, not ours
+                raise ModelLoadTimeout(
+                    f"loading model {model_id!r} took longer than loadTimeoutSeconds "
+                    f"({self.load_timeout_s:g} s); it is not cached and the next request tries again") from None
+            nbytes = self._measure(model_id, model, load)
         except BaseException as error:  # noqa: BLE001 - every waiter must hear about it
-            seconds = self._clock() - started
-            del self._loading[model_id]
-            log.warning("Loading model %r failed after %.3f s: %s", model_id, seconds, error)
-            if isinstance(error, ModelplexError):
-                future.set_exception(error)
-            else:
-                future.set_exception(ModelLoadError(f"loading model {model_id!r} failed: {error!r}"))
-            future.exception()  # mark retrieved: there may be no waiter left
-            self._notify("load_failed", model_id, seconds)
+            self._failed(load, error, self._clock() - started)
             if isinstance(error, asyncio.CancelledError):
                 raise
             return
+        finally:
+            if slot:
+                self._slots.release()
         seconds = self._clock() - started
-        del self._loading[model_id]
-        self._models[model_id] = model
+        if self._loading.get(model_id) is load:
+            del self._loading[model_id]
+        self._models[model_id] = _Entry(model, nbytes)
         self.version += 1
-        log.info("Loaded model %r in %.3f s.", model_id, seconds)
-        self._notify("loaded", model_id, seconds)
+        self._wake()  # its reservation is now its size, and it may be the next victim
+        log.info("Loaded model %r in %.3f s (%s, %s).", model_id, seconds, context.tier,
+                 _human(nbytes) if nbytes else "size unknown")
+        self._notify("loaded_warm" if context.tier == "warm" else "loaded", model_id, seconds)
         await self._make_room(keep=model_id)
-        future.set_result(model)
+        if not load.future.done():
+            load.future.set_result(model)
+
+    async def _fetch(self, load: _Load, context: LoadContext) -> Any:
+        """The model from the warm tier, else from the loader, inside its byte reservation."""
+        await self._reserve(load, self._expected(load.model_id))
+        if load.warm:
+            model = await self._warm.take(load.model_id)
+            if model is not None:
+                return model
+            context.tier = "cold"  # dropped from the tier meanwhile: a full load after all
+        if self._load_started is not None:
+            self._load_started(load.model_id)
+        token = _current_load.set(context)
+        try:
+            return await self._load(load.model_id)
+        finally:
+            _current_load.reset(token)
+
+    def _measure(self, model_id: str, model: Any, load: _Load) -> int:
+        measured = self._size_of(model_id, model) if self._size_of is not None else None
+        if measured is None:
+            return load.reserved  # unknown: keep counting what was reserved
+        self._remember_size(model_id, measured)
+        if self.capacity_bytes is not None and measured > self.capacity_bytes:
+            self._spawn(release(model, model_id))
+            raise ModelTooLarge(_too_large(model_id, measured, self.capacity_bytes))
+        return measured
+
+    def _failed(self, load: _Load, error: BaseException, seconds: float) -> None:
+        model_id = load.model_id
+        if self._loading.get(model_id) is load:
+            del self._loading[model_id]
+        load.reserved = 0
+        self._wake()
+        if load.future.done():
+            return  # abandoned: nobody waits
+        if isinstance(error, asyncio.CancelledError):
+            load.future.cancel()
+            return
+        log.warning("Loading model %r failed after %.3f s: %s", model_id, seconds, error)
+        if isinstance(error, ModelplexError):
+            load.future.set_exception(error)
+        else:
+            load.future.set_exception(ModelLoadError(f"loading model {model_id!r} failed: {error!r}"))
+        load.future.exception()  # mark retrieved: there may be no waiter left
+        self._notify("load_failed", model_id, seconds)
+
+    def _refuse_if_too_large(self, model_id: str) -> None:
+        stats = self._stats.get(model_id)
+        if self.capacity_bytes is not None and stats is not None and stats.nbytes is not None \
+                and stats.nbytes > self.capacity_bytes:
+            raise ModelTooLarge(_too_large(model_id, stats.nbytes, self.capacity_bytes))
+
+    # -- bytes ---------------------------------------------------------------------------------
+
+    def _expected(self, model_id: str) -> int:
+        measured = self._stats_of(model_id).nbytes
+        if measured is not None:
+            return measured
+        return self._measured_sum // self._measured_count if self._measured_count else 0
+
+    async def _reserve(self, load: _Load, nbytes: int) -> None:
+        """Grow ``load``'s reservation to ``nbytes`` (at most the budget), evicting idle models
+        until it fits and waiting while it cannot."""
+        if self.capacity_bytes is not None:
+            nbytes = min(nbytes, self.capacity_bytes)
+        while nbytes > load.reserved:
+            if self.capacity_bytes is None or self.bytes_used - load.reserved + nbytes <= self.capacity_bytes:
+                load.reserved = nbytes
+                return
+            victim = self._victim()
+            if victim is None:
+                await self._wait_for_change()  # every byte serves a request or a load
+            else:
+                await self._unload(victim, to_warm=True)
+
+    def _over(self) -> bool:
+        if len(self._models) > self.capacity:
+            return True
+        return self.capacity_bytes is not None and self.bytes_used > self.capacity_bytes
 
     async def _make_room(self, keep: str | None = None) -> None:
-        """Evict idle models, least recently used first, until the loaded ones fit."""
-        while len(self._models) > self.capacity:
-            victim = next((m for m in self._models if self._pins[m] == 0 and m != keep), None)
+        """Evict idle models until the loaded ones fit the count and the bytes."""
+        while self._over():
+            victim = self._victim(keep)
             if victim is None:
                 return  # every loaded model serves a request: evict when one goes idle
-            await self._unload(victim)
+            await self._unload(victim, to_warm=True)
 
-    async def _on_idle(self) -> None:
-        async with self._idle:
-            self._idle.notify_all()
-        await self._make_room()
+    def _victim(self, keep: str | None = None) -> str | None:
+        idle = [m for m in self._models if self._pins[m] == 0 and m != keep]
+        if not idle:
+            return None
+        if self.policy == "lru":
+            return idle[0]
+        now = self._clock()
+        return min(idle, key=lambda m: self._score(self._stats_of(m), now))  # min keeps LRU order on ties
 
-    async def _unload(self, model_id: str) -> None:
-        model = self._models.pop(model_id)
+    # -- per-id memory: sizes and request rates ------------------------------------------------
+
+    def _stats_of(self, model_id: str) -> _Stats:
+        stats = self._stats.get(model_id)
+        if stats is None:
+            stats = self._stats[model_id] = _Stats(scored_at=self._clock())
+            while len(self._stats) > REMEMBERED_IDS:
+                forgotten_id = next(iter(self._stats))
+                if forgotten_id in self._models or forgotten_id in self._loading:
+                    self._stats.move_to_end(forgotten_id)
+                    continue
+                forgotten = self._stats.pop(forgotten_id)
+                if forgotten.nbytes is not None:
+                    self._measured_sum -= forgotten.nbytes
+                    self._measured_count -= 1
+        return stats
+
+    def _remember_size(self, model_id: str, nbytes: int) -> None:
+        stats = self._stats_of(model_id)
+        if stats.nbytes is not None:
+            self._measured_sum -= stats.nbytes
+            self._measured_count -= 1
+        stats.nbytes = nbytes
+        self._measured_sum += nbytes
+        self._measured_count += 1
+
+    def _count_request(self, model_id: str) -> None:
+        stats = self._stats_of(model_id)
+        self._stats.move_to_end(model_id)
+        now = self._clock()
+        stats.score = self._score(stats, now) + 1.0
+        stats.scored_at = now
+
+    @staticmethod
+    def _score(stats: _Stats, now: float) -> float:
+        return stats.score * math.exp2(-(now - stats.scored_at) / LFU_HALF_LIFE_S)
+
+    # -- unloading -----------------------------------------------------------------------------
+
+    async def _unload(self, model_id: str, *, to_warm: bool) -> None:
+        entry = self._models.pop(model_id)
         self.version += 1
         log.info("Unloading model %r.", model_id)
         started = self._clock()
-        try:
-            await _release(model)
-        except Exception:  # noqa: BLE001 - a broken unload() must not wedge the cache
-            log.exception("unload() of model %r raised", model_id)
-        del model  # the last reference: CPython runs __del__ now
+        kept = False
+        if to_warm and self._warm is not None:
+            try:
+                kept = await self._warm.keep(model_id, entry.model, entry.nbytes)
+            except Exception:  # noqa: BLE001 - the model is then released as usual
+                log.exception("moving model %r to the warm tier failed", model_id)
+        if not kept:
+            await release(entry.model, model_id)
+        del entry  # the last reference: CPython runs __del__ now
         seconds = self._clock() - started
-        log.info("Unloaded model %r in %.3f s.", model_id, seconds)
+        log.info("Unloaded model %r%s in %.3f s.", model_id, " to the warm tier" if kept else "", seconds)
         self._notify("evicted", model_id, seconds)
+        self._wake()
+
+    # -- change notifications ------------------------------------------------------------------
+
+    async def _wait_for_change(self) -> None:
+        changed = asyncio.get_running_loop().create_future()
+        self._changed.append(changed)
+        try:
+            await changed
+        finally:
+            if changed in self._changed:
+                self._changed.remove(changed)
+
+    def _wake(self) -> None:
+        """Memory was freed or a model went idle: waiting reservations and evictions look again."""
+        waiting, self._changed = self._changed, []
+        for changed in waiting:
+            if not changed.done():
+                changed.set_result(None)
+
+    def _unpinned(self, model_id: str) -> None:
+        self._wake()
+        if self._over():
+            self._spawn(self._make_room())
 
     def _notify(self, event: str, model_id: str, seconds: float) -> None:
         if self._listener is not None:
@@ -192,10 +569,47 @@ class ModelCache:
                 log.exception("cache listener failed on %s %r", event, model_id)
 
 
-async def _release(model: Any) -> None:
-    """Call the model's ``unload()`` (sync or async) if it has one."""
+class _Pin:
+    """``with cache.pinned(model_id):`` keeps the model loaded while a request uses it."""
+
+    __slots__ = ("cache", "model_id")
+
+    def __init__(self, cache: ModelCache, model_id: str):
+        self.cache = cache
+        self.model_id = model_id
+
+    def __enter__(self) -> None:
+        self.cache._pins[self.model_id] += 1
+
+    def __exit__(self, *exc: Any) -> None:
+        pins = self.cache._pins
+        pins[self.model_id] -= 1
+        if pins[self.model_id] <= 0:
+            del pins[self.model_id]
+            self.cache._unpinned(self.model_id)
+
+
+async def release(model: Any, model_id: str = "") -> None:
+    """Call the model's ``unload()`` (sync or async) if it has one; never raises."""
     unload = getattr(model, "unload", None)
-    if callable(unload):
+    if not callable(unload):
+        return
+    try:
         result = unload()
         if inspect.isawaitable(result):
             await result
+    except Exception:  # noqa: BLE001 - a broken unload() must not wedge the cache
+        log.exception("unload() of model %r raised", model_id)
+
+
+def _too_large(model_id: str, nbytes: int, budget: int) -> str:
+    return (f"model {model_id!r} takes {_human(nbytes)}, more than the replica's whole model memory "
+            f"({_human(budget)}, spec.multiplexing.maxModelBytes / memoryFraction)")
+
+
+def _human(nbytes: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if nbytes < 1024 or unit == "GiB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    return f"{nbytes} B"

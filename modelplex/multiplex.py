@@ -72,10 +72,27 @@ def _cache_of(owner: Any, load: Callable, takes_self: bool, capacity: int) -> Mo
         cache = ModelCache(
             loader,
             runtime.max_models_per_replica or capacity,
+            max_bytes=runtime.max_model_bytes,
+            max_concurrent_loads=runtime.max_concurrent_loads,
+            load_timeout_s=runtime.load_timeout_s,
+            max_waiting=runtime.max_waiting_per_model,
+            policy=runtime.eviction_policy,
+            size_of=_size_hook(owner) if takes_self else runtime.model_size,
+            load_started=runtime.load_started,
+            warm=runtime.warm_tier,
             listener=runtime.cache_changed,
         )
         caches[load.__name__] = cache
     return cache
+
+
+def _size_hook(handler: Any):
+    """The handler's own ``model_bytes(model) -> int`` (models that are not torch modules),
+    else the runtime's measurement."""
+    own = getattr(handler, "model_bytes", None)
+    if callable(own):
+        return lambda model_id, model: own(model)
+    return runtime.model_size
 
 
 def find_cache(handler: Any) -> ModelCache | None:

@@ -9,13 +9,14 @@ use their own arguments.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 BatchObserver = Callable[[str, int, float], None]
 """(model id, batch size, seconds the first request waited) for every batch."""
 
 CacheObserver = Callable[[str, str, float], None]
-"""(event, model id, seconds) with event in "loading", "loaded", "load_failed", "evicted"."""
+"""(event, model id, seconds) with event in "loading", "loaded" (cold), "loaded_warm",
+"load_failed", "load_dropped", "evicted"."""
 
 
 @dataclass
@@ -23,6 +24,18 @@ class Runtime:
     max_models_per_replica: int | None = None
     max_batch_size: int | None = None
     batch_wait_timeout_s: float | None = None
+    # The model cache (spec.multiplexing); None leaves the cache unbounded in that respect.
+    max_model_bytes: int | None = None
+    max_concurrent_loads: int | None = None
+    load_timeout_s: float | None = None
+    max_waiting_per_model: int | None = None
+    eviction_policy: str = "lru"
+    #: sizes of loaded models and the warm tier, from the replica (modelplex_replica.sizes/warm):
+    #: ``model_size(model_id, model) -> bytes | None``, ``load_started(model_id)``.
+    model_size: Callable[[str, Any], int | None] | None = None
+    load_started: Callable[[str], None] | None = None
+    warm_tier: Any = None
+    host_cache_bytes: int = 0  # the warm tier's bound (a loader's disk copy on CPU)
     batch_observers: list[BatchObserver] = field(default_factory=list)
     cache_observers: list[CacheObserver] = field(default_factory=list)
 

@@ -8,7 +8,9 @@ must be >= 1 (got 0)``).
 
 from __future__ import annotations
 
+import math
 import re
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -28,6 +30,16 @@ DEFAULT_BATCH_WAIT_TIMEOUT_S = 0.01
 #: Ray Serve defaults to 5, which caps every batch at 5 requests; 32 lets batches of up to
 #: 16 fill with the next one queued behind them, and still bounds a replica's queue.
 DEFAULT_MAX_ONGOING_REQUESTS = 32
+#: Loads (fetch + construction) running at once per replica: each holds host memory for the
+#: weights on their way to the device, and a burst of distinct ids must not start one each.
+DEFAULT_MAX_CONCURRENT_LOADS = 2
+#: A load past this is abandoned (504 to its waiters); large models on slow stores take minutes.
+DEFAULT_LOAD_TIMEOUT_S = 300.0
+EVICTION_POLICIES = ("lru", "lfu")
+
+_QUANTITY = re.compile(r"^\+?(?P<number>[0-9]+(\.[0-9]*)?|\.[0-9]+)(?P<suffix>[KMGTPE]i|[kMGTPE]|[eE]\+?[0-9]+)?$")
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
 
 SOURCE_SCHEMES = ("file", "http", "https", "s3")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -67,11 +79,65 @@ class ModelSource(_Model):
         return uri
 
 
+def parse_quantity(value: Any) -> int:
+    """Bytes from a Kubernetes quantity (``12Gi``, ``500M``, ``1e9``, ``1048576``), rounded up."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"must be a byte quantity such as 12Gi or 500M (got {value!r})")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"must be >= 0 (got {value!r})")
+        return math.ceil(value)
+    match = _QUANTITY.match(value.strip())
+    if match is None:
+        raise ValueError(f"must be a byte quantity such as 12Gi or 500M (got {value!r})")
+    number, suffix = Decimal(match["number"]), match["suffix"] or ""
+    if suffix[:1] in ("e", "E"):
+        scale = Decimal(10) ** int(suffix[1:].lstrip("+"))
+    else:
+        scale = _BINARY.get(suffix) or _DECIMAL.get(suffix) or 1
+    return math.ceil(number * scale)
+
+
 class Multiplexing(_Model):
     # None means "the @multiplexed decorator's argument, else Ray Serve's default".
     max_models_per_replica: int | None = Field(default=None, ge=1, alias="maxModelsPerReplica")
     matching_timeout_seconds: float = Field(default=DEFAULT_MATCHING_TIMEOUT_S, ge=0, alias="matchingTimeoutSeconds")
     prewarm: tuple[str, ...] = ()
+    # The model memory budget: bytes, or a share of the device's memory; neither means models
+    # are counted only (maxModelsPerReplica).
+    max_model_bytes: int | None = Field(default=None, alias="maxModelBytes",
+                                        description="Kubernetes quantity, e.g. 12Gi.")
+    memory_fraction: float | None = Field(default=None, gt=0, le=1, alias="memoryFraction")
+    max_concurrent_loads: int = Field(default=DEFAULT_MAX_CONCURRENT_LOADS, ge=1, alias="maxConcurrentLoads")
+    load_timeout_seconds: float = Field(default=DEFAULT_LOAD_TIMEOUT_S, gt=0, alias="loadTimeoutSeconds")
+    # The warm tier: host memory beside a GPU, a local-disk copy of fetched files on CPU; 0 is off.
+    host_cache_bytes: int = Field(default=0, alias="hostCacheBytes", description="Kubernetes quantity, e.g. 8Gi.")
+    eviction_policy: str = Field(default="lru", alias="evictionPolicy")
+
+    @field_validator("max_model_bytes", "host_cache_bytes", mode="before")
+    @classmethod
+    def _check_quantity(cls, value: Any) -> Any:
+        return None if value is None else parse_quantity(value)
+
+    @field_validator("max_model_bytes")
+    @classmethod
+    def _check_budget(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError(f"must be at least 1 byte (got {value})")
+        return value
+
+    @field_validator("eviction_policy")
+    @classmethod
+    def _check_policy(cls, policy: str) -> str:
+        if policy not in EVICTION_POLICIES:
+            raise ValueError(f"must be one of {', '.join(EVICTION_POLICIES)} (got {policy!r})")
+        return policy
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> Multiplexing:
+        if self.max_model_bytes is not None and self.memory_fraction is not None:
+            raise ValueError("maxModelBytes and memoryFraction both set: give one model memory budget")
+        return self
 
 
 class Batching(_Model):

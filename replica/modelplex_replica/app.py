@@ -151,7 +151,7 @@ def _lifecycle(patch_pod: Patch | None):
 def _cache_changed(state: ReplicaState) -> None:
     """On the user loop, after a load starts, ends or fails, or a model is evicted."""
     state.publish()
-    state.metrics.models_loaded.labels(state.deployment.name).set(len(state.published.document.models))
+    state.metrics.observe_cache(state.cache)
     if state.reporter is not None and state.server_loop is not None:
         state.server_loop.call_soon_threadsafe(state.reporter.changed)
 

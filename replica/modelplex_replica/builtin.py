@@ -22,8 +22,10 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 import threading
 import warnings
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,9 +34,12 @@ import numpy as np
 import torch
 
 from modelplex import batch, get_multiplexed_model_id, multiplexed
+from modelplex.cache import current_load
 from modelplex.errors import BadRequest, ModelLoadError
 from modelplex.oip import DTYPES, InferRequest, InferResponse, datatype_of, tensor_metadata
+from modelplex.runtime import runtime
 from modelplex_replica.sources import ModelSource
+from modelplex_replica.warm import DiskTier
 
 #: The archive entry that declares a model's OIP inputs and outputs.
 METADATA_FILE = "modelplex.json"
@@ -74,11 +79,32 @@ class TorchScriptHandler:
         self.device = pick_device()
         # One forward pass at a time: torch already uses every intra-op thread for one batch.
         self._compute = threading.Lock()
+        self._disk: DiskTier | None = None
 
     @multiplexed
     async def load_model(self, model_id: str) -> LoadedModel:
-        data = await self.source.fetch(model_id)
+        load = current_load()
+        disk = self._disk_tier()
+        data = await asyncio.to_thread(disk.read, model_id) if disk is not None else None
+        if data is not None:
+            if load is not None:
+                load.tier = "warm"
+        else:
+            data = await self.source.fetch(model_id)
+            if disk is not None:
+                await asyncio.to_thread(disk.write, model_id, data)
+        if load is not None:
+            await load.expect(len(data))  # the file's size: room is made before the weights land
         return await asyncio.to_thread(self._deserialize, model_id, data)
+
+    def _disk_tier(self) -> DiskTier | None:
+        """On CPU, the warm tier: a local copy of each fetched file (``hostCacheBytes``)."""
+        if self.device.type != "cpu" or not runtime.host_cache_bytes:
+            return None
+        if self._disk is None:
+            self._disk = DiskTier(runtime.host_cache_bytes, os.environ.get("MODELPLEX_WARM_DIR") or None)
+            weakref.finalize(self, self._disk.close)
+        return self._disk
 
     def _deserialize(self, model_id: str, data: bytes) -> LoadedModel:
         extra = {METADATA_FILE: ""}

@@ -9,6 +9,7 @@ from typing import Any
 
 from modelplex.runtime import runtime
 from modelplex.spec import Deployment, SpecError
+from modelplex_replica.sizes import configure_cache
 
 
 def configure_runtime(deployment: Deployment) -> None:
@@ -17,6 +18,7 @@ def configure_runtime(deployment: Deployment) -> None:
     runtime.max_models_per_replica = spec.multiplexing.max_models_per_replica
     runtime.max_batch_size = spec.batching.max_batch_size
     runtime.batch_wait_timeout_s = spec.batch_wait_timeout_s
+    configure_cache(spec)
 
 
 def build_handler(deployment: Deployment) -> Any:
