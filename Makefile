@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 TORCH_WHEEL := $(firstword $(wildcard /opt/wheels/torch-*.whl))
 TORCH_REQ   := $(if $(TORCH_WHEEL),torch==$(word 2,$(subst -, ,$(notdir $(TORCH_WHEEL)))),torch)
 
-.PHONY: run test venv unit integration e2e lint control-plane bench bench-components clean
+.PHONY: run test venv tools unit integration e2e lint control-plane bench bench-components clean
 
 $(STAMP): pyproject.toml
 	@echo "==> creating $(VENV) and installing modelplex with its dev and replica extras"
@@ -19,6 +19,17 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# promtool (tests check the metrics' format with it): from Debian's prometheus package, extracted
+# into the venv, so no Prometheus service gets installed or started.
+$(VENV)/bin/promtool: | $(STAMP)
+	@echo "==> promtool from Debian's prometheus package"
+	rm -rf $(VENV)/.deb && mkdir -p $(VENV)/.deb
+	cd $(VENV)/.deb && { apt-get download -q prometheus || { apt-get update -qq && apt-get download -q prometheus; }; } \
+	  && dpkg-deb -x prometheus_*.deb root && cp root/usr/bin/promtool ../bin/promtool
+	rm -rf $(VENV)/.deb
+
+tools: $(VENV)/bin/promtool
 
 run: venv
 	$(PY) examples/zoo/build_zoo.py
@@ -33,14 +44,14 @@ lint: venv
 unit: venv
 	$(PY) -m pytest tests/unit
 
-integration: venv
+integration: venv tools
 	$(PY) -m pytest tests/integration
 
 e2e: venv control-plane
 	$(PY) -m pytest tests/e2e
 
 # pytest exits 5 when it collected no test: that fails here, as any non-zero exit does.
-test: venv lint control-plane
+test: venv tools lint control-plane
 	$(PY) -m pytest tests
 
 # Modelplex against Ray Serve, side by side (bench/results/); BENCH_ARGS=--quick for a smoke run.
