@@ -153,7 +153,20 @@ class Echo:
         return get_multiplexed_model_id()
 
     async def __call__(self, body):
+        if body == {"unsendable": True}:
+            return {1, 2}  # JSON has no sets: the answer cannot be sent over plain HTTP
         return {"body": body, "type": type(body).__name__}
+
+
+class OnlyMethods:
+    """No __call__: reachable through handles only."""
+
+    def double(self, x):
+        return 2 * x
+
+
+class Nothing:
+    """Nothing a request could call."""
 
 
 class Loader:

@@ -71,11 +71,11 @@ async def test_a_bytes_id_given_to_the_loader_fails_that_request_only(stack, ses
     async with session.post(url, data=b"raw-bytes", headers={MODEL_ID_HEADER: "m1"}) as response:
         assert response.status == 500
         error = (await response.json())["error"]
-    assert error["type"] == "TypeError" and "string" in error["message"]
-    async with session.get(stack.url("loader") + "/v1/replicas") as response:
-        replicas = (await response.json())["replicas"]
-    assert all(replica["ready"] for replica in replicas), replicas
-    for model_id in ("m1", "org/m2"):
+    for model_id in ("m1", "org/m2"):  # the replica goes on serving
         async with session.post(url, json={}, headers={MODEL_ID_HEADER: model_id}) as response:
             assert response.status == 200, await response.text()
             assert (await response.json())["id"] == model_id
+    async with session.get(stack.url("loader") + "/v1/replicas") as response:
+        replicas = (await response.json())["replicas"]
+    assert all(replica["ready"] for replica in replicas), replicas
+    assert error["type"] == "TypeError" and "string" in error["message"]
