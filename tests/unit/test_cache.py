@@ -247,3 +247,340 @@ async def test_version_grows_with_every_load_and_eviction():
     versions.append(cache.version)
     assert versions == sorted(set(versions))
     assert versions[-1] == 3
+
+
+# -- the byte budget, bounded loads, timeouts, the warm tier, lfu ------------------------------
+
+MB = 1_000_000
+
+
+class Sized(Store):
+    """A store whose models have fake sizes, checking the budget at every load start."""
+
+    def __init__(self, sizes, budget=None):
+        super().__init__()
+        self.sizes = sizes
+        self.budget = budget
+        self.cache: ModelCache | None = None
+        self.peak = 0  # the most bytes loaded + reserved at any load start or end
+        self.running = 0
+        self.most_running = 0
+
+    def size_of(self, model_id, model):
+        return self.sizes[model_id]
+
+    async def load(self, model_id):
+        self.running += 1
+        self.most_running = max(self.most_running, self.running)
+        self.peak = max(self.peak, self.cache.bytes_used)
+        try:
+            return await super().load(model_id)
+        finally:
+            self.running -= 1
+
+    def listener(self, event, model_id, seconds):
+        super().listener(event, model_id, seconds)
+        self.peak = max(self.peak, self.cache.bytes_used)
+
+
+def sized_cache(store, *, capacity=100, **options):
+    store.cache = ModelCache(store.load, capacity, size_of=store.size_of, listener=store.listener, **options)
+    return store.cache
+
+
+async def test_concurrent_loads_never_reserve_more_than_the_byte_budget():
+    sizes = {f"m{i}": (20 + 7 * (i % 5)) * MB for i in range(40)}
+    store = Sized(sizes)
+    cache = sized_cache(store, max_bytes=100 * MB)
+    for model_id in sizes:  # every size measured once: from now on each load reserves its own
+        await cache.get(model_id)
+    assert cache.bytes_used <= 100 * MB
+    store.peak = 0
+    for model_id in sizes:
+        store.gate(model_id)
+    waiters = [asyncio.create_task(cache.get(model_id)) for model_id in reversed(sizes)]
+    for _ in range(200):  # let loads start and reserve, then release them a few at a time
+        await asyncio.sleep(0)
+        assert cache.bytes_used <= 100 * MB
+        for model_id in [m for m in cache.loading if store.started[m].is_set()][:2]:
+            store.gates[model_id].set()
+    for gate in store.gates.values():
+        gate.set()
+    await asyncio.gather(*waiters)
+    assert 0 < store.peak <= 100 * MB
+    assert sum(cache.model_bytes.values()) == cache.bytes_used <= 100 * MB
+    assert cache.model_bytes == {m: sizes[m] for m in cache.loaded}
+
+
+async def test_a_load_waits_for_room_while_every_model_serves_a_request():
+    store = Sized({"a": 60 * MB, "b": 60 * MB})
+    cache = sized_cache(store, max_bytes=100 * MB)
+    await cache.get("b")
+    await cache.evict("b")  # b's size is known now
+    await cache.get("a")
+    with cache.pinned("a"):
+        loading = asyncio.create_task(cache.get("b"))
+        await asyncio.sleep(0.01)
+        assert not loading.done() and store.loads == ["b", "a"]  # b's 60 MB do not fit beside a's
+    await asyncio.wait_for(loading, 5)  # a went idle: it is evicted and b loads
+    assert cache.loaded == ["b"] and store.loads == ["b", "a", "b"]
+
+
+async def test_an_unmeasured_id_reserves_the_mean_measured_size():
+    store = Sized({"a": 30 * MB, "b": 50 * MB, "c": 40 * MB})
+    cache = sized_cache(store, max_bytes=1000 * MB)
+    await cache.get("a")
+    await cache.get("b")
+    gate = store.gate("c")
+    loading = asyncio.create_task(cache.get("c"))
+    await store.started["c"].wait()
+    assert cache.bytes_reserved == 40 * MB  # (30 + 50) / 2
+    gate.set()
+    await loading
+    assert cache.bytes_reserved == 0 and cache.bytes_used == 120 * MB
+
+
+async def test_a_declared_size_grows_the_reservation_and_evicts_first():
+    from modelplex.cache import current_load
+
+    store = Sized({"a": 50 * MB, "b": 70 * MB})
+    cache = sized_cache(store, max_bytes=100 * MB)
+    seen = []
+
+    async def load(model_id):
+        context = current_load()
+        await context.expect(store.sizes[model_id])  # e.g. its file's size
+        seen.append((model_id, cache.bytes_reserved, cache.loaded))
+        return Model(model_id, store.events)
+
+    cache._load = load
+    await cache.get("a")
+    await cache.get("b")
+    # b declared 70 MB: a (idle) was evicted before b's weights came in.
+    assert seen == [("a", 50 * MB, []), ("b", 70 * MB, [])]
+    assert cache.loaded == ["b"]
+
+
+async def test_a_model_larger_than_the_whole_budget_is_refused_and_not_loaded_again():
+    from modelplex.errors import ModelTooLarge
+
+    store = Sized({"huge": 300 * MB})
+    cache = sized_cache(store, max_bytes=100 * MB)
+    with pytest.raises(ModelTooLarge, match=r"'huge'.*286\.1 MiB.*95\.4 MiB.*maxModelBytes"):
+        await cache.get("huge")
+    with pytest.raises(ModelTooLarge):
+        await cache.get("huge")
+    assert store.loads == ["huge"]  # the second request was refused without a load
+    assert cache.loaded == [] and cache.bytes_used == 0
+
+
+@pytest.mark.looptime
+async def test_at_most_max_concurrent_loads_run_and_queued_loads_start_in_order():
+    order = []
+
+    async def load(model_id):
+        order.append(model_id)
+        await asyncio.sleep(1)
+        return model_id
+
+    cache = ModelCache(load, 100, max_concurrent_loads=2)
+    running = []
+
+    async def watch():
+        while True:
+            running.append(cache.loads_running)
+            await asyncio.sleep(0.1)
+
+    watcher = asyncio.create_task(watch())
+    ids = [f"m{i}" for i in range(7)]
+    tasks = []
+    for model_id in ids:
+        tasks.append(asyncio.create_task(cache.get(model_id)))
+        await asyncio.sleep(0)  # asked for in this order
+    assert await asyncio.gather(*tasks) == ids
+    watcher.cancel()
+    assert order == ids
+    assert max(running) == 2
+    assert asyncio.get_running_loop().time() == pytest.approx(4, abs=0.01)  # 7 loads of 1 s, 2 at a time
+
+
+@pytest.mark.looptime
+async def test_a_queued_load_whose_callers_all_left_is_dropped():
+    store = Store()
+    store.gate("busy")
+    cache = ModelCache(store.load, 10, max_concurrent_loads=1, listener=store.listener)
+    busy = asyncio.create_task(cache.get("busy"))
+    await store.started["busy"].wait()
+    impatient = [asyncio.create_task(cache.get("queued")) for _ in range(3)]
+    await asyncio.sleep(0)
+    assert cache.loads_queued == 1 and cache.loading == ["busy", "queued"]
+    for task in impatient:
+        task.cancel()
+    await asyncio.gather(*impatient, return_exceptions=True)
+    assert cache.loading == ["busy"]
+    assert ("load_dropped", "queued") in store.events
+    store.gates["busy"].set()
+    await busy
+    await asyncio.sleep(1)
+    assert store.loads == ["busy"]  # the dropped load never ran
+    assert await cache.get("queued") is not None  # and a new request loads it
+    assert store.loads == ["busy", "queued"]
+
+
+@pytest.mark.looptime
+async def test_a_load_past_its_timeout_answers_504_to_every_waiter_and_is_not_cached():
+    from modelplex.errors import ModelLoadTimeout
+
+    store = Store()
+    store.gate("slow")
+    cache = ModelCache(store.load, 10, load_timeout_s=30, max_concurrent_loads=1, listener=store.listener)
+    waiters = [asyncio.create_task(cache.get("slow")) for _ in range(3)]
+    queued = asyncio.create_task(cache.get("next"))
+    await asyncio.sleep(29.9)
+    assert not any(w.done() for w in waiters)
+    results = await asyncio.gather(*waiters, return_exceptions=True)
+    assert asyncio.get_running_loop().time() == pytest.approx(30, abs=0.01)
+    assert all(isinstance(r, ModelLoadTimeout) and r.status == 504 for r in results)
+    assert "'slow'" in str(results[0]) and "loadTimeoutSeconds (30 s)" in str(results[0])
+    assert "slow" not in cache.loaded and ("load_failed", "slow") in store.events
+    # Its slot went to the queued load, whose time limit counts from its own start.
+    assert (await queued).model_id == "next"
+    # The next request retries, and succeeds once the source answers.
+    store.gates["slow"].set()
+    assert (await cache.get("slow")).model_id == "slow"
+    assert store.loads == ["slow", "next", "slow"]
+
+
+@pytest.mark.looptime
+async def test_the_loaders_own_timeout_error_is_a_load_failure_not_a_504():
+    async def load(model_id):
+        raise TimeoutError("the object store did not answer")
+
+    cache = ModelCache(load, 10, load_timeout_s=30)
+    with pytest.raises(ModelLoadError, match="did not answer"):
+        await cache.get("a")
+
+
+class DictTier:
+    """A warm tier in a dict, as the cache sees one."""
+
+    def __init__(self, capacity):
+        self.capacity = capacity
+        self.models = {}
+        self.taken = []
+
+    def holds(self, model_id):
+        return model_id in self.models
+
+    async def keep(self, model_id, model, nbytes):
+        if nbytes > self.capacity:
+            return False
+        self.models[model_id] = model
+        return True
+
+    async def take(self, model_id):
+        self.taken.append(model_id)
+        return self.models.pop(model_id, None)
+
+    async def close(self):
+        self.models.clear()
+
+
+async def test_an_evicted_model_goes_to_the_warm_tier_and_comes_back_without_a_load():
+    store = Sized({"a": 60 * MB, "b": 60 * MB, "big": 500 * MB})
+    warm = DictTier(capacity=200 * MB)
+    cache = sized_cache(store, max_bytes=1000 * MB, capacity=1, warm=warm)
+    first_a = await cache.get("a")
+    await cache.get("b")  # evicts a: to the warm tier
+    assert warm.holds("a") and ("evicted", "a") in store.events
+    assert await cache.get("a") is first_a  # a copy back, not a load
+    assert store.loads == ["a", "b"] and warm.taken == ["a"]
+    assert ("loaded_warm", "a") in store.events and warm.holds("b")
+    await cache.get("big")  # a's 60 MB fit the tier; big's would not
+    await cache.get("a")
+    assert not warm.holds("big")
+    assert store.loads == ["a", "b", "big"]
+
+
+async def test_waiters_for_a_warm_model_are_never_turned_away_and_need_no_load_slot():
+    store = Sized({"a": 10 * MB, "b": 10 * MB, "c": 10 * MB})
+    warm = DictTier(capacity=100 * MB)
+    cache = sized_cache(store, capacity=1, warm=warm, max_concurrent_loads=1, max_waiting=2)
+    await cache.get("a")
+    await cache.get("b")  # a is warm
+    store.gate("c")
+    blocking = asyncio.create_task(cache.get("c"))  # holds the only load slot
+    await store.started["c"].wait()
+    results = await asyncio.gather(*(cache.get("a") for _ in range(5)))
+    assert all(r.model_id == "a" for r in results)
+    store.gates["c"].set()
+    await blocking
+
+
+async def test_requests_waiting_for_one_load_are_bounded():
+    from modelplex.errors import Overloaded
+
+    store = Store()
+    store.gate("a")
+    cache = ModelCache(store.load, 10, max_waiting=2)
+    waiting = [asyncio.create_task(cache.get("a")) for _ in range(2)]
+    await store.started["a"].wait()
+    with pytest.raises(Overloaded, match="2 requests already wait for model 'a'"):
+        await cache.get("a")
+    store.gates["a"].set()
+    await asyncio.gather(*waiting)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+async def test_lfu_evicts_the_least_requested_model():
+    store = Store()
+    cache = ModelCache(store.load, 2, policy="lfu", listener=store.listener, clock=Clock())
+    for model_id in ["a", "a", "a", "b", "a"]:
+        await cache.get(model_id)
+    await cache.get("b")  # b is the most recently used, but a is asked for more
+    await cache.get("c")
+    assert sorted(cache.loaded) == ["a", "c"]
+
+
+async def test_lfu_ages_counts_so_a_once_hot_model_goes():
+    from modelplex.cache import LFU_HALF_LIFE_S
+
+    clock = Clock()
+    store = Store()
+    cache = ModelCache(store.load, 2, policy="lfu", listener=store.listener, clock=clock)
+    for _ in range(16):
+        await cache.get("once-hot")
+    clock.now += 5 * LFU_HALF_LIFE_S  # 16 requests are worth 0.5 now
+    await cache.get("b")
+    await cache.get("c")  # b (1 request) outweighs once-hot (16 halved five times)
+    assert sorted(cache.loaded) == ["b", "c"]
+    assert ("evicted", "once-hot") in store.events
+
+
+async def test_lfu_without_ageing_would_keep_the_once_hot_model():
+    clock = Clock()
+    store = Store()
+    cache = ModelCache(store.load, 2, policy="lfu", listener=store.listener, clock=clock)
+    for _ in range(16):
+        await cache.get("once-hot")
+    clock.now += 1.0  # little time: the counts hold
+    await cache.get("b")
+    await cache.get("c")
+    assert sorted(cache.loaded) == ["c", "once-hot"]
+
+
+def test_the_cache_refuses_nonsense_limits():
+    async def load(model_id):
+        return model_id
+
+    for options, message in [({"max_bytes": 0}, "max_bytes"), ({"max_concurrent_loads": 0}, "max_concurrent_loads"),
+                             ({"load_timeout_s": 0}, "load_timeout_s"), ({"policy": "fifo"}, "policy")]:
+        with pytest.raises(ValueError, match=message):
+            ModelCache(load, 1, **options)
