@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -37,16 +38,37 @@ def commit(tree: Path) -> str:
     return out.stdout.strip()[:90]
 
 
+def cpu_seconds(pids: dict[int, str]) -> dict[str, float]:
+    """CPU time (user + system) used so far, summed per role (router, replica)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for pid, role in pids.items():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[role] = out.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 def one_run(tree: Path, workdir: Path, name: str, args: argparse.Namespace, monitor: run.Monitor) -> dict:
     run.product_root = tree
     spec = {"replicas": 1, "handler": "mp_handlers:BatchedMLP", "maxOngoingRequests": args.max_ongoing}
+    body = run.mlp_body(MLP_SIZES[0])
     with monitor.phase(name), run.ModelplexStack(workdir, name, spec, run.bench_env()) as stack:
-        point = asyncio.run(loadgen.unary(stack.url, run.mlp_body(MLP_SIZES[0]), args.concurrency, args.seconds,
-                                          warmup_s=args.warmup))
+        asyncio.run(loadgen.unary(stack.url, body, args.concurrency, args.warmup, warmup_s=0))
+        pids = stack.pids()
+        before = cpu_seconds(pids)
+        point = asyncio.run(loadgen.unary(stack.url, body, args.concurrency, args.seconds, warmup_s=0))
+        after = cpu_seconds(pids)
     s = point.summary()
     phase = monitor.summary()[-1]
+    # CPU per answer does not depend on the share of the cores a run got: the steadier measure
+    # of cost on a machine that others load.
+    cpu_ms = {role: round((after[role] - before.get(role, 0.0)) / max(point.ok, 1) * 1000, 3)
+              for role in ("router", "replica") if role in after}
     return {"rps": s["rps"], "p50_ms": s["p50_ms"], "p99_ms": s["p99_ms"], "errors": s["errors"],
-            "load1": round(phase["load"][0], 2), "other_cores": phase["other_cores"]}
+            "cpu_ms_per_request": cpu_ms, "load1": round(phase["load"][0], 2), "other_cores": phase["other_cores"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,12 +97,18 @@ def main(argv: list[str] | None = None) -> int:
                         f"p99 {result['p99_ms']:6.1f} ms  errors {result['errors']}  load {result['load1']:.2f}  "
                         f"others {result['other_cores']:.2f} cores")
     medians = {k: {m: statistics.median(r[m] for r in v) for m in ("rps", "p50_ms", "p99_ms")} for k, v in runs.items()}
+    for k, v in runs.items():
+        for role in ("router", "replica"):
+            medians[k][f"{role}_cpu_ms"] = statistics.median(r["cpu_ms_per_request"].get(role, float("nan")) for r in v)
     ratio = medians["B"]["rps"] / medians["A"]["rps"]
+    # Runs i of A and B ran back to back: their ratio cancels the load that drifted between pairs.
+    paired = statistics.median(b["rps"] / a["rps"] for a, b in zip(runs["A"], runs["B"]))
     summary = {"command": "python bench/compare/ab_batched.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                "trees": {k: {"path": str(v), "commit": commit(v)} for k, v in trees.items()},
                "concurrency": args.concurrency, "seconds": args.seconds, "order": order, "runs": runs,
-               "medians": medians, "ratio_b_over_a": round(ratio, 4), "within_5_percent": ratio >= 0.95}
+               "medians": medians, "ratio_b_over_a": round(ratio, 4), "paired_ratio_median": round(paired, 4),
+               "within_5_percent": ratio >= 0.95}
     print(markdown(summary))
     if args.out:
         args.out.write_text(json.dumps(summary, indent=1) + "\n")
@@ -91,17 +119,28 @@ def markdown(summary: dict) -> str:
     lines = [f"A = `{summary['trees']['A']['commit']}`, B = `{summary['trees']['B']['commit']}`; "
              f"c={summary['concurrency']}, {summary['seconds']:g} s per run; order "
              + " ".join("".join(p) for p in summary["order"]), "",
-             "| run | A req/s | A p99 ms | B req/s | B p99 ms | load avg (A / B) | others' cores (A / B) |",
-             "|---:|---:|---:|---:|---:|---:|---:|"]
+             "| run | A req/s | A p99 ms | A CPU ms/req (router + replica) | B req/s | B p99 ms "
+             "| B CPU ms/req (router + replica) | B / A | load avg (A / B) | others' cores (A / B) |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     a, b = summary["runs"]["A"], summary["runs"]["B"]
+
+    def cpu(r: dict) -> str:
+        c = r["cpu_ms_per_request"]
+        return f"{c.get('router', float('nan')):.2f} + {c.get('replica', float('nan')):.2f}"
+
     for i, (x, y) in enumerate(zip(a, b)):
-        lines.append(f"| {i + 1} | {x['rps']:.1f} | {x['p99_ms']:.1f} | {y['rps']:.1f} | {y['p99_ms']:.1f} | "
-                     f"{x['load1']:.2f} / {y['load1']:.2f} | {x['other_cores']:.2f} / {y['other_cores']:.2f} |")
+        lines.append(f"| {i + 1} | {x['rps']:.1f} | {x['p99_ms']:.1f} | {cpu(x)} | {y['rps']:.1f} | {y['p99_ms']:.1f} | "
+                     f"{cpu(y)} | {y['rps'] / x['rps']:.3f} | {x['load1']:.2f} / {y['load1']:.2f} | "
+                     f"{x['other_cores']:.2f} / {y['other_cores']:.2f} |")
     ma, mb = summary["medians"]["A"], summary["medians"]["B"]
-    lines.append(f"| **median** | **{ma['rps']:.1f}** | {ma['p99_ms']:.1f} | **{mb['rps']:.1f}** | {mb['p99_ms']:.1f} | | |")
+    lines.append(f"| **median** | **{ma['rps']:.1f}** | {ma['p99_ms']:.1f} | "
+                 f"{ma['router_cpu_ms']:.2f} + {ma['replica_cpu_ms']:.2f} | **{mb['rps']:.1f}** | {mb['p99_ms']:.1f} | "
+                 f"{mb['router_cpu_ms']:.2f} + {mb['replica_cpu_ms']:.2f} | {summary['paired_ratio_median']:.3f} | | |")
     errors = sum(r["errors"] for r in a + b)
-    lines += ["", f"B / A (medians): **{summary['ratio_b_over_a']:.3f}** "
-              f"({'within' if summary['within_5_percent'] else 'NOT within'} 5%); errors in all runs: {errors}"]
+    lines += ["", f"B / A of the medians: **{summary['ratio_b_over_a']:.3f}** "
+              f"({'within' if summary['within_5_percent'] else 'NOT within'} 5%); median of the paired ratios "
+              f"{summary['paired_ratio_median']:.3f}; replica CPU per request B / A "
+              f"{mb['replica_cpu_ms'] / ma['replica_cpu_ms']:.3f}; errors in all runs: {errors}"]
     return "\n".join(lines)
 
 

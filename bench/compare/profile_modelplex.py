@@ -3,6 +3,7 @@
     .venv/bin/python bench/compare/profile_modelplex.py batched [--seconds 15] [--concurrency 32]
     .venv/bin/python bench/compare/profile_modelplex.py stream  [--concurrency 256]
     .venv/bin/python bench/compare/profile_modelplex.py mux
+    .venv/bin/python bench/compare/profile_modelplex.py busy-stream [--concurrency 8] [--tree /tmp/bench-new]
 
 Starts the same Modelplex deployment as ``run.py`` (``modelplex local``), drives it with the
 same load generator, and meanwhile (a) reads each process's CPU time from /proc (the router,
@@ -28,7 +29,8 @@ sys.path.insert(0, str(HERE))
 
 import belady  # noqa: E402
 import loadgen  # noqa: E402
-from handlers import MLP_SIZES, MUX_SIZES, STREAM_CHUNKS  # noqa: E402
+import run  # noqa: E402
+from handlers import BUSY_CHUNKS, MLP_SIZES, MUX_SIZES, STREAM_CHUNKS  # noqa: E402
 from run import ModelplexStack, bench_env, mlp_body  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -84,7 +86,8 @@ def _short(frame: str) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("workload", choices=["batched", "unbatched", "stream", "mux"])
+    parser.add_argument("workload", choices=["batched", "unbatched", "stream", "mux", "busy-stream", "busy-unary"])
+    parser.add_argument("--tree", type=Path, default=None, help="run Modelplex from this checkout (as run.py --tree)")
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--concurrency", type=int, default=None)
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
@@ -96,6 +99,8 @@ def main() -> int:
                         help="experiment: run the router and replicas on uvloop (experiment_site/sitecustomize.py "
                              "sets the event loop policy; Modelplex's code is unchanged)")
     args = parser.parse_args()
+    if args.tree is not None:
+        run.product_root = args.tree.resolve()
 
     spy = str(Path(sys.executable).with_name("py-spy"))
     with tempfile.TemporaryDirectory(prefix="modelplex-profile-") as tmp:
@@ -105,6 +110,10 @@ def main() -> int:
             cls = "BatchedMLP" if args.workload == "batched" else "MLP"
             spec = {"replicas": 1, "handler": f"mp_handlers:{cls}", "maxOngoingRequests": 128}
             concurrency = args.concurrency or 32
+        elif args.workload.startswith("busy-"):
+            cls = "BusyStreamer" if args.workload == "busy-stream" else "BusyMLP"
+            spec = {"replicas": 1, "handler": f"mp_handlers:{cls}", "maxOngoingRequests": 32}
+            concurrency = args.concurrency or 8
         elif args.workload == "stream":
             spec = {"replicas": 2, "handler": "mp_handlers:Streamer", "maxOngoingRequests": 256}
             env = {"BENCH_STREAM_INTERVAL_S": "0.01"}
@@ -131,7 +140,10 @@ def main() -> int:
                 names[pid] = f"{role}-{seen[role]}" if role == "replica" else role
 
             async def load() -> loadgen.Point:
-                if args.workload in ("batched", "unbatched"):
+                if args.workload == "busy-stream":
+                    return await loadgen.streams(stack.url, mlp_body(MLP_SIZES[0]), BUSY_CHUNKS, concurrency,
+                                                 args.seconds, warmup_s=0)
+                if args.workload in ("batched", "unbatched", "busy-unary"):
                     return await loadgen.unary(stack.url, mlp_body(MLP_SIZES[0]), concurrency, args.seconds,
                                                warmup_s=0)
                 if args.workload == "stream":
@@ -201,7 +213,9 @@ async def _batch_stats(urls: list[str]) -> tuple[float, float]:
 
 
 async def _warm(url: str, workload: str, concurrency: int) -> None:
-    if workload == "stream":
+    if workload == "busy-stream":
+        await loadgen.streams(url, mlp_body(MLP_SIZES[0]), BUSY_CHUNKS, concurrency, 2.0, warmup_s=0)
+    elif workload == "stream":
         await loadgen.streams(url, {"chunks": STREAM_CHUNKS}, STREAM_CHUNKS, concurrency, 1.0, warmup_s=0)
     else:
         await loadgen.unary(url, mlp_body(MLP_SIZES[0]), concurrency, 1.0, warmup_s=0)
