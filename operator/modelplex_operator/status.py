@@ -2,8 +2,9 @@
 
 Inputs are small views of the owned Deployments and of the replica pods (built from API
 objects by :func:`pod_view` and :func:`deployment_view`), the resource itself, and the outcome
-of the last reconcile. The output is the whole ``status``: counts, ``loadedModels`` (distinct
-models across the replica pods' ``modelplex.io/loaded-models`` annotations), ``routerService``,
+of the last reconcile. The output is the whole ``status``: counts, ``loadedModels`` (models
+loaded across the replica pods, a copy on each of two replicas counted twice: the pods'
+``modelplex.io/loaded-models`` annotations carry a fixed-size summary, not lists), ``routerService``,
 ``observedGeneration``, the scale subresource's ``selector`` and three conditions:
 
 - ``Ready``: every wanted replica and router pod is ready on the current spec;
@@ -14,10 +15,10 @@ models across the replica pods' ``modelplex.io/loaded-models`` annotations), ``r
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from modelplex.loaded import LoadedSummary
 from modelplex.names import ANNOTATION_LOADED_MODELS, LABEL_ROLE, ROLE_REPLICA, ROLE_ROUTER
 from modelplex_operator.builders import selector_string
 
@@ -39,7 +40,7 @@ class PodView:
     name: str
     ready: bool = False
     deleting: bool = False
-    models: tuple[str, ...] = ()
+    models: int = 0  # loaded, from the pod's summary
 
 
 @dataclass(frozen=True)
@@ -105,19 +106,15 @@ def _is_true(conditions: Iterable[Mapping[str, Any]] | None, ctype: str) -> bool
     return any(c.get("type") == ctype and c.get("status") == "True" for c in conditions or ())
 
 
-def loaded_models(annotations: Mapping[str, str] | None) -> tuple[str, ...]:
-    """The models a replica pod reports; nothing when the annotation is missing or malformed."""
+def loaded_models(annotations: Mapping[str, str] | None) -> int:
+    """How many models a replica pod reports; 0 when the annotation is missing or malformed."""
     raw = (annotations or {}).get(ANNOTATION_LOADED_MODELS)
     if not raw:
-        return ()
+        return 0
     try:
-        document = json.loads(raw)
-    except (TypeError, ValueError):
-        return ()
-    models = document.get("models") if isinstance(document, dict) else None
-    if not isinstance(models, list):
-        return ()
-    return tuple(m for m in models if isinstance(m, str) and m)
+        return LoadedSummary.parse(raw).models
+    except ValueError:
+        return 0
 
 
 def pod_view(pod: Mapping[str, Any]) -> PodView:
@@ -195,7 +192,7 @@ def compute_status(
     want_routers = _int(router_spec.get("replicas"), 1)
     port = _int(router_spec.get("port"), 8000)
     live_pods = [pod for pod in pods if not pod.deleting]
-    models = sorted({model for pod in live_pods for model in pod.models})
+    models = sum(pod.models for pod in live_pods)
 
     if outcome is not None and outcome.uid not in ("", resource.uid):
         outcome = None  # an outcome of an earlier object of the same name
@@ -209,7 +206,7 @@ def compute_status(
         "replicas": replica.status_replicas if replica else 0,
         "readyReplicas": replica.ready if replica else 0,
         "updatedReplicas": replica.updated if replica else 0,
-        "loadedModels": len(models),
+        "loadedModels": models,
         "routerService": f"{resource.name}.{resource.namespace}.svc:{port}",
         "selector": selector_string(resource.name),
     }

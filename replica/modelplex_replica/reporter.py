@@ -9,11 +9,11 @@ so the router sees a change within about one API round trip. Outside a cluster i
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 from typing import Any, Callable
 
+from modelplex.loaded import LoadedSummary
 from modelplex.names import ANNOTATION_LOADED_MODELS, ENV_POD_NAME, ENV_POD_NAMESPACE
 
 log = logging.getLogger("modelplex.reporter")
@@ -22,15 +22,15 @@ Patch = Callable[[dict[str, Any]], None]
 """Applies a merge patch to the pod (blocking; run in a thread)."""
 
 
-def annotation_patch(document: dict[str, Any]) -> dict[str, Any]:
-    """The pod merge patch that publishes ``document``."""
-    return {"metadata": {"annotations": {ANNOTATION_LOADED_MODELS: json.dumps(document, separators=(",", ":"))}}}
+def annotation_patch(summary: LoadedSummary) -> dict[str, Any]:
+    """The pod merge patch that publishes ``summary`` (fixed-size, whatever the models)."""
+    return {"metadata": {"annotations": {ANNOTATION_LOADED_MODELS: summary.to_json()}}}
 
 
 class AnnotationReporter:
     """Coalescing publisher of the loaded-models document."""
 
-    def __init__(self, snapshot: Callable[[], dict[str, Any]], patch: Patch, *, settle_s: float = 0.01):
+    def __init__(self, snapshot: Callable[[], LoadedSummary], patch: Patch, *, settle_s: float = 0.01):
         self._snapshot = snapshot
         self._patch = patch
         self._settle_s = settle_s  # lets a burst of loads/evictions land in one patch
@@ -56,9 +56,9 @@ class AnnotationReporter:
             await self._dirty.wait()
             await asyncio.sleep(self._settle_s)
             self._dirty.clear()
-            document = self._snapshot()
+            summary = self._snapshot()
             try:
-                await asyncio.to_thread(self._patch, annotation_patch(document))
+                await asyncio.to_thread(self._patch, annotation_patch(summary))
             except Exception as error:  # noqa: BLE001 - the API may be briefly away; keep trying
                 log.warning("patching the loaded-models annotation failed (retrying in %.1f s): %s", backoff, error)
                 self._dirty.set()
@@ -66,7 +66,7 @@ class AnnotationReporter:
                 backoff = min(backoff * 2, 10.0)
                 continue
             backoff = 0.2
-            self.published_version = document.get("version")
+            self.published_version = summary.version
 
 
 def pod_patcher_from_environment() -> Patch | None:

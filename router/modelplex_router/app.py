@@ -26,10 +26,11 @@ import aiohttp
 from aiohttp import web
 
 from modelplex.http import error_middleware
-from modelplex.names import MODEL_ID_HEADER
+from modelplex.names import DASHED_MODEL_ID_HEADER, MODEL_ID_HEADER
 from modelplex_router import oip
 from modelplex_router.config import RouterConfig
 from modelplex_router.discovery.base import Discovery
+from modelplex_router.discovery.documents import DocumentFetcher
 from modelplex_router.keys import (CLOCK, CONFIG, DISCOVERY, METRICS, PROXY, SCHEDULER, SESSION, TABLE,
                                    measured)
 from modelplex_router.metrics import CONTENT_TYPE, RouterMetrics
@@ -40,8 +41,6 @@ from modelplex_router.table import RoutingTable
 
 log = logging.getLogger("modelplex.router")
 
-#: The model id header as proxies pass it: nginx and others drop headers with underscores.
-DASHED_MODEL_ID_HEADER = MODEL_ID_HEADER.replace("_", "-")
 #: The router's own paths; everything else (any method) is the handler's.
 RESERVED = r"(?!(?:healthz|readyz|metrics|openapi\.json|v1/replicas|v2)(?:/|$)|v1/models/[^/]+/predict$)"
 
@@ -104,18 +103,21 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _discovery(app: web.Application) -> AsyncIterator[None]:
-    task = asyncio.create_task(app[DISCOVERY].run(app[TABLE], app[CLOCK]), name="discovery")
-    task.add_done_callback(_report_crash)
+    tasks = [asyncio.create_task(app[DISCOVERY].run(app[TABLE], app[CLOCK]), name="discovery"),
+             asyncio.create_task(DocumentFetcher().run(app[TABLE], app[CLOCK]), name="document fetcher")]
+    for task in tasks:
+        task.add_done_callback(_report_crash)
     try:
         yield
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _report_crash(task: asyncio.Task) -> None:
     if not task.cancelled() and task.exception() is not None:
-        log.error("discovery stopped: %r", task.exception(), exc_info=task.exception())
+        log.error("%s stopped: %r", task.get_name(), task.exception(), exc_info=task.exception())
 
 
 # -- inference -------------------------------------------------------------------------------

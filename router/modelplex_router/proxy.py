@@ -21,11 +21,10 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from modelplex.errors import Overloaded, ReplicaFailed, UpstreamTimeout
-from modelplex.http import from_json
+from modelplex.loaded import LoadedSummary
 from modelplex.names import LOADED_MODELS_HEADER, MODEL_ID_HEADER
 from modelplex_router.metrics import RouterMetrics
 from modelplex_router.scheduler import Lease, Scheduler
-from modelplex_router.table import ReplicaInfo
 
 log = logging.getLogger("modelplex.router.proxy")
 
@@ -202,22 +201,16 @@ class Proxy:
             lease.release(ok)
 
     def _learn(self, lease: Lease, header: str | None) -> None:
-        """Take in the replica's loaded-models document from its answer, if it is newer."""
-        replica = lease.replica
+        """Take in the replica's loaded-models summary from its answer: a newer version makes
+        the table fetch the replica's document."""
         if not header:
             return
         try:
-            document = from_json(header)
-            version = int(document["version"])
-            if version <= replica.version:
-                return
-            info = ReplicaInfo(name=replica.name, url=replica.url, ready=replica.ready,
-                               models=tuple(document["models"]), capacity=int(document["capacity"]),
-                               version=version, loading=tuple(document.get("loading", ())))
-        except (ValueError, KeyError, TypeError):
-            log.debug("replica %s sent a malformed %s header", replica.name, LOADED_MODELS_HEADER)
+            version = LoadedSummary.parse(header).version
+        except ValueError:
+            log.debug("replica %s sent a malformed %s header", lease.replica.name, LOADED_MODELS_HEADER)
             return
-        self.scheduler.table.apply(info, self.clock())
+        self.scheduler.table.heard_version(lease.replica, version)
 
     def _url(self, base: str, path: str) -> URL:
         if path != INVOKE_PATH:

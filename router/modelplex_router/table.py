@@ -3,7 +3,10 @@
 Three things feed it:
 
 - the discovery source (:mod:`modelplex_router.discovery`), with snapshots of each replica:
-  address, readiness and its loaded-models document;
+  address, readiness and its loaded-models document, or only the document's fixed-size
+  summary (a pod annotation, a response header): a summary newer than the document the table
+  holds marks the replica *stale*, and the document fetcher reads the replica's
+  ``GET /v1/models`` (:mod:`modelplex_router.discovery.documents`);
 - the router's own dispatches: a request sent to R for M that R had not loaded marks M as
   *loading* on R until it finishes (so a burst for a new model lands on one replica), and
   the requests in flight per replica (for ``maxOngoingRequests`` and the two-choices pick);
@@ -31,15 +34,16 @@ _REFRESH_EVERY_S = 0.05
 
 @dataclass(frozen=True, slots=True)
 class ReplicaInfo:
-    """One replica as a discovery source sees it."""
+    """One replica as a discovery source sees it. ``models`` and ``loading`` are ``None`` when
+    the source saw only the summary: ``version`` then says what there is to fetch."""
 
     name: str
     url: str
     ready: bool
-    models: tuple[str, ...] = ()
+    models: tuple[str, ...] | None = ()
     capacity: int = 0  # 0: unknown
     version: int = 0
-    loading: tuple[str, ...] = ()
+    loading: tuple[str, ...] | None = ()
 
 
 @dataclass(eq=False, slots=True)
@@ -52,7 +56,8 @@ class Replica:
     models: frozenset[str] = frozenset()
     reported_loading: frozenset[str] = frozenset()
     capacity: int = 0
-    version: int = 0
+    version: int = 0  # of the document ``models`` and ``reported_loading`` come from
+    latest_version: int = 0  # the newest version a summary announced
     observed_at: float = float("-inf")
     inflight: int = 0
     # model -> requests in flight that were sent while the model was not loaded here
@@ -61,6 +66,10 @@ class Replica:
     learned: dict[str, float] = field(default_factory=dict)
     down_at: float | None = None  # last connection failure, while quarantined
     answered_at: float = float("-inf")  # when it last answered a request (any status)
+
+    @property
+    def stale(self) -> bool:
+        return self.latest_version > self.version
 
     def loaded(self, model: str) -> bool:
         return model in self.models or model in self.learned
@@ -121,6 +130,8 @@ class RoutingTable:
         #: Called with ``True`` when a slot frees up, ``False`` when anything else changed
         #: (a replica came or went, a load showed up): the scheduler hands slots to waiters.
         self.listener: Callable[[bool], None] | None = None
+        #: Called when a replica's document is older than its last summary (the fetcher listens).
+        self.stale_listener: Callable[[], None] | None = None
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -152,8 +163,8 @@ class RoutingTable:
         if replica is None:
             replica = self._replicas[info.name] = Replica(name=info.name, url=info.url)
             self._usable = None
-        models = frozenset(info.models)
-        loading = frozenset(info.loading)
+        models = replica.models if info.models is None else frozenset(info.models)
+        loading = replica.reported_loading if info.loading is None else frozenset(info.loading)
         changed = (
             replica.ready != info.ready
             or replica.url != info.url
@@ -167,7 +178,8 @@ class RoutingTable:
         replica.models = models
         replica.reported_loading = loading
         replica.capacity = info.capacity
-        replica.version = info.version
+        if info.models is not None:
+            replica.version = info.version
         replica.observed_at = observed_at
         settled = observed_at - self.lag_s
         if replica.learned:
@@ -181,6 +193,18 @@ class RoutingTable:
             changed = True
         if changed:
             self._notify(False)
+        self.heard_version(replica, info.version)
+
+    def heard_version(self, replica: Replica, version: int) -> None:
+        """A summary (annotation, response header) says ``replica``'s document is at ``version``."""
+        if version > replica.latest_version:
+            replica.latest_version = version
+        if replica.stale and self.stale_listener is not None:
+            self.stale_listener()
+
+    def stale_replicas(self) -> list[Replica]:
+        """Replicas whose document is older than their last summary: to fetch."""
+        return [r for r in self._replicas.values() if r.stale and r.url]
 
     def remove(self, name: str) -> None:
         """The replica is gone (pod deleted, no longer configured)."""

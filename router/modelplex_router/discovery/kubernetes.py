@@ -19,8 +19,9 @@ import os
 import threading
 from typing import Any, Callable, Iterable
 
+from modelplex.loaded import LoadedSummary
 from modelplex.names import ANNOTATION_LOADED_MODELS, LABEL_DEPLOYMENT, LABEL_ROLE, REPLICA_PORT, ROLE_REPLICA
-from modelplex_router.discovery.base import Discovery, parse_models_document
+from modelplex_router.discovery.base import Discovery
 from modelplex_router.table import ReplicaInfo, RoutingTable
 
 log = logging.getLogger("modelplex.router.discovery")
@@ -65,10 +66,20 @@ def replica_from_pod(pod: dict) -> ReplicaInfo | None:
     )
     # A terminating pod may still show Ready for a while: send it nothing new.
     ready = bool(ip) and ready_condition and not meta.get("deletionTimestamp")
-    raw = (meta.get("annotations") or {}).get(ANNOTATION_LOADED_MODELS)
-    models, capacity, version, loading = parse_models_document(raw, source=f"pod {name}") if raw else ((), 0, 0, ())
+    summary = _summary(name, (meta.get("annotations") or {}).get(ANNOTATION_LOADED_MODELS))
     url = f"http://{_host(ip)}:{replica_port(pod)}" if ip else ""
-    return ReplicaInfo(name, url, ready, models, capacity, version, loading)
+    # The annotation is a summary: the table fetches the models when its version is news.
+    return ReplicaInfo(name, url, ready, None, summary.capacity, summary.version, None)
+
+
+def _summary(pod: str, raw: str | None) -> LoadedSummary:
+    if not raw:
+        return LoadedSummary()
+    try:
+        return LoadedSummary.parse(raw)
+    except ValueError as error:
+        log.warning("ignoring the malformed loaded-models annotation of pod %s: %s", pod, error)
+        return LoadedSummary()
 
 
 def _host(ip: str) -> str:

@@ -15,7 +15,8 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from modelplex_router.discovery.base import Discovery, parse_models_document, unreachable
+from modelplex.loaded import LoadedModels
+from modelplex_router.discovery.base import Discovery, unreachable
 from modelplex_router.discovery.health import FAILURE_THRESHOLD, Poll, PollHealth
 from modelplex_router.table import ReplicaInfo, RoutingTable
 
@@ -98,16 +99,15 @@ class StaticDiscovery(Discovery):
             return Poll.REFUSED, None
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             return Poll.FAILED, None
-        models, capacity, version, loading = parse_models_document(models_doc, source=url)
-        return (Poll.READY if ready else Poll.NOT_READY), ReplicaInfo(name, url, ready, models, capacity,
-                                                                     version, loading)
+        return (Poll.READY if ready else Poll.NOT_READY), ReplicaInfo(
+            name, url, ready, models_doc.models, models_doc.capacity, models_doc.version, models_doc.loading)
 
     @staticmethod
-    async def _models(session: aiohttp.ClientSession, url: str) -> object:
+    async def _models(session: aiohttp.ClientSession, url: str) -> LoadedModels:
         async with session.get(url + "/v1/models") as resp:
             if resp.status != 200:
                 raise ValueError(f"GET /v1/models answered {resp.status}")
-            return await resp.json(content_type=None)
+            return LoadedModels.parse(await resp.read())
 
     @staticmethod
     async def _ready(session: aiohttp.ClientSession, url: str) -> bool:

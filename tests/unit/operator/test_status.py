@@ -53,10 +53,10 @@ def cond(status, ctype):
 
 
 def test_all_ready():
-    pods = [PodView("a", True, False, ("m1", "m2")), PodView("b", True, False, ("m2", "m3"))]
+    pods = [PodView("a", True, False, 2), PodView("b", True, False, 2)]
     status = compute_status(resource(), [replica(), router()], pods, ok(), T0)
     assert status["replicas"] == 2 and status["readyReplicas"] == 2 and status["updatedReplicas"] == 2
-    assert status["loadedModels"] == 3  # distinct across the pool
+    assert status["loadedModels"] == 4  # every copy across the pool
     assert status["routerService"] == "recs.team-a.svc:8000"
     assert status["observedGeneration"] == 1
     assert status["selector"] == "modelplex.io/deployment=recs,modelplex.io/role=replica"
@@ -69,7 +69,7 @@ def test_all_ready():
 
 
 def test_terminating_pods_do_not_count_models():
-    pods = [PodView("a", True, False, ("m1",)), PodView("old", False, True, ("m9",))]
+    pods = [PodView("a", True, False, 1), PodView("old", False, True, 5)]
     assert compute_status(resource(), [replica(), router()], pods, ok(), T0)["loadedModels"] == 1
 
 
@@ -212,11 +212,11 @@ def test_status_differs():
 def test_views_of_api_objects():
     pod = {
         "metadata": {"name": "p", "annotations": {ANNOTATION_LOADED_MODELS: json.dumps(
-            {"models": ["m1", "m2"], "capacity": 3, "version": 4})}},
+            {"version": 4, "models": 2, "loading": 0, "capacity": 3, "bytes": 0, "capacityBytes": 0})}},
         "status": {"conditions": [{"type": "Ready", "status": "True"}]},
     }
-    assert pod_view(pod) == PodView("p", True, False, ("m1", "m2"))
-    assert pod_view({"metadata": {"name": "q", "deletionTimestamp": "x"}}) == PodView("q", False, True, ())
+    assert pod_view(pod) == PodView("p", True, False, 2)
+    assert pod_view({"metadata": {"name": "q", "deletionTimestamp": "x"}}) == PodView("q", False, True, 0)
     dep = {
         "metadata": {"name": "recs-replica", "generation": 3, "labels": {"modelplex.io/role": "replica"}},
         "spec": {"replicas": 2},
@@ -231,7 +231,7 @@ def test_views_of_api_objects():
 
 
 def test_malformed_annotations_count_as_nothing():
-    for raw in ("", "not json", "[]", '{"models": "m1"}', '{"models": [1, "", "ok"]}'):
-        expected = ("ok",) if "ok" in raw else ()
-        assert loaded_models({ANNOTATION_LOADED_MODELS: raw}) == expected
-    assert loaded_models(None) == ()
+    for raw in ("", "not json", "[]", '{"models": "m1"}', '{"models": -1}', '{"models": ["m1"]}'):
+        assert loaded_models({ANNOTATION_LOADED_MODELS: raw}) == 0
+    assert loaded_models({ANNOTATION_LOADED_MODELS: '{"models": 3, "version": 9}'}) == 3
+    assert loaded_models(None) == 0

@@ -8,6 +8,7 @@ import asyncio
 import json
 import threading
 
+from modelplex.loaded import LoadedSummary
 from modelplex.names import ANNOTATION_LOADED_MODELS
 from modelplex_replica.reporter import AnnotationReporter
 
@@ -16,8 +17,8 @@ class State:
     def __init__(self):
         self.version = 0
 
-    def document(self):
-        return {"models": [f"m{self.version}"], "capacity": 3, "version": self.version}
+    def summary(self):
+        return LoadedSummary(version=self.version, models=1, capacity=3)
 
 
 async def wait_for_version(reporter, version):
@@ -38,7 +39,7 @@ async def test_a_burst_of_changes_is_coalesced_and_the_last_state_wins():
         in_flight.set()
         release.wait(10)  # the API server is slow: changes pile up meanwhile
 
-    reporter = AnnotationReporter(state.document, patch)
+    reporter = AnnotationReporter(state.summary, patch)
     await reporter.start()
     await asyncio.to_thread(in_flight.wait, 10)
     for _ in range(20):
@@ -48,7 +49,7 @@ async def test_a_burst_of_changes_is_coalesced_and_the_last_state_wins():
     await wait_for_version(reporter, 20)
     await reporter.stop()
     assert patches[0]["version"] == 0
-    assert patches[-1] == {"models": ["m20"], "capacity": 3, "version": 20}
+    assert patches[-1] == {"version": 20, "models": 1, "loading": 0, "capacity": 3, "bytes": 0, "capacityBytes": 0}
     assert len(patches) <= 3  # the initial state, then at most one or two for the burst
 
 
@@ -60,7 +61,7 @@ async def test_a_failed_patch_is_retried_until_it_lands():
         if len(attempts) < 3:
             raise ConnectionError("apiserver restarting")
 
-    reporter = AnnotationReporter(state.document, flaky_patch)
+    reporter = AnnotationReporter(state.summary, flaky_patch)
     await reporter.start()
     await wait_for_version(reporter, 0)
     await reporter.stop()

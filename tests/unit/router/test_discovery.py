@@ -7,16 +7,16 @@ import json
 import pytest
 
 from modelplex.names import ANNOTATION_LOADED_MODELS
-from modelplex_router.discovery.base import parse_models_document
 from modelplex_router.discovery.kubernetes import Gone, PodTracker, apply_ops, replica_from_pod, selector
 from modelplex_router.discovery.static import StaticDiscovery, parse_replica_arg
-from modelplex_router.table import RoutingTable
+from modelplex_router.table import ReplicaInfo, RoutingTable
 
 
-def pod(name, ip="10.0.0.5", ready=True, models=None, rv="7", deleting=False, port=None, raw_annotation=None):
+def pod(name, ip="10.0.0.5", ready=True, version=None, rv="7", deleting=False, port=None, raw_annotation=None):
     meta = {"name": name, "resourceVersion": rv, "labels": {"modelplex.io/deployment": "recs"}}
-    if models is not None:
-        meta["annotations"] = {ANNOTATION_LOADED_MODELS: json.dumps({"models": models, "capacity": 3, "version": 4})}
+    if version is not None:
+        meta["annotations"] = {ANNOTATION_LOADED_MODELS: json.dumps(
+            {"version": version, "models": 2, "loading": 0, "capacity": 3, "bytes": 0, "capacityBytes": 0})}
     if raw_annotation is not None:
         meta["annotations"] = {ANNOTATION_LOADED_MODELS: raw_annotation}
     if deleting:
@@ -33,12 +33,13 @@ def test_the_selector_names_the_deployment_and_the_replica_role():
     assert selector("recs") == "modelplex.io/deployment=recs,modelplex.io/role=replica"
 
 
-def test_a_ready_pod_with_its_annotation_is_a_ready_replica():
-    info = replica_from_pod(pod("recs-1", models=["m1", "m2"]))
+def test_a_ready_pod_with_its_annotation_is_a_ready_replica_whose_models_are_to_fetch():
+    info = replica_from_pod(pod("recs-1", version=4))
     assert info.name == "recs-1"
     assert info.url == "http://10.0.0.5:9000"
     assert info.ready
-    assert info.models == ("m1", "m2") and info.capacity == 3 and info.version == 4
+    # The annotation is a summary: the version says there is a document to fetch, no list.
+    assert info.models is None and info.loading is None and info.capacity == 3 and info.version == 4
 
 
 @pytest.mark.parametrize(
@@ -55,30 +56,27 @@ def test_the_port_comes_from_the_http_container_port_and_ipv6_is_bracketed():
     assert replica_from_pod(pod("p", ip="fd00::5")).url == "http://[fd00::5]:9000"
 
 
-def test_a_malformed_annotation_reads_as_no_models():
-    assert replica_from_pod(pod("p", raw_annotation="{not json")).models == ()
-    assert replica_from_pod(pod("p", raw_annotation='["a"]')).models == ()
-    assert replica_from_pod(pod("p")).models == ()  # no annotation yet
-    assert parse_models_document({"models": ["a"], "capacity": "x"}) == ((), 0, 0, ())
+def test_a_malformed_annotation_reads_as_nothing_to_fetch():
+    assert replica_from_pod(pod("p", raw_annotation="{not json")).version == 0
+    assert replica_from_pod(pod("p", raw_annotation='["a"]')).version == 0
+    assert replica_from_pod(pod("p", raw_annotation='{"version": "x"}')).version == 0
+    assert replica_from_pod(pod("p")).version == 0  # no annotation yet
 
 
 def test_list_then_events_drive_the_table():
     tracker = PodTracker()
     table = RoutingTable(lag_s=1.0)
     ops = tracker.on_list({"metadata": {"resourceVersion": "100"},
-                           "items": [pod("r1", models=["a"]), pod("r2", ip="10.0.0.6", ready=False)]})
+                           "items": [pod("r1", version=4), pod("r2", ip="10.0.0.6", ready=False)]})
     apply_ops(table, ops, 1.0)
     assert tracker.resource_version == "100"
     assert [r.name for r in table.usable(1.0)] == ["r1"]
+    assert [r.name for r in table.stale_replicas()] == ["r1"]  # its document is to fetch
 
-    modified = pod("r2", ip="10.0.0.6", models=["b"], rv="101")
+    modified = pod("r2", ip="10.0.0.6", version=1, rv="101")
     apply_ops(table, tracker.on_event({"type": "MODIFIED", "object": modified}), 2.0)
     assert tracker.resource_version == "101"
     assert sorted(r.name for r in table.usable(2.0)) == ["r1", "r2"]
-    assert table.get("r2").models == {"b"}
-
-    apply_ops(table, tracker.on_event({"type": "MODIFIED", "object": pod("r1", models=["a", "c"], rv="102")}), 3.0)
-    assert table.get("r1").models == {"a", "c"}
 
     apply_ops(table, tracker.on_event({"type": "DELETED", "object": pod("r1", rv="103")}), 4.0)
     assert [r.name for r in table.replicas()] == ["r2"]
@@ -88,10 +86,23 @@ def test_list_then_events_drive_the_table():
     assert tracker.resource_version == "104"
 
 
+def test_a_fetched_document_stays_until_a_summary_announces_a_newer_one():
+    table = RoutingTable()
+    apply_ops(table, PodTracker().on_list({"metadata": {}, "items": [pod("r1", version=2)]}), 1.0)
+    fetched = ReplicaInfo("r1", "http://10.0.0.5:9000", True, ("a", "b"), 3, 2, ())
+    table.apply(fetched, 1.5)
+    assert table.get("r1").models == {"a", "b"} and not table.stale_replicas()
+    apply_ops(table, PodTracker().on_event({"type": "MODIFIED", "object": pod("r1", version=2)}), 2.0)
+    assert table.get("r1").models == {"a", "b"} and not table.stale_replicas()
+    apply_ops(table, PodTracker().on_event({"type": "MODIFIED", "object": pod("r1", version=3)}), 3.0)
+    assert table.get("r1").models == {"a", "b"}  # what it knows, until the fetch
+    assert [r.name for r in table.stale_replicas()] == ["r1"]
+
+
 def test_the_raw_object_of_the_kubernetes_client_is_used_when_present():
     tracker = PodTracker()
-    ops = tracker.on_event({"type": "ADDED", "object": object(), "raw_object": pod("r1", models=["x"], rv="9")})
-    assert ops[0][0] == "apply" and ops[0][1].models == ("x",)
+    ops = tracker.on_event({"type": "ADDED", "object": object(), "raw_object": pod("r1", version=6, rv="9")})
+    assert ops[0][0] == "apply" and ops[0][1].version == 6
     assert tracker.resource_version == "9"
 
 

@@ -1,0 +1,71 @@
+"""The document fetcher reads a stale replica's /v1/models (a real server on loopback)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from modelplex_router.discovery.documents import DocumentFetcher
+from modelplex_router.table import ReplicaInfo, RoutingTable
+
+
+async def serve_documents(documents: list[dict]) -> tuple[web.AppRunner, str, list[int]]:
+    """A replica stand-in whose /v1/models answers the next document of ``documents``."""
+    served: list[int] = []
+
+    async def models(request: web.Request) -> web.Response:
+        served.append(len(served))
+        return web.json_response(documents[min(len(served) - 1, len(documents) - 1)])
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    return runner, f"http://127.0.0.1:{port}", served
+
+
+async def wait_until(predicate, timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+
+async def test_a_newer_summary_makes_the_table_fetch_the_document_once():
+    runner, url, served = await serve_documents([{"version": 5, "capacity": 2, "models": ["a", "b"], "loading": []}])
+    table = RoutingTable()
+    loop = asyncio.get_running_loop()
+    fetcher = asyncio.create_task(DocumentFetcher().run(table, loop.time))
+    try:
+        table.apply(ReplicaInfo("r1", url, True, None, 2, 5, None), loop.time())  # a summary: version 5
+        await wait_until(lambda: table.get("r1").models == {"a", "b"})
+        assert table.get("r1").version == 5 and not table.stale_replicas()
+        table.heard_version(table.get("r1"), 5)  # old news: nothing to fetch
+        await asyncio.sleep(0.1)
+        assert served == [0]
+    finally:
+        fetcher.cancel()
+        await asyncio.gather(fetcher, return_exceptions=True)
+        await runner.cleanup()
+
+
+async def test_a_replica_that_changed_again_during_the_fetch_is_fetched_again():
+    runner, url, served = await serve_documents([
+        {"version": 1, "capacity": 2, "models": ["a"], "loading": []},
+        {"version": 2, "capacity": 2, "models": ["a", "b"], "loading": []},
+    ])
+    table = RoutingTable()
+    loop = asyncio.get_running_loop()
+    table.apply(ReplicaInfo("r1", url, True, None, 2, 2, None), loop.time())  # announces version 2
+    fetcher = asyncio.create_task(DocumentFetcher().run(table, loop.time))
+    try:
+        table.heard_version(table.get("r1"), 2)
+        await wait_until(lambda: table.get("r1").version == 2)
+        assert table.get("r1").models == {"a", "b"} and len(served) == 2
+    finally:
+        fetcher.cancel()
+        await asyncio.gather(fetcher, return_exceptions=True)
+        await runner.cleanup()
