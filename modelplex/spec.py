@@ -35,6 +35,14 @@ DEFAULT_MAX_ONGOING_REQUESTS = 32
 DEFAULT_MAX_CONCURRENT_LOADS = 2
 #: A load past this is abandoned (504 to its waiters); large models on slow stores take minutes.
 DEFAULT_LOAD_TIMEOUT_S = 300.0
+#: Ray Serve's ``graceful_shutdown_timeout_s``: what a stopping router or replica has to finish.
+DEFAULT_GRACEFUL_SHUTDOWN_S = 20.0
+#: Routers per deployment (pods): one can restart or move while the other serves.
+DEFAULT_ROUTER_REPLICAS = 2
+#: ``router.requestTimeoutSeconds`` when unset: this much past ``loadTimeoutSeconds``, so a slow
+#: load ends with the cache's own 504 (which names the load) and the router's timeout catches
+#: only a replica that stopped answering.
+REQUEST_TIMEOUT_MARGIN_S = 30.0
 EVICTION_POLICIES = ("lru", "lfu")
 
 _QUANTITY = re.compile(r"^\+?(?P<number>[0-9]+(\.[0-9]*)?|\.[0-9]+)(?P<suffix>[KMGTPE]i|[kMGTPE]|[eE]\+?[0-9]+)?$")
@@ -147,8 +155,10 @@ class Batching(_Model):
 
 
 class RouterSpec(_Model):
-    replicas: int = Field(default=1, ge=0)
+    replicas: int = Field(default=DEFAULT_ROUTER_REPLICAS, ge=0)
     port: int = Field(default=8000, ge=1, le=65535)
+    # Until the replica's first byte (a model load included); unset: loadTimeoutSeconds + 30 s.
+    request_timeout_seconds: float | None = Field(default=None, gt=0, alias="requestTimeoutSeconds")
 
 
 class EnvVar(BaseModel):
@@ -180,6 +190,8 @@ class DeploymentSpec(_Model):
     env: tuple[EnvVar, ...] = ()
     router: RouterSpec = RouterSpec()
     metrics: Metrics = Metrics()
+    graceful_shutdown_timeout_seconds: float = Field(default=DEFAULT_GRACEFUL_SHUTDOWN_S, ge=0,
+                                                     alias="gracefulShutdownTimeoutSeconds")
 
     @field_validator("handler")
     @classmethod
@@ -193,6 +205,13 @@ class DeploymentSpec(_Model):
         if self.handler is None and self.model_source is None:
             raise ValueError("modelSource is required when no handler is given (the built-in handler reads it)")
         return self
+
+    @property
+    def request_timeout_s(self) -> float:
+        """The router's bound on waiting for a replica's first byte."""
+        if self.router.request_timeout_seconds is not None:
+            return self.router.request_timeout_seconds
+        return self.multiplexing.load_timeout_seconds + REQUEST_TIMEOUT_MARGIN_S
 
     @property
     def batch_wait_timeout_s(self) -> float | None:

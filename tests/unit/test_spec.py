@@ -31,8 +31,18 @@ def test_defaults_follow_ray_serve():
     # Unset batching/multiplexing sizes defer to the decorators' arguments.
     assert spec.multiplexing.max_models_per_replica is None
     assert spec.batching.max_batch_size is None
-    assert spec.router.port == 8000 and spec.router.replicas == 1
+    assert spec.router.port == 8000
     assert spec.metrics.model_label is False
+    assert spec.graceful_shutdown_timeout_seconds == 20.0  # Ray Serve's graceful_shutdown_timeout_s
+
+
+def test_two_routers_by_default_and_a_request_timeout_past_the_load_timeout():
+    spec = parse_spec(MINIMAL)
+    assert spec.router.replicas == 2
+    # Unset, a slow load ends with the cache's own 504 before the router's timeout.
+    assert spec.request_timeout_s == spec.multiplexing.load_timeout_seconds + 30
+    assert parse_spec({**MINIMAL, "multiplexing": {"loadTimeoutSeconds": 10}}).request_timeout_s == 40
+    assert parse_spec({**MINIMAL, "router": {"requestTimeoutSeconds": 2.5}}).request_timeout_s == 2.5
 
 
 def test_design_example_parses():
@@ -58,6 +68,8 @@ def test_design_example_parses():
         ({"modelSource": {"uri": "s3://bucket/fixed.pt"}}, "spec.modelSource.uri: must contain {model_id}"),
         ({"handler": "no colon"}, "spec.handler: must look like 'module.path:ClassName'"),
         ({"maxOngoingRequests": 0}, "spec.maxOngoingRequests"),
+        ({"router": {"requestTimeoutSeconds": 0}}, "spec.router.requestTimeoutSeconds: Input should be greater than 0"),
+        ({"gracefulShutdownTimeoutSeconds": -1}, "spec.gracefulShutdownTimeoutSeconds: Input should be greater"),
         ({"replicaz": 2}, "spec.replicaz: unknown field"),
         ({"multiplexing": {"maxModels": 2}}, "spec.multiplexing.maxModels: unknown field"),
     ],
