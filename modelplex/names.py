@@ -8,6 +8,8 @@ SHORT_NAME = "mxd"
 
 #: Ray Serve's header, so existing clients keep working.
 MODEL_ID_HEADER = "serve_multiplexed_model_id"
+#: The same header as proxies pass it: nginx and others drop headers with underscores.
+DASHED_MODEL_ID_HEADER = "serve-multiplexed-model-id"
 
 LABEL_DEPLOYMENT = "modelplex.io/deployment"
 LABEL_ROLE = "modelplex.io/role"

@@ -19,7 +19,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from modelplex.cache import ModelCache
-from modelplex.calls import Invocation, check_handler, invocation
+from modelplex.calls import CALL_CONTENT_TYPE, Invocation, check_handler, invocation
 from modelplex.context import set_multiplexed_model_id
 from modelplex.errors import BadRequest, HandlerError, ModelplexError, NotFound, NotReady, Overloaded
 from modelplex.handles import close_handles
@@ -27,9 +27,10 @@ from modelplex.http import error_middleware, from_json, is_json, to_json
 from modelplex.ids import InvalidModelId, validate_model_id
 from modelplex.loaded import LoadedModels, LoadedSummary
 from modelplex.multiplex import find_cache
-from modelplex.names import LOADED_MODELS_HEADER, MODEL_ID_HEADER
+from modelplex.names import DASHED_MODEL_ID_HEADER, LOADED_MODELS_HEADER, MODEL_ID_HEADER
 from modelplex.runtime import runtime
 from modelplex.spec import Deployment, SpecError
+from modelplex_replica import oip
 from modelplex_replica.metrics import ReplicaMetrics
 from modelplex_replica.reporter import AnnotationReporter, Patch
 from modelplex_replica.usercode import UserCodeLoop
@@ -85,7 +86,8 @@ class ReplicaState:
         if cache is not None:
             self.published = Published.of(LoadedModels(
                 version=cache.version, capacity=cache.capacity, models=tuple(cache.loaded),
-                loading=tuple(cache.loading)))
+                loading=tuple(cache.loading), model_bytes=cache.model_bytes,
+                capacity_bytes=cache.capacity_bytes or 0))
 
 
 STATE = web.AppKey("state", ReplicaState)
@@ -112,6 +114,7 @@ def create_app(deployment: Deployment, handler: Any, *, patch_pod: Patch | None 
     app.cleanup_ctx.append(_lifecycle(patch_pod))
     app.router.add_post("/v1/invoke", invoke)
     app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model_id}/metadata", model_metadata)
     app.router.add_post("/v1/models/{model_id}/load", load_model)
     app.router.add_delete("/v1/models/{model_id}", unload_model)
     app.router.add_get("/healthz", healthz)
@@ -182,9 +185,12 @@ def _model_id(raw: str) -> str:
         raise BadRequest(str(error)) from None
 
 
-async def _read_call(request: web.Request, handler: Any) -> Invocation:
-    """What the request asks for: a handle's call envelope, or ``__call__`` with the body."""
+async def _read_call(request: web.Request, handler: Any, model_id: str) -> Invocation:
+    """What the request asks for: a handle's call envelope, or ``__call__`` with the body (an
+    Open Inference Protocol body as an ``InferRequest``)."""
     data = await request.read()  # over client_max_size: HTTPRequestEntityTooLarge → 413
+    if oip.is_oip(request):
+        return oip.oip_invocation(request, handler, data, model_id)
     if is_json(request.content_type):
         try:
             data = from_json(data)
@@ -196,8 +202,11 @@ async def _read_call(request: web.Request, handler: Any) -> Invocation:
 async def invoke(request: web.Request) -> web.StreamResponse:
     """One request for the handler; the model id is in the ``serve_multiplexed_model_id`` header."""
     state = request.app[STATE]
-    raw_id = request.headers.get(MODEL_ID_HEADER, "")
+    raw_id = request.headers.get(MODEL_ID_HEADER) or request.headers.get(DASHED_MODEL_ID_HEADER, "")
     model_id = _model_id(raw_id) if raw_id else ""
+    if not model_id and state.cache is not None and request.content_type != CALL_CONTENT_TYPE:
+        state.metrics.observe_request("", 400, 0.0)
+        raise BadRequest(f"this deployment serves many models: name one in the {MODEL_ID_HEADER} header")
     limit = state.deployment.spec.max_ongoing_requests
     if state.inflight >= limit:
         state.metrics.observe_request(model_id, 503, 0.0)
@@ -207,7 +216,7 @@ async def invoke(request: web.Request) -> web.StreamResponse:
     state.metrics.inflight.labels(state.deployment.name).inc()
     status = 500
     try:
-        call = await _read_call(request, state.handler)
+        call = await _read_call(request, state.handler, model_id)
         if call.streams:
             response = await _stream(request, state, call, model_id)
         else:
@@ -215,6 +224,7 @@ async def invoke(request: web.Request) -> web.StreamResponse:
             response = web.Response(body=payload, content_type=content_type.split(";")[0],
                                     charset=_charset(content_type))
             response.headers[LOADED_MODELS_HEADER] = state.models_header()
+            oip.finish(call, response)
         status = 500 if response.get(STREAM_FAILED) else response.status
         return response
     except ModelplexError as error:
@@ -325,6 +335,13 @@ async def _stream(request: web.Request, state: ReplicaState, call: Invocation, m
 
 def _charset(content_type: str) -> str | None:
     return "utf-8" if "charset" in content_type else None
+
+
+async def model_metadata(request: web.Request) -> web.Response:
+    """Open Inference Protocol model metadata; the model is loaded if it is not."""
+    state = request.app[STATE]
+    model_id = _model_id(request.match_info["model_id"])
+    return web.json_response(await state.user.run(oip.model_metadata(state.handler, state.cache, model_id)))
 
 
 async def list_models(request: web.Request) -> web.Response:

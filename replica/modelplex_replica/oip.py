@@ -8,41 +8,53 @@ body is the client's, untouched (JSON, or JSON plus binary tensors).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
-from modelplex.errors import BadRequest
-from modelplex.oip import (HEADER_LENGTH, PROTOCOL, PROTOCOL_HEADER, VERSION_HEADER, InferRequest,
-                           as_outputs, decode_request, encode_response)
+from modelplex.calls import Invocation, invocation
+from modelplex.errors import HandlerError
+from modelplex.oip import (HEADER_LENGTH, PROTOCOL, PROTOCOL_HEADER, VERSION_HEADER, InferRequest, as_outputs,
+                           decode_request, encode_response)
 
 
 def is_oip(request: web.Request) -> bool:
     return request.headers.get(PROTOCOL_HEADER) == PROTOCOL
 
 
-def read_infer_request(request: web.Request, body: bytes, model_id: str) -> InferRequest:
-    """The handler's view of an OIP body (400 for a malformed one)."""
+@dataclass
+class OipInvocation(Invocation):
+    """``__call__(InferRequest)``, its answer encoded as the protocol says (JSON, or JSON and
+    binary tensors with the header length that :func:`finish` sets)."""
+
+    infer: InferRequest | None = None
+    header_length: int | None = None
+
+    def encode(self, value: Any) -> tuple[bytes, str]:
+        try:
+            outputs = as_outputs(value)
+            parameters = getattr(value, "parameters", None) or None
+            body, self.header_length = encode_response(self.infer, outputs, parameters=parameters)
+        except (TypeError, ValueError) as error:
+            raise HandlerError(f"the handler's answer is not a set of tensors: {error}",
+                               error_type="TypeError") from None
+        return body, "application/json" if self.header_length is None else "application/octet-stream"
+
+
+def oip_invocation(request: web.Request, handler: Any, body: bytes, model_id: str) -> OipInvocation:
+    """The handler's call for an OIP body (400 for a malformed one)."""
     infer = decode_request(body, request.headers.get(HEADER_LENGTH))
     infer.model_name = model_id
     infer.model_version = request.headers.get(VERSION_HEADER) or None
-    return infer
+    plain = invocation(handler, "", infer)
+    return OipInvocation(plain.target, plain.args, plain.kwargs, plain.mode, name=plain.name, infer=infer)
 
 
-def infer_response(infer: InferRequest, result: Any) -> web.Response:
-    """The OIP answer to ``infer`` from a handler's result (arrays, or an InferResponse)."""
-    if isinstance(result, BaseException):
-        raise result
-    try:
-        outputs = as_outputs(result)
-    except (TypeError, ValueError) as error:
-        raise BadRequest(f"the handler's answer is not a set of tensors: {error}") from None
-    parameters = getattr(result, "parameters", None) or None
-    body, header_length = encode_response(infer, outputs, parameters=parameters)
-    if header_length is None:
-        return web.Response(body=body, content_type="application/json")
-    return web.Response(body=body, content_type="application/octet-stream",
-                        headers={HEADER_LENGTH: str(header_length)})
+def finish(call: Invocation, response: web.StreamResponse) -> None:
+    """Add what the protocol's binary answer needs to ``response``."""
+    if isinstance(call, OipInvocation) and call.header_length is not None:
+        response.headers[HEADER_LENGTH] = str(call.header_length)
 
 
 async def model_metadata(handler: Any, cache: Any, model_id: str) -> dict:
