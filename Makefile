@@ -35,7 +35,10 @@ run: venv
 	$(PY) examples/zoo/build_zoo.py
 	$(VENV)/bin/modelplex local examples/zoo/deployment.yaml --port 8000
 
+# The local cluster: Debian's packages for the node (installed where missing), then the
+# Kubernetes, etcd, helm and CoreDNS binaries (built once from their Go modules, cached).
 control-plane:
+	bash hack/control-plane/node-packages.sh
 	bash hack/control-plane/build.sh
 
 lint: venv

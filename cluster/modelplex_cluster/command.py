@@ -1,9 +1,10 @@
-"""``modelplex cluster up|down|status|build``.
+"""``modelplex cluster up|down|status|load|build``.
 
-``up`` starts a detached supervisor process that runs etcd, kube-apiserver,
-kube-controller-manager and the test kubelet, waits until they answer, and
-prints shell lines for ``eval "$(modelplex cluster up)"``. Everything else
-(progress, where the logs are) goes to stderr.
+``up`` starts a detached supervisor process that runs the control plane and the
+node (see ``controlplane.py``), waits until the node is Ready, puts the project's
+images on it, and prints shell lines for ``eval "$(modelplex cluster up)"``.
+Everything else (progress, where the logs are) goes to stderr. ``down`` stops it
+all and undoes the node's changes to the host.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from pathlib import Path
 
 from modelplex_cluster.testing import pid_alive
 
-STATE_ENTRIES = ("pki", "etcd", "logs", "kubelet", "pids", "kubeconfig", "ready", "endpoints.json",
-                 "supervisor.pid", "supervisor.log")
+STATE_ENTRIES = ("pki", "etcd", "logs", "kubelet", "containerd", "pids", "kubeconfig", "ready", "endpoints.json",
+                 "supervisor.pid", "supervisor.log", "Corefile", "kube-proxy.yaml")
 
 
 def say(msg: str) -> None:
@@ -107,7 +108,7 @@ def cmd_build(args) -> int:
 
 
 def cmd_up(args) -> int:
-    from modelplex_cluster.controlplane import ControlPlaneError, build_binaries, repo_root, tail
+    from modelplex_cluster.controlplane import ControlPlaneError, build_binaries, restore_node_host, tail
 
     state = cluster_dir()
     pid = _supervisor_pid(state)
@@ -118,7 +119,7 @@ def cmd_up(args) -> int:
         return 0
     if pid:
         say(f"a cluster supervisor (pid {pid}) is running but not ready; stopping it first")
-        _stop(state)
+    _stop(state)  # also undoes what a killed supervisor left on the host
 
     try:
         bin_dir = build_binaries()
@@ -127,6 +128,7 @@ def cmd_up(args) -> int:
         return 1
 
     state.mkdir(parents=True, exist_ok=True)
+    restore_node_host(state)
     for entry in STATE_ENTRIES:  # a fresh cluster each time
         path = state / entry
         if path.is_dir():
@@ -135,15 +137,13 @@ def cmd_up(args) -> int:
             shutil.rmtree(path)
         elif path.exists():
             path.unlink()
-    workdir = Path(args.workdir).resolve() if args.workdir else (repo_root() or Path.cwd())
     log_path = state / "supervisor.log"
     env = dict(os.environ)
     pkg_root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg_root, env.get("PYTHONPATH")]))
     env.pop("KUBECONFIG", None)
-    argv = [sys.executable, "-m", "modelplex_cluster", "_serve", f"--bin-dir={bin_dir}", f"--state-dir={state}",
-            f"--workdir={workdir}", f"--pod-ip-prefix={args.pod_ip_prefix}"]
-    say(f"==> starting the control plane (state and logs in {state})")
+    argv = [sys.executable, "-m", "modelplex_cluster", "_serve", f"--bin-dir={bin_dir}", f"--state-dir={state}"]
+    say(f"==> starting the control plane and the node (state and logs in {state})")
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 env=env, cwd=str(state), start_new_session=True)
@@ -163,11 +163,26 @@ def cmd_up(args) -> int:
         say(tail(log_path, 40))
         _stop(state)
         return 1
-    say(f"==> cluster ready in {time.monotonic() - t0:.1f}s: kubeconfig {state / 'kubeconfig'}; "
-        f"logs in {state / 'logs'}, pod logs in {state / 'kubelet' / 'pods'}")
+    say(f"==> cluster ready in {time.monotonic() - t0:.1f}s: kubeconfig {state / 'kubeconfig'}; logs in {state / 'logs'}")
+    if not args.no_images:
+        try:
+            load_project_images(_node_socket(state))
+        except Exception as exc:  # noqa: BLE001 - the cluster runs; say why the images are missing
+            say(f"error: the cluster runs, but putting the project's images on the node failed: {exc}")
+            sys.stdout.write(_exports(state, str(bin_dir)))
+            return 1
     say('    (use: eval "$(modelplex cluster up)"; stop with: modelplex cluster down)')
     sys.stdout.write(_exports(state, str(bin_dir)))
     return 0
+
+
+def _live_components(state: Path) -> list[str]:
+    live = []
+    for pid_file in sorted((state / "pids").glob("*.pid")) if (state / "pids").exists() else []:
+        pid = _read_pid(pid_file)
+        if pid and pid_alive(pid) and pid_file.stem in _cmdline(pid):
+            live.append(pid_file.stem)
+    return live
 
 
 def _kill_leftovers(state: Path) -> list[str]:
@@ -182,23 +197,10 @@ def _kill_leftovers(state: Path) -> list[str]:
             except OSError:
                 pass
             killed.append(f"{name} ({pid})")
-    try:
-        procs = json.loads((state / "kubelet" / "processes.json").read_text())
-    except (OSError, ValueError):
-        procs = []
-    marker = str(state / "kubelet" / "pods")
-    for item in procs:
-        pid = item.get("pid")
-        if pid and pid_alive(pid) and _environ_has(pid, marker):
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except OSError:
-                pass
-            killed.append(f"pod {item.get('namespace')}/{item.get('pod')} ({pid})")
     return killed
 
 
-def _stop(state: Path, timeout: float = 60) -> bool:
+def _stop(state: Path, timeout: float = 180) -> bool:
     pid = _supervisor_pid(state)
     stopped = False
     if pid:
@@ -216,8 +218,68 @@ def _stop(state: Path, timeout: float = 60) -> bool:
     leftovers = _kill_leftovers(state)
     if leftovers:
         say("killed leftover processes: " + ", ".join(leftovers))
+    from modelplex_cluster import node
+    from modelplex_cluster.controlplane import restore_node_host
+
+    undone = restore_node_host(state)  # left by a supervisor that was killed before it could
+    other = node.registered_state()
+    if other is not None and other != state and not _supervisor_pid(other) and not _live_components(other):
+        # A node whose owner is gone (a killed test run, say): what it left on the host.
+        undone += restore_node_host(other)
+    if undone:
+        say("undid host changes: " + ", ".join(undone))
     (state / "ready").unlink(missing_ok=True)
-    return stopped or bool(leftovers)
+    return stopped or bool(leftovers) or bool(undone)
+
+
+def _node_socket(state: Path) -> Path | None:
+    try:
+        return Path(json.loads((state / "ready").read_text())["containerd_socket"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def load_project_images(socket: Path) -> dict[str, str]:
+    """Build (or reuse) the project's images, put those the node lacks on it, and give each its
+    version tag too (``modelplex/router:0.1.0``: the chart's defaults); returns component -> tag."""
+    from modelplex_cluster import images, node
+
+    tags = images.ensure_images()
+    version = images.project_version(images.repo_root())
+    missing = [tag for tag in tags.values() if tag not in node.image_names(socket)]
+    if missing:
+        t0 = time.monotonic()
+        say(f"==> putting {', '.join(missing)} on the node")
+        with images.docker_engine() as env:
+            node.load_docker_images(socket, missing, env=env)
+        say(f"    loaded in {time.monotonic() - t0:.1f}s")
+    for tag in tags.values():
+        node.tag_image(socket, tag, f"{tag.rsplit(':', 1)[0]}:{version}")
+    say("==> the project's images are on the node: " + ", ".join(f"{tag.rsplit(':', 1)[0]}:{version}"
+                                                                 for tag in tags.values()))
+    return tags
+
+
+def cmd_load(args) -> int:
+    from modelplex_cluster import node
+
+    state = cluster_dir()
+    socket = _node_socket(state)
+    if not _supervisor_pid(state) or socket is None:
+        say(f"error: no cluster running (state dir {state}); start one with: eval \"$(modelplex cluster up)\"")
+        return 1
+    t0 = time.monotonic()
+    from modelplex_cluster import images
+
+    try:
+        # The engine that answers (DOCKER_HOST, the default socket), else the project's own.
+        with images.docker_engine() as env:
+            node.load_docker_images(socket, args.images, env=env)
+    except (node.NodeError, images.ImageError, OSError) as exc:
+        say(f"error: {exc}")
+        return 1
+    say(f"loaded {', '.join(args.images)} onto the node in {time.monotonic() - t0:.1f}s")
+    return 0
 
 
 def cmd_down(args) -> int:
@@ -246,33 +308,33 @@ def cmd_status(args) -> int:
             print(f"  {name}: pid {p}{'' if pid_alive(p) else ' (gone)'}")
     except (OSError, ValueError, KeyError):
         pass
-    print(f"logs: {state / 'logs'}  pod logs: {state / 'kubelet' / 'pods'}")
+    print(f"logs: {state / 'logs'}")
     return 0 if ready else 1
 
 
 def cmd_serve(args) -> int:
     from modelplex_cluster.controlplane import _supervise
 
-    argv = [f"--bin-dir={args.bin_dir}", f"--state-dir={args.state_dir}", f"--pod-ip-prefix={args.pod_ip_prefix}"]
-    if args.workdir:
-        argv.append(f"--workdir={args.workdir}")
-    return _supervise(argv)
+    return _supervise([f"--bin-dir={args.bin_dir}", f"--state-dir={args.state_dir}"])
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="modelplex cluster",
-        description="A local Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager and a "
-                    "test kubelet that runs pods as local processes). "
-                    'Start it with: eval "$(modelplex cluster up)"',
+        description="A local one-node Kubernetes cluster (etcd, kube-apiserver, kube-controller-manager, "
+                    "kube-scheduler; containerd, the kubelet, kube-proxy and CoreDNS), for trying Modelplex "
+                    'and for its end-to-end tests. Needs root. Start it with: eval "$(modelplex cluster up)"',
     )
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="build or reuse the binaries, start the cluster, print shell exports")
-    up.add_argument("--workdir", help="working directory of pod processes (default: the repository root)")
-    up.add_argument("--pod-ip-prefix", default="127.0", help="pods get addresses 127.N.x.y (default 127.0)")
-    up.add_argument("--timeout", type=float, default=240, help="seconds to wait for the API (default 240)")
+    up.add_argument("--timeout", type=float, default=300, help="seconds to wait for the node (default 300)")
+    up.add_argument("--no-images", action="store_true", help="do not build or load the project's images")
     up.set_defaults(func=cmd_up)
-    sub.add_parser("down", help="stop the cluster and every pod process").set_defaults(func=cmd_down)
+    sub.add_parser("down", help="stop the cluster and its containers; undo its host changes").set_defaults(
+        func=cmd_down)
+    load = sub.add_parser("load", help="put local docker images on the node (docker save | ctr images import)")
+    load.add_argument("images", nargs="+", metavar="IMAGE")
+    load.set_defaults(func=cmd_load)
     sub.add_parser("status", help="say whether the cluster runs").set_defaults(func=cmd_status)
     build = sub.add_parser("build", help="build or reuse the binaries; print their folder")
     build.add_argument("--force", action="store_true", help="rebuild even when cached")
@@ -280,8 +342,6 @@ def main(argv: list[str]) -> int:
     serve = sub.add_parser("_serve")  # the detached supervisor started by `up`
     serve.add_argument("--bin-dir", required=True)
     serve.add_argument("--state-dir", required=True)
-    serve.add_argument("--workdir")
-    serve.add_argument("--pod-ip-prefix", default="127.0")
     serve.set_defaults(func=cmd_serve)
     args = parser.parse_args(argv)
     try:

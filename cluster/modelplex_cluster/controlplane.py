@@ -1,9 +1,11 @@
-"""A real Kubernetes control plane on loopback: etcd, kube-apiserver,
-kube-controller-manager and Modelplex's test kubelet.
+"""A real one-node Kubernetes cluster on this machine: etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler, and a node of containerd + runc, a CNI
+bridge, the kubelet, kube-proxy (iptables) and CoreDNS.
 
 The binaries come from ``hack/control-plane/build.sh`` (built from their Go
-modules and cached). Everything listens on 127.0.0.1 on free ports, with
-certificates made here; RBAC is on and real.
+modules and cached); containerd, runc and the CNI plugins are Debian's. The API
+server listens on the node's bridge address, etcd and the controllers on
+127.0.0.1, with certificates made here; RBAC is on and real.
 
     cp = ControlPlane(build_binaries())
     cp.start()          # returns once the API answers and the node is Ready
@@ -32,12 +34,13 @@ from typing import IO, Iterable
 
 import yaml
 
-from modelplex_cluster import certs
+from modelplex_cluster import certs, node
 
 NODE_NAME = "modelplex-node"
-SERVICE_CIDR = "10.96.0.0/16"
+KUBELET_PORT = 10250
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
-TOOLS = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl", "helm")
+TOOLS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy", "kubectl", "helm",
+         "coredns")
 
 
 class ControlPlaneError(RuntimeError):
@@ -232,39 +235,29 @@ class Component:
         return self.proc is not None and self.proc.poll() is None
 
 
-@dataclass
-class PodProcess:
-    """One container process the test kubelet runs for a pod."""
-
-    namespace: str
-    pod: str
-    container: str
-    pid: int | None
-    pod_ip: str | None
-    log: Path | None
-    phase: str | None = None
+def containerd_root() -> Path:
+    """containerd's content store and image snapshots: kept between clusters, like the binaries."""
+    return Path(os.environ.get("MODELPLEX_CACHE") or Path.home() / ".cache" / "modelplex") / "node" / "containerd"
 
 
-# --------------------------------------------------------------------------- the control plane
+# --------------------------------------------------------------------------- the cluster
 
 
 @dataclass
 class ControlPlane:
-    """etcd + kube-apiserver + kube-controller-manager (+ the test kubelet) on loopback.
+    """etcd, kube-apiserver, kube-controller-manager, kube-scheduler and (``node=True``) one real
+    node: containerd + runc, a CNI bridge, the kubelet, kube-proxy and CoreDNS.
 
-    ``state_dir`` holds certificates, etcd data, kubeconfigs and logs (a fresh
-    temporary folder when not given). ``workdir`` is the working directory of
-    pod processes (the repository root by default). ``pod_ip_prefix`` ("127.N")
-    picks the /16 from which the kubelet gives pods their addresses.
-    A temporary state dir is removed by :meth:`stop` unless ``keep_state``.
+    ``state_dir`` holds certificates, etcd data, kubeconfigs, configs and logs (a fresh
+    temporary folder when not given; removed by :meth:`stop` unless ``keep_state``). The node
+    needs root; :meth:`stop` undoes every change it made to the host (see ``node.py``).
+    Without the node, everything listens on 127.0.0.1.
     """
 
     bin_dir: Path
     state_dir: Path | None = None
-    workdir: Path | None = None
-    kubelet: bool = True
+    node: bool = True
     node_name: str = NODE_NAME
-    pod_ip_prefix: str = "127.0"
     log_stream: IO[str] | None = None
     keep_state: bool = False  # keep a temporary state dir (made when none was given) after stop()
     components: list[Component] = field(default_factory=list)
@@ -272,12 +265,15 @@ class ControlPlane:
     def __post_init__(self) -> None:
         self.bin_dir = Path(self.bin_dir)
         self._own_state = self.state_dir is None
-        self.state_dir = Path(self.state_dir or tempfile.mkdtemp(prefix="modelplex-control-plane-"))
-        self.workdir = Path(self.workdir or repo_root() or os.getcwd())
+        self.state_dir = Path(self.state_dir or tempfile.mkdtemp(prefix="modelplex-cluster-"))
         self.pki_dir = self.state_dir / "pki"
         self.logs_dir = self.state_dir / "logs"
         self.kubelet_dir = self.state_dir / "kubelet"
+        self.containerd_dir = self.state_dir / "containerd"
+        self.containerd_socket = self.containerd_dir / "containerd.sock"
         self.kubeconfig = self.state_dir / "kubeconfig"
+        self.host_snapshot_file = self.state_dir / "host-before.json"
+        self.address = node.NODE_IP if self.node else "127.0.0.1"
         self.api_port: int | None = None
         self.etcd_port: int | None = None
         self.server: str | None = None
@@ -315,80 +311,40 @@ class ControlPlane:
             )
         return proc
 
-    def pod_dirs(self, namespace: str, name: str) -> list[Path]:
-        """The kubelet's folders for pods of that name, newest first (one per pod UID)."""
-        found = list((self.kubelet_dir / "pods").glob(f"{namespace}_{name}_*"))
-        return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
-
-    def pod_log_path(self, namespace: str, name: str, container: str | None = None) -> Path:
-        """The log file of a pod's container (first container when not named)."""
-        dirs = self.pod_dirs(namespace, name)
-        if not dirs:
-            raise ControlPlaneError(f"the kubelet has no folder for pod {namespace}/{name} in {self.kubelet_dir}")
-        if container:
-            return dirs[0] / f"{container}.log"
-        logs = sorted(dirs[0].glob("*.log"))
-        if not logs:
-            raise ControlPlaneError(f"no container log for pod {namespace}/{name} in {dirs[0]}")
-        return logs[0]
-
     def pod_log(self, namespace: str, name: str, container: str | None = None) -> str:
-        return self.pod_log_path(namespace, name, container).read_text(errors="replace")
+        """What a pod's container printed (``kubectl logs``, through the kubelet)."""
+        args = ["logs", "-n", namespace, name] + (["-c", container] if container else [])
+        return self.kubectl(*args, check=False).stdout
 
-    def pod_processes(self) -> list[PodProcess]:
-        """What the kubelet is running now (from its ``processes.json``)."""
-        path = self.kubelet_dir / "processes.json"
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return []
-        return [PodProcess(**item) for item in data]
+    def load_images(self, tags: list[str]) -> None:
+        """Put local docker images on the node (``docker save | ctr images import``)."""
+        node.load_docker_images(self.containerd_socket, tags)
 
-    def service_endpoints(self, namespace: str, service: str, port: str | int | None = None) -> list[str]:
-        """``ip:port`` of the ready pods behind a Service, sorted.
+    def import_image(self, archive: bytes) -> None:
+        """Put an OCI image archive (see ``node.oci_archive``) on the node."""
+        node.import_image(self.containerd_socket, archive)
 
-        There is no kube-proxy and no cluster DNS here, and the apiserver refuses
-        loopback addresses in Endpoints/EndpointSlices, so a Service's ClusterIP,
-        name and endpoints do not work. This resolves the Service the way
-        kube-proxy would: its selector, the pods' readiness, the target port.
-        ``port`` picks a Service port by name or number (the first when not given).
-        """
-        svc = json.loads(self.kubectl("get", "service", service, "-n", namespace, "-o", "json").stdout)
-        spec = svc.get("spec") or {}
-        selector = spec.get("selector") or {}
-        svc_ports = spec.get("ports") or []
-        chosen = next((p for p in svc_ports if port is None or p.get("name") == port or p.get("port") == port), None)
-        if chosen is None or not selector:
-            return []
-        target = chosen.get("targetPort", chosen.get("port"))
-        label_selector = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
-        pods = json.loads(self.kubectl("get", "pods", "-n", namespace, "-l", label_selector, "-o", "json").stdout)
-        result = []
-        for pod in pods.get("items", []):
-            status = pod.get("status") or {}
-            ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-            if not ready or not status.get("podIP") or (pod.get("metadata") or {}).get("deletionTimestamp"):
-                continue
-            number = target
-            if isinstance(target, str) and not target.isdigit():
-                number = next((cp.get("containerPort") for c in pod["spec"].get("containers", [])
-                               for cp in c.get("ports") or [] if cp.get("name") == target), None)
-                if number is None:
-                    continue
-            result.append(f"{status['podIP']}:{int(number)}")
-        return sorted(result)
+    def container_pid(self, container_id: str) -> int:
+        """The host pid of a container's main process (``containerd://ID`` from a pod's status)."""
+        wanted = container_id.split("://", 1)[-1]
+        for line in node.ctr(self.containerd_socket, "tasks", "list").splitlines()[1:]:
+            task, pid, *_ = line.split()
+            if task == wanted:
+                return int(pid)
+        raise ControlPlaneError(f"no running task for container {container_id}")
 
     def log_paths(self) -> dict[str, Path]:
-        """Component name -> log file (etcd, kube-apiserver, kube-controller-manager, kubelet)."""
+        """Component name -> log file."""
         return {c.name: c.log for c in self.components}
 
     def describe_logs(self, lines: int = 20) -> str:
-        """The tail of every component log and pod log, for failure messages."""
-        parts = []
-        for c in self.components:
-            parts.append(f"--- {c.name}: {c.log}\n{tail(c.log, lines)}")
-        for log in sorted((self.kubelet_dir / "pods").glob("*/*.log")):
-            parts.append(f"--- pod log {log}\n{tail(log, lines)}")
+        """The tail of every component log and the pods' state, for failure messages."""
+        parts = [f"--- {c.name}: {c.log}\n{tail(c.log, lines)}" for c in self.components]
+        if self.running():
+            pods = self.kubectl("get", "pods", "-A", "-o", "wide", check=False, timeout=20)
+            events = self.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp", check=False, timeout=20)
+            parts.append(f"--- pods\n{pods.stdout}{pods.stderr}")
+            parts.append("--- events (last)\n" + "\n".join(events.stdout.splitlines()[-lines:]))
         return "\n".join(parts)
 
     # ------------------------------------------------------------------ lifecycle
@@ -404,43 +360,71 @@ class ControlPlane:
         stream = self.log_stream if self.log_stream is not None else sys.stderr
         print(msg, file=stream, flush=True)
 
-    def start(self, timeout: float = 180.0) -> "ControlPlane":
-        """Start everything; returns once the API is ready, the ``default``
-        ServiceAccount exists and (with the kubelet) the node is Ready."""
+    def start(self, timeout: float = 240.0) -> "ControlPlane":
+        """Start everything; returns once the API is ready, the ``default`` ServiceAccount
+        exists and (with the node) the node is Ready and cluster DNS answers."""
         if self._started:
             return self
-        missing = [t for t in TOOLS[:3] if not (self.bin_dir / t).is_file()]
+        needed = TOOLS if self.node else TOOLS[:4]
+        missing = [t for t in needed if not (self.bin_dir / t).is_file()]
         if missing:
             raise ControlPlaneError(f"{self.bin_dir} lacks {', '.join(missing)}; run hack/control-plane/build.sh")
+        if self.node:
+            try:
+                node.check_requirements()
+            except node.NodeError as exc:
+                raise ControlPlaneError(str(exc)) from None
         self._started = True
+        self.components = []
         t0 = time.monotonic()
         deadline = t0 + timeout
         try:
             self._prepare()
+            if self.node:
+                self.host_snapshot_file.write_text(json.dumps(node.snapshot_host(), indent=1))
+                node.setup_network(self.state_dir)
             self._start_etcd(deadline)
             self._start_apiserver(deadline)
             self._start_controller_manager()
-            if self.kubelet:
+            self._start_scheduler()
+            if self.node:
+                self._start_containerd(deadline)
                 self._start_kubelet()
+                self._start_kube_proxy()
+                self._start_coredns()
             self._wait_settled(deadline)
         except BaseException as exc:
             details = self.describe_logs()
             self.keep_state = True  # keep the logs named in the error
             self.stop()
-            if isinstance(exc, ControlPlaneError):
+            if isinstance(exc, (ControlPlaneError, node.NodeError)):
                 raise ControlPlaneError(f"{exc}\nstate dir: {self.state_dir}\n{details}") from None
             raise
-        self._say(f"control plane ready in {time.monotonic() - t0:.1f}s: {self.server} (state in {self.state_dir})")
+        self._say(f"cluster ready in {time.monotonic() - t0:.1f}s: {self.server} (state in {self.state_dir})")
         return self
 
-    def stop(self) -> None:
-        """Stop the kubelet (and its pods), the controller-manager, the apiserver and etcd, in that order."""
+    def stop(self) -> list[str]:
+        """Stop the node (its containers included) and the control plane, and undo the node's host
+        changes; returns what was undone on the host."""
+        for name in ("coredns", "kube-proxy", "kubelet", "kube-scheduler", "kube-controller-manager"):
+            comp = self._component(name)
+            if comp is not None and comp.proc is not None:
+                stop_process(comp.proc, timeout=20 if name == "kubelet" else 10)
+        undone = []
+        containerd = self._component("containerd")
+        if containerd is not None and containerd.running():
+            removed = node.remove_all_containers(self.containerd_socket)
+            if removed:
+                undone.append(f"{removed} containers")
         for comp in reversed(self.components):
             if comp.proc is not None:
-                stop_process(comp.proc, timeout=20 if comp.name == "kubelet" else 10)
+                stop_process(comp.proc)
+        if self.node and self.host_snapshot_file.exists():
+            undone += restore_node_host(self.state_dir)
         self._started = False
         if self._own_state and not self.keep_state:
             shutil.rmtree(self.state_dir, ignore_errors=True)
+        return undone
 
     def running(self) -> bool:
         return bool(self.components) and all(c.running() for c in self.components)
@@ -452,8 +436,13 @@ class ControlPlane:
 
     # ------------------------------------------------------------------ steps
 
+    def _client_kubeconfig(self, stem: str, user: str, organization: str | None = None) -> Path:
+        pair = self._ca.issue(stem, user, organization=organization, client=True)
+        return write_kubeconfig(self.pki_dir / f"{stem}.kubeconfig", self.server, self._ca.pem,
+                                user=user, client_cert=pair.cert, client_key=pair.key)
+
     def _prepare(self) -> None:
-        for d in (self.pki_dir, self.logs_dir, self.kubelet_dir, self.state_dir / "etcd"):
+        for d in (self.pki_dir, self.logs_dir, self.state_dir / "etcd"):
             d.mkdir(parents=True, exist_ok=True)
         (self.state_dir / "etcd").chmod(0o700)
         ca = certs.CertificateAuthority(self.pki_dir)
@@ -462,16 +451,11 @@ class ControlPlane:
             "apiserver", "kube-apiserver", server=True,
             server_names=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
                           "kubernetes.default.svc.cluster.local"),
-            server_ips=("127.0.0.1", "10.96.0.1"),
+            server_ips=tuple(dict.fromkeys(("127.0.0.1", self.address, "10.96.0.1"))),
         )
         self._admin = ca.issue("admin", "modelplex-admin", organization="system:masters", client=True)
-        self._kcm = ca.issue("controller-manager", "system:kube-controller-manager", client=True)
         self._kubelet_client = ca.issue(
             "apiserver-kubelet-client", "kube-apiserver-kubelet-client", organization="system:masters", client=True
-        )
-        self._kubelet_serving = ca.issue(
-            "kubelet", f"system:node:{self.node_name}", organization="system:nodes",
-            server=True, client=True, server_names=("localhost", self.node_name), server_ips=("127.0.0.1",),
         )
         # for the aggregation layer (and so that components find a requestheader CA)
         self._front_proxy = ca.issue("front-proxy-client", "front-proxy-client", client=True)
@@ -479,15 +463,11 @@ class ControlPlane:
         self.etcd_port = free_port()
         self.etcd_peer_port = free_port()
         self.api_port = free_port()
-        self.kcm_port = free_port()
-        self.kubelet_port = free_port()
-        self.server = f"https://127.0.0.1:{self.api_port}"
+        self.server = f"https://{self.address}:{self.api_port}"
         write_kubeconfig(self.kubeconfig, self.server, ca.pem, user="modelplex-admin",
                          client_cert=self._admin.cert, client_key=self._admin.key)
-        self._kcm_kubeconfig = write_kubeconfig(
-            self.pki_dir / "controller-manager.kubeconfig", self.server, ca.pem,
-            user="system:kube-controller-manager", client_cert=self._kcm.cert, client_key=self._kcm.key,
-        )
+        self._kcm_kubeconfig = self._client_kubeconfig("controller-manager", "system:kube-controller-manager")
+        self._scheduler_kubeconfig = self._client_kubeconfig("scheduler", "system:kube-scheduler")
         (self.state_dir / "endpoints.json").write_text(json.dumps({
             "server": self.server, "etcd": f"http://127.0.0.1:{self.etcd_port}",
             "kubeconfig": str(self.kubeconfig), "bin_dir": str(self.bin_dir),
@@ -497,10 +477,8 @@ class ControlPlane:
         comp = Component(name, argv, self.logs_dir / f"{name}.log")
         with open(comp.log, "ab") as f:
             f.write(f"==> {' '.join(argv)}\n".encode())
-        # An orphaned etcd/apiserver/controller-manager is killed outright; the
-        # kubelet gets SIGTERM so that it can stop its pods.
-        death = signal.SIGTERM if name == "kubelet" else signal.SIGKILL
-        comp.proc = spawn(argv, comp.log, env=env, cwd=self.state_dir, death_signal=death)
+        # An orphaned component is killed outright (the supervisor's stop() undoes the rest).
+        comp.proc = spawn(argv, comp.log, env=env, cwd=self.state_dir, death_signal=signal.SIGKILL)
         self.components.append(comp)
         pid_dir = self.state_dir / "pids"
         pid_dir.mkdir(exist_ok=True)
@@ -558,7 +536,7 @@ class ControlPlane:
         return ctx
 
     def _api_get(self, path: str, timeout: float = 5) -> tuple[int, bytes]:
-        conn = http.client.HTTPSConnection("127.0.0.1", self.api_port, timeout=timeout, context=self._admin_ssl())
+        conn = http.client.HTTPSConnection(self.address, self.api_port, timeout=timeout, context=self._admin_ssl())
         try:
             conn.request("GET", path)
             resp = conn.getresponse()
@@ -571,8 +549,10 @@ class ControlPlane:
         comp = self._launch("kube-apiserver", [
             str(self.bin_dir / "kube-apiserver"),
             f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            # On the node's bridge: pods reach it through the `kubernetes` Service, whose
+            # endpoint the apiserver keeps at its advertise address.
+            f"--bind-address={self.address}",
+            f"--advertise-address={self.address}",
             f"--secure-port={self.api_port}",
             f"--cert-dir={p}",
             f"--tls-cert-file={self._serving.cert}",
@@ -582,15 +562,14 @@ class ControlPlane:
             f"--service-account-key-file={self._sa_pub}",
             f"--service-account-signing-key-file={self._sa_key}",
             "--authorization-mode=Node,RBAC",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--service-cluster-ip-range={node.SERVICE_CIDR}",
             "--allow-privileged=true",
-            # `kubectl logs` reaches the test kubelet's log server with this client certificate.
+            # `kubectl logs/exec` reach the kubelet with this client certificate, and check its serving one.
             f"--kubelet-client-certificate={self._kubelet_client.cert}",
             f"--kubelet-client-key={self._kubelet_client.key}",
             f"--kubelet-certificate-authority={self.ca_file}",
             "--kubelet-preferred-address-types=InternalIP",
-            # The apiserver refuses loopback addresses in Endpoints, its own included.
-            "--endpoint-reconciler-type=none",
+            *([] if self.node else ["--endpoint-reconciler-type=none"]),  # no loopback endpoints
             f"--requestheader-client-ca-file={self.ca_file}",
             "--requestheader-allowed-names=front-proxy-client",
             "--requestheader-username-headers=X-Remote-User",
@@ -618,45 +597,148 @@ class ControlPlane:
             f"--authentication-kubeconfig={kc}",
             f"--authorization-kubeconfig={kc}",
             "--bind-address=127.0.0.1",
-            f"--secure-port={self.kcm_port}",
+            f"--secure-port={free_port()}",
             f"--cert-dir={self.pki_dir / 'controller-manager-serving'}",
             f"--service-account-private-key-file={self._sa_key}",
             f"--root-ca-file={self.ca_file}",
             f"--cluster-signing-cert-file={self.ca_file}",
             f"--cluster-signing-key-file={self._ca.key_path}",
             "--use-service-account-credentials=true",
-            # No node IPAM (no pod CIDRs here) and no node lifecycle (the test
-            # kubelet's node never goes away; a busy laptop must not evict pods).
-            # No endpoints controllers: pod IPs are loopback addresses, which the
-            # apiserver refuses in Endpoints and EndpointSlices.
-            "--controllers=*,-node-ipam-controller,-node-lifecycle-controller,-endpoints-controller,"
-            "-endpointslice-controller,-endpointslice-mirroring-controller",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            # No node IPAM (CNI's host-local hands out pod addresses) and no node lifecycle
+            # (the one node never goes away; a busy laptop must not evict its pods).
+            "--controllers=*,-node-ipam-controller,-node-lifecycle-controller",
+            f"--service-cluster-ip-range={node.SERVICE_CIDR}",
             "--leader-elect=false",
             "--cluster-name=modelplex",
             "--v=1",
         ])
 
+    def _start_scheduler(self) -> None:
+        kc = self._scheduler_kubeconfig
+        self._launch("kube-scheduler", [
+            str(self.bin_dir / "kube-scheduler"),
+            f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={free_port()}",
+            f"--cert-dir={self.pki_dir / 'scheduler-serving'}",
+            "--leader-elect=false",
+            "--v=1",
+        ])
+
+    def _start_containerd(self, deadline: float) -> None:
+        d = self.containerd_dir
+        cni_conf_dir = d / "cni"
+        for path in (d, cni_conf_dir):
+            path.mkdir(parents=True, exist_ok=True)
+        (cni_conf_dir / "10-modelplex.conflist").write_text(json.dumps(node.cni_config(d / "ipam"), indent=2))
+        root = containerd_root()
+        root.mkdir(parents=True, exist_ok=True)
+        config = d / "config.toml"
+        config.write_text(node.containerd_config(root, d / "state", self.containerd_socket, cni_conf_dir))
+        comp = self._launch("containerd", ["containerd", "--config", str(config)])
+        self._wait("containerd's socket", lambda: node.ctr(self.containerd_socket, "version", timeout=10),
+                   deadline, comp)
+        if node.PAUSE_IMAGE not in node.image_names(self.containerd_socket):
+            node.import_image(self.containerd_socket, node.pause_image())
+
     def _start_kubelet(self) -> None:
-        argv = [
-            sys.executable, "-m", "modelplex_cluster.kubelet",
-            f"--kubeconfig={self.kubeconfig}",
-            f"--state-dir={self.kubelet_dir}",
-            f"--node-name={self.node_name}",
-            f"--workdir={self.workdir}",
-            f"--pod-ip-prefix={self.pod_ip_prefix}",
-            f"--server={self.server}",
-            f"--ca-file={self.ca_file}",
-            f"--serve-port={self.kubelet_port}",
-            f"--serve-cert={self._kubelet_serving.cert}",
-            f"--serve-key={self._kubelet_serving.key}",
-        ]
-        env = dict(os.environ)
-        # The kubelet must import this very package, wherever it was loaded from.
-        pkg_root = str(Path(__file__).resolve().parents[1])
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg_root, env.get("PYTHONPATH")]))
-        env.pop("KUBECONFIG", None)
-        self._launch("kubelet", argv, env=env)
+        d = self.kubelet_dir
+        d.mkdir(parents=True, exist_ok=True)
+        serving = self._ca.issue(
+            "kubelet", f"system:node:{self.node_name}", organization="system:nodes", server=True, client=True,
+            server_names=("localhost", self.node_name), server_ips=(node.NODE_IP, "127.0.0.1"),
+        )
+        kubeconfig = write_kubeconfig(self.pki_dir / "kubelet.kubeconfig", self.server, self._ca.pem,
+                                      user=f"system:node:{self.node_name}", client_cert=serving.cert,
+                                      client_key=serving.key)
+        config = {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "address": node.NODE_IP,
+            "port": KUBELET_PORT,
+            "readOnlyPort": 0,
+            "healthzPort": 0,
+            "tlsCertFile": str(serving.cert),
+            "tlsPrivateKeyFile": str(serving.key),
+            "authentication": {"x509": {"clientCAFile": str(self.ca_file)}, "webhook": {"enabled": True},
+                               "anonymous": {"enabled": False}},
+            "authorization": {"mode": "Webhook"},
+            "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
+            "cgroupDriver": "cgroupfs",
+            "failSwapOn": False,
+            "clusterDNS": [node.NODE_IP],
+            "clusterDomain": node.CLUSTER_DOMAIN,
+            "resolvConf": "",  # pods get cluster DNS only: no name server of the host
+            "podLogsDir": str(d / "pod-logs"),
+            # A small test node must not evict or garbage-collect images it cannot pull again.
+            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%",
+                             "nodefs.inodesFree": "1%", "imagefs.inodesFree": "1%"},
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "serializeImagePulls": False,
+            "maxPods": 110,
+            "nodeStatusReportFrequency": "10s",
+            "syncFrequency": "10s",
+        }
+        config_path = d / "config.yaml"
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        self._launch("kubelet", [
+            str(self.bin_dir / "kubelet"),
+            f"--config={config_path}",
+            f"--kubeconfig={kubeconfig}",
+            f"--root-dir={d / 'root'}",
+            f"--cert-dir={d / 'pki'}",
+            f"--hostname-override={self.node_name}",
+            f"--node-ip={node.NODE_IP}",
+            "--v=1",
+        ])
+
+    def _start_kube_proxy(self) -> None:
+        kubeconfig = self._client_kubeconfig("kube-proxy", "system:kube-proxy")
+        config = {
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+            "kind": "KubeProxyConfiguration",
+            "clientConnection": {"kubeconfig": str(kubeconfig)},
+            "mode": "iptables",
+            "hostnameOverride": self.node_name,
+            "clusterCIDR": node.POD_CIDR,
+            "healthzBindAddress": f"127.0.0.1:{free_port()}",
+            "metricsBindAddress": f"127.0.0.1:{free_port()}",
+            # NodePorts on the node's bridge address only, never on the machine's own interfaces.
+            "nodePortAddresses": [f"{node.NODE_IP}/32"],
+            # masqueradeAll: a pod reaching itself or a neighbour through a ClusterIP gets the
+            # answer back through the node. localhostNodePorts off: route_localnet stays 0.
+            "iptables": {"masqueradeAll": True, "localhostNodePorts": False, "syncPeriod": "30s",
+                         "minSyncPeriod": "0s"},
+            # Leave the machine's conntrack settings alone.
+            "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
+        }
+        path = self.state_dir / "kube-proxy.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        self._launch("kube-proxy", [str(self.bin_dir / "kube-proxy"), f"--config={path}", "--v=1"])
+
+    def _start_coredns(self) -> None:
+        self._dns_ready_port = free_port()
+        corefile = self.state_dir / "Corefile"
+        # The node's name server (the kubelet's clusterDNS): cluster names only; nothing is
+        # forwarded, since nothing beyond this machine may be reached.
+        corefile.write_text(f"""\
+.:53 {{
+    bind {node.NODE_IP}
+    errors
+    ready 127.0.0.1:{self._dns_ready_port}
+    kubernetes {node.CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
+        kubeconfig {self.kubeconfig}
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+        ttl 5
+    }}
+    cache 5
+}}
+""")
+        self._launch("coredns", [str(self.bin_dir / "coredns"), "-conf", str(corefile)])
 
     def _wait_settled(self, deadline: float) -> None:
         def default_sa():
@@ -665,7 +747,7 @@ class ControlPlane:
 
         self._wait("the default ServiceAccount (kube-controller-manager)", default_sa, deadline,
                    self._component("kube-controller-manager"))
-        if not self.kubelet:
+        if not self.node:
             return
 
         def node_ready():
@@ -675,7 +757,21 @@ class ControlPlane:
             conds = json.loads(body).get("status", {}).get("conditions") or []
             return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
 
-        self._wait(f"node {self.node_name} Ready (test kubelet)", node_ready, deadline, self._component("kubelet"))
+        self._wait(f"node {self.node_name} Ready", node_ready, deadline, self._component("kubelet"))
+        # The kubelet registers the node with the not-ready taint, which the node-lifecycle
+        # controller lifts. That controller stays off (it would evict every pod when a busy
+        # machine delays a heartbeat), so the taint is lifted here, once, as it would.
+        self.kubectl("taint", "nodes", self.node_name, "node.kubernetes.io/not-ready:NoSchedule-", check=False)
+
+        def dns_ready():
+            conn = http.client.HTTPConnection("127.0.0.1", self._dns_ready_port, timeout=2)
+            try:
+                conn.request("GET", "/ready")
+                return conn.getresponse().status == 200
+            finally:
+                conn.close()
+
+        self._wait("CoreDNS ready", dns_ready, deadline, self._component("coredns"))
 
     # ------------------------------------------------------------------ daemon mode
 
@@ -691,6 +787,7 @@ class ControlPlane:
         self.start()
         (self.state_dir / "ready").write_text(json.dumps({
             "server": self.server, "kubeconfig": str(self.kubeconfig), "bin_dir": str(self.bin_dir),
+            "containerd_socket": str(self.containerd_socket),
             "pids": {c.name: c.proc.pid for c in self.components if c.proc},
         }))
         code = 0
@@ -704,9 +801,22 @@ class ControlPlane:
                 time.sleep(0.5)
         finally:
             (self.state_dir / "ready").unlink(missing_ok=True)
-            self.stop()
-        self._say("control plane stopped")
+            undone = self.stop()
+            self._say("host restored: " + (", ".join(undone) or "nothing to undo"))
+        self._say("cluster stopped")
         return code
+
+
+def restore_node_host(state_dir: Path) -> list[str]:
+    """Undo the host changes of the node whose state is in ``state_dir`` (its processes stopped)."""
+    snapshot = Path(state_dir) / "host-before.json"
+    try:
+        before = json.loads(snapshot.read_text())
+    except (OSError, ValueError):
+        return []
+    undone = node.restore_host(Path(state_dir), before)
+    snapshot.unlink()
+    return undone
 
 
 def _supervise(argv: Iterable[str]) -> int:
@@ -716,14 +826,8 @@ def _supervise(argv: Iterable[str]) -> int:
     parser = argparse.ArgumentParser(prog="modelplex-control-plane")
     parser.add_argument("--bin-dir", required=True)
     parser.add_argument("--state-dir", required=True)
-    parser.add_argument("--workdir")
-    parser.add_argument("--pod-ip-prefix", default="127.0")
-    parser.add_argument("--no-kubelet", action="store_true")
     args = parser.parse_args(list(argv))
-    cp = ControlPlane(
-        Path(args.bin_dir), Path(args.state_dir), workdir=Path(args.workdir) if args.workdir else None,
-        kubelet=not args.no_kubelet, pod_ip_prefix=args.pod_ip_prefix,
-    )
+    cp = ControlPlane(Path(args.bin_dir), Path(args.state_dir))
     try:
         return cp.serve()
     except ControlPlaneError as exc:

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Build (or reuse) the binaries of Modelplex's local Kubernetes control plane:
-# kube-apiserver, kube-controller-manager and kubectl from the k8s.io/kubernetes
-# Go module, etcd from go.etcd.io/etcd/server/v3, helm from helm.sh/helm/v3.
+# Build (or reuse) the binaries of Modelplex's local Kubernetes cluster:
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy and
+# kubectl from the k8s.io/kubernetes Go module (one version for all), etcd from
+# go.etcd.io/etcd/server/v3, helm from helm.sh/helm/v3, CoreDNS from
+# github.com/coredns/coredns.
 #
 # Versions are pinned in versions.env beside this script. Binaries land in
 #   ${MODELPLEX_CACHE:-$HOME/.cache/modelplex}/control-plane/<hash>/bin/
@@ -17,8 +19,8 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # Bump when the way binaries are built changes (flags, ldflags, layout), so that
 # caches made by an older recipe are not reused.
-RECIPE=1
-TOOLS=(etcd kube-apiserver kube-controller-manager kubectl helm)
+RECIPE=2
+TOOLS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl helm coredns)
 
 force=0
 print_key=0
@@ -36,10 +38,10 @@ die() { printf 'build.sh: error: %s\n' "$*" >&2; exit 1; }
 
 # --- versions ---------------------------------------------------------------
 # Read KEY=VALUE lines only (no sourcing of arbitrary shell).
-KUBERNETES_VERSION="" ETCD_VERSION="" HELM_VERSION=""
+KUBERNETES_VERSION="" ETCD_VERSION="" HELM_VERSION="" COREDNS_VERSION=""
 while IFS='=' read -r key value; do
   case "$key" in
-    KUBERNETES_VERSION|ETCD_VERSION|HELM_VERSION) printf -v "$key" '%s' "${value//[[:space:]]/}" ;;
+    KUBERNETES_VERSION|ETCD_VERSION|HELM_VERSION|COREDNS_VERSION) printf -v "$key" '%s' "${value//[[:space:]]/}" ;;
     ''|\#*) ;;
     *) die "unexpected line in versions.env: $key=$value" ;;
   esac
@@ -47,6 +49,7 @@ done < "$HERE/versions.env"
 [[ "$KUBERNETES_VERSION" =~ ^1\.[0-9]+\.[0-9]+$ ]] || die "KUBERNETES_VERSION must look like 1.33.4, got '$KUBERNETES_VERSION'"
 [[ "$ETCD_VERSION" =~ ^3\.[0-9]+\.[0-9]+$ ]] || die "ETCD_VERSION must look like 3.5.21, got '$ETCD_VERSION'"
 [[ "$HELM_VERSION" =~ ^3\.[0-9]+\.[0-9]+$ ]] || die "HELM_VERSION must look like 3.17.4, got '$HELM_VERSION'"
+[[ "$COREDNS_VERSION" =~ ^1\.[0-9]+\.[0-9]+$ ]] || die "COREDNS_VERSION must look like 1.15.0, got '$COREDNS_VERSION'"
 # k8s.io/kubernetes v1.X.Y publishes its staging modules as v0.X.Y.
 STAGING_VERSION="0.${KUBERNETES_VERSION#1.}"
 KUBE_MINOR="${KUBERNETES_VERSION#1.}"; KUBE_MINOR="${KUBE_MINOR%%.*}"
@@ -69,7 +72,7 @@ have_all() {
   for t in "${TOOLS[@]}"; do [[ -x "$BIN/$t" ]] || return 1; done
 }
 
-summary="Kubernetes $KUBERNETES_VERSION, etcd $ETCD_VERSION, helm $HELM_VERSION"
+summary="Kubernetes $KUBERNETES_VERSION, etcd $ETCD_VERSION, helm $HELM_VERSION, CoreDNS $COREDNS_VERSION"
 start_all=$(date +%s)
 if (( ! force )) && have_all; then
   log "==> control-plane binaries up to date ($summary): $BIN"
@@ -114,6 +117,7 @@ render() { # render TEMPLATE_DIR DEST_DIR
         -e "s/@STAGING_VERSION@/$STAGING_VERSION/g" \
         -e "s/@ETCD_VERSION@/$ETCD_VERSION/g" \
         -e "s/@HELM_VERSION@/$HELM_VERSION/g" \
+        -e "s/@COREDNS_VERSION@/$COREDNS_VERSION/g" \
         "$f" > "$2/${name%.in}"
   done
 }
@@ -130,16 +134,21 @@ step() { # step NAME VERSION ESTIMATE DIR PACKAGE LDFLAGS
 render "$HERE/modules/kubernetes" "$SRC/kubernetes"
 render "$HERE/modules/etcd" "$SRC/etcd"
 render "$HERE/modules/helm" "$SRC/helm"
+render "$HERE/modules/coredns" "$SRC/coredns"
 
 t0=$(date +%s)
-log "==> downloading Go modules (Kubernetes $KUBERNETES_VERSION, etcd $ETCD_VERSION, helm $HELM_VERSION)"
+log "==> downloading Go modules ($summary)"
 # The go.mod files only name the top module; resolve the rest of the graph and
 # write go.sum (checked against sum.golang.org by the go command).
 (cd "$SRC/kubernetes" && go get "k8s.io/kubernetes/cmd/kube-apiserver@v$KUBERNETES_VERSION" \
    "k8s.io/kubernetes/cmd/kube-controller-manager@v$KUBERNETES_VERSION" \
+   "k8s.io/kubernetes/cmd/kube-scheduler@v$KUBERNETES_VERSION" \
+   "k8s.io/kubernetes/cmd/kubelet@v$KUBERNETES_VERSION" \
+   "k8s.io/kubernetes/cmd/kube-proxy@v$KUBERNETES_VERSION" \
    "k8s.io/kubernetes/cmd/kubectl@v$KUBERNETES_VERSION" >&2) || die "resolving k8s.io/kubernetes failed"
 (cd "$SRC/etcd" && go mod tidy >&2) || die "resolving etcd failed"
 (cd "$SRC/helm" && go get "helm.sh/helm/v3/cmd/helm@v$HELM_VERSION" >&2) || die "resolving helm failed"
+(cd "$SRC/coredns" && go get "github.com/coredns/coredns@v$COREDNS_VERSION" >&2) || die "resolving CoreDNS failed"
 log "    modules ready in $(( $(date +%s) - t0 ))s"
 
 # Version stamps, as Kubernetes' own hack/lib/version.sh sets them.
@@ -152,9 +161,14 @@ done
 step etcd "$ETCD_VERSION" "1 min" "$SRC/etcd" "." ""
 step kube-apiserver "$KUBERNETES_VERSION" "8 min" "$SRC/kubernetes" k8s.io/kubernetes/cmd/kube-apiserver "$kube_ld"
 step kube-controller-manager "$KUBERNETES_VERSION" "2 min" "$SRC/kubernetes" k8s.io/kubernetes/cmd/kube-controller-manager "$kube_ld"
+step kube-scheduler "$KUBERNETES_VERSION" "1 min" "$SRC/kubernetes" k8s.io/kubernetes/cmd/kube-scheduler "$kube_ld"
+step kubelet "$KUBERNETES_VERSION" "2 min" "$SRC/kubernetes" k8s.io/kubernetes/cmd/kubelet "$kube_ld"
+step kube-proxy "$KUBERNETES_VERSION" "1 min" "$SRC/kubernetes" k8s.io/kubernetes/cmd/kube-proxy "$kube_ld"
 step kubectl "$KUBERNETES_VERSION" "1 min" "$SRC/kubernetes" k8s.io/kubernetes/cmd/kubectl "$kube_ld"
 step helm "$HELM_VERSION" "2 min" "$SRC/helm" helm.sh/helm/v3/cmd/helm \
   "-X helm.sh/helm/v3/internal/version.version=v$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+step coredns "$COREDNS_VERSION" "4 min" "$SRC/coredns" github.com/coredns/coredns \
+  "-X github.com/coredns/coredns/coremain.GitCommit=v$COREDNS_VERSION"
 
 rm -rf "$BIN"
 mv "$PARTIAL" "$BIN"
@@ -162,6 +176,7 @@ cat > "$OUT/versions.env" <<EOF
 KUBERNETES_VERSION=$KUBERNETES_VERSION
 ETCD_VERSION=$ETCD_VERSION
 HELM_VERSION=$HELM_VERSION
+COREDNS_VERSION=$COREDNS_VERSION
 GO_VERSION=$(go env GOVERSION)
 EOF
 touch "$OUT/.complete"

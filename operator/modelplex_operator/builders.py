@@ -241,7 +241,12 @@ def _probe(path: str, *, period: int, failures: int, timeout: int = 2, initial_d
     return probe
 
 
-_CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+_CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                       "capabilities": {"drop": ["ALL"]}}
+#: The root filesystem is read-only: /tmp (torch, multiprocessing, user code) is an emptyDir.
+TMP_VOLUME = "tmp"
+_TMP_MOUNT = {"name": TMP_VOLUME, "mountPath": "/tmp"}
+_NON_ROOT = {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001}
 
 
 def _pod_template(
@@ -257,7 +262,8 @@ def _pod_template(
         "serviceAccountName": replica_name(name) if role == ROLE_REPLICA else router_name(name),
         "terminationGracePeriodSeconds": grace,
         "containers": [container],
-        "volumes": [{"name": SPEC_VOLUME, "configMap": {"name": config_map_name(name)}}],
+        "volumes": [{"name": SPEC_VOLUME, "configMap": {"name": config_map_name(name)}},
+                    {"name": TMP_VOLUME, "emptyDir": {}}],
     }
     if pod_security:
         spec["securityContext"] = dict(pod_security)
@@ -298,7 +304,7 @@ def replica_deployment(deployment: Deployment, owner: dict[str, Any], settings: 
         "command": ["modelplex", "replica"],
         "ports": [{"name": PORT_NAME, "containerPort": REPLICA_PORT, "protocol": "TCP"}],
         "env": _downward_env() + [env.model_dump(exclude_none=True) for env in spec.env],
-        "volumeMounts": [{"name": SPEC_VOLUME, "mountPath": SPEC_MOUNT, "readOnly": True}],
+        "volumeMounts": [{"name": SPEC_VOLUME, "mountPath": SPEC_MOUNT, "readOnly": True}, dict(_TMP_MOUNT)],
         # User code runs on its own loop, so a busy replica answers at once; the margins are for a
         # node whose CPUs the models saturate: a loaded replica must not leave its Service.
         "readinessProbe": _probe("/readyz", period=2, failures=3, timeout=5),
@@ -313,7 +319,8 @@ def replica_deployment(deployment: Deployment, owner: dict[str, Any], settings: 
         container["resources"] = json.loads(json.dumps(spec.resources))
     if settings.image_pull_policy:
         container["imagePullPolicy"] = settings.image_pull_policy
-    template = _pod_template(deployment, ROLE_REPLICA, container, grace=REPLICA_GRACE_S)
+    # The replica image (docker/replica.Dockerfile, and images built FROM it) runs as user 10001.
+    template = _pod_template(deployment, ROLE_REPLICA, container, grace=REPLICA_GRACE_S, pod_security=_NON_ROOT)
     return _deployment_object(deployment, owner, ROLE_REPLICA, spec.replicas, template)
 
 
@@ -327,7 +334,7 @@ def router_deployment(deployment: Deployment, owner: dict[str, Any], settings: B
         "args": ["--port", str(port)],
         "ports": [{"name": PORT_NAME, "containerPort": port, "protocol": "TCP"}],
         "env": _downward_env(),
-        "volumeMounts": [{"name": SPEC_VOLUME, "mountPath": SPEC_MOUNT, "readOnly": True}],
+        "volumeMounts": [{"name": SPEC_VOLUME, "mountPath": SPEC_MOUNT, "readOnly": True}, dict(_TMP_MOUNT)],
         # The router is ready while a replica is: a Service never sends to a router with none.
         "readinessProbe": _probe("/readyz", period=2, failures=3),
         "livenessProbe": _probe("/healthz", period=10, failures=3, initial_delay=10),
@@ -338,7 +345,7 @@ def router_deployment(deployment: Deployment, owner: dict[str, Any], settings: B
     # The router image is ours (docker/router.Dockerfile): it runs as a non-root user.
     template = _pod_template(
         deployment, ROLE_ROUTER, container, grace=ROUTER_GRACE_S,
-        pod_security={"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001},
+        pod_security=_NON_ROOT,
     )
     return _deployment_object(deployment, owner, ROLE_ROUTER, spec.router.replicas, template)
 

@@ -1,49 +1,88 @@
-"""End-to-end fixtures: a real control plane (etcd, kube-apiserver,
-kube-controller-manager) built by hack/control-plane/build.sh, and the test
-kubelet that runs pods as local processes on 127.N.x.y.
+"""End-to-end fixtures: a real one-node cluster (``modelplex_cluster.controlplane``): etcd,
+kube-apiserver, kube-controller-manager, kube-scheduler built by hack/control-plane/build.sh,
+and a node of Debian's containerd + runc, a CNI bridge, the kubelet, kube-proxy and CoreDNS.
 
     def test_something(control_plane, kube_namespace):
         core = kubernetes.client.CoreV1Api(control_plane.api_client())
         control_plane.kubectl("apply", "-n", kube_namespace, "-f", "crds/...")
         control_plane.env()                    # KUBECONFIG + PATH with kubectl/helm, for subprocesses
-        control_plane.pod_log(kube_namespace, "my-pod")   # what the pod's process printed
+        control_plane.pod_log(kube_namespace, "my-pod")   # kubectl logs
 
-On a failing test the tails of the component logs and pod logs are attached to
-the report ("control plane logs" section).
+Pods run from images on the node: ``e2e.busybox.BUSYBOX`` (made here from Debian's static busybox) for the
+node's own tests, the project's images (``modelplex_cluster.images``) for the operator's.
+Only one node runs on a machine: the session's starts on first use, and a test that needs the
+machine to itself (``exclusive_node``) stops it and starts it again afterwards.
+
+On a failing test the tails of the component logs, the pods and the last events are attached
+to the report ("cluster logs" section).
 """
 
 from __future__ import annotations
 
-import os
+import shutil
 import uuid
+from pathlib import Path
 
 import pytest
 
+from e2e.busybox import busybox_image
 from modelplex_cluster.controlplane import ControlPlane, build_binaries
 from modelplex_cluster.testing import wait_for
 
 
-def _pod_ip_prefix() -> str:
-    # Not 127.0 (that is `modelplex cluster up`'s); per run so two sessions do not collide.
-    return os.environ.get("MODELPLEX_E2E_POD_IP_PREFIX") or f"127.{20 + os.getpid() % 200}"
+class SessionCluster:
+    """The session's cluster, started on first use; ``pause()`` hands the machine to another node."""
+
+    def __init__(self, state_dir: Path):
+        self.state_dir = state_dir
+        self.cp: ControlPlane | None = None
+
+    def get(self) -> ControlPlane:
+        if self.cp is None:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+            self.state_dir.mkdir(parents=True)
+            cp = ControlPlane(build_binaries(), state_dir=self.state_dir)
+            cp.start()
+            try:
+                cp.import_image(busybox_image())
+            except BaseException:
+                cp.stop()
+                raise
+            self.cp = cp
+        return self.cp
+
+    def pause(self) -> bool:
+        if self.cp is None:
+            return False
+        self.cp.stop()
+        self.cp = None
+        return True
 
 
 @pytest.fixture(scope="session")
-def control_plane(tmp_path_factory):
-    """The running control plane (a :class:`modelplex_cluster.controlplane.ControlPlane`).
-
-    ``.kubeconfig`` (admin), ``.server``, ``.bin_dir`` (kubectl, helm, ...),
-    ``.env()``, ``.api_client()``, ``.kubectl(*args)``, ``.pod_log(ns, pod)``,
-    ``.pod_log_path(ns, pod)``, ``.pod_processes()``, ``.state_dir``.
-    Pod processes run with cwd = the repository root.
-    """
-    bin_dir = build_binaries()
-    cp = ControlPlane(bin_dir, state_dir=tmp_path_factory.mktemp("control-plane"), pod_ip_prefix=_pod_ip_prefix())
-    cp.start()
+def session_cluster(tmp_path_factory):
+    cluster = SessionCluster(tmp_path_factory.mktemp("cluster") / "state")
     try:
-        yield cp
+        yield cluster
     finally:
-        cp.stop()
+        cluster.pause()
+
+
+@pytest.fixture(scope="session")
+def control_plane(session_cluster) -> ControlPlane:
+    """The running cluster (a :class:`modelplex_cluster.controlplane.ControlPlane`).
+
+    ``.kubeconfig`` (admin), ``.server``, ``.bin_dir`` (kubectl, helm, ...), ``.env()``,
+    ``.api_client()``, ``.kubectl(*args)``, ``.pod_log(ns, pod)``, ``.state_dir``.
+    """
+    return session_cluster.get()
+
+
+@pytest.fixture
+def exclusive_node(session_cluster):
+    """No node of this session runs during the test (one node per machine); restarted on next use."""
+    session_cluster.pause()
+    yield
 
 
 @pytest.fixture
@@ -74,6 +113,12 @@ def pytest_runtest_makereport(item, call):
     if report.failed and "control_plane" in getattr(item, "funcargs", {}):
         cp = item.funcargs["control_plane"]
         try:
-            report.sections.append(("control plane logs", cp.describe_logs(lines=25)))
+            report.sections.append(("cluster logs", cp.describe_logs(lines=25)))
         except Exception as exc:  # noqa: BLE001
-            report.sections.append(("control plane logs", f"(could not read logs: {exc})"))
+            report.sections.append(("cluster logs", f"(could not read logs: {exc})"))
+
+
+def pytest_collection_modifyitems(items):
+    # The node is machine-wide: tests that need it to themselves run first, before the
+    # session's node starts (they would pause it otherwise, and it would start again).
+    items.sort(key=lambda item: 0 if "exclusive_node" in getattr(item, "fixturenames", ()) else 1)

@@ -1,20 +1,24 @@
-"""The operator installed by its Helm chart on the real control plane.
+"""The operator installed by its Helm chart on the real node, from the project's images.
 
-``modelplex_operator`` (session): ``helm install`` of ``charts/modelplex`` into its own
-namespace, watching every namespace. The test kubelet runs the operator pod like any other:
-its container command ``modelplex operator`` runs as a local process with a kubeconfig holding
-the token of the chart's ServiceAccount, so the chart's RBAC is what the operator really gets.
+``project_images`` (session): the project's images (``modelplex_cluster.images``, built or
+reused by content hash) on the node under the chart's default tags, and the replica image with
+this folder's ``mxd_handler.py`` in it (``E2E_REPLICA_IMAGE``).
+``modelplex_operator`` (session): ``helm install`` of ``charts/modelplex`` with its default
+values into its own namespace, watching every namespace. The operator runs in its container on
+in-cluster config (the chart's ServiceAccount token, mounted by the kubelet), so the chart's
+RBAC is what it really gets.
 """
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from kubernetes import client
 
-from e2e.operator.helpers import CHART, READY_TIMEOUT
+from e2e.operator.helpers import CHART, E2E_HANDLER_DIR, E2E_REPLICA_IMAGE, HERE, READY_TIMEOUT
 from modelplex_cluster.testing import wait_for
 
 
@@ -50,8 +54,37 @@ def helm(cp, *args: str, timeout: float = 300):
     return proc
 
 
+def build_e2e_replica_image(replica_tag: str) -> None:
+    """``FROM`` the project's replica image, plus the test handler (docker, offline: the base is local)."""
+    import subprocess
+    import tempfile
+
+    from modelplex_cluster import images
+
+    with tempfile.TemporaryDirectory() as context, images.docker_engine() as env:
+        (Path(context) / "mxd_handler.py").write_bytes((HERE / "mxd_handler.py").read_bytes())
+        dockerfile = f"FROM {replica_tag}\nCOPY mxd_handler.py {E2E_HANDLER_DIR}/mxd_handler.py\n"
+        proc = subprocess.run(["docker", "build", "--network", "host", "-t", E2E_REPLICA_IMAGE, "-f", "-", context],
+                              input=dockerfile, text=True, capture_output=True, timeout=600,
+                              env=dict(env, DOCKER_BUILDKIT="0"))
+        assert proc.returncode == 0, f"docker build of {E2E_REPLICA_IMAGE} failed:\n{proc.stdout}\n{proc.stderr}"
+
+
 @pytest.fixture(scope="session")
-def modelplex_operator(control_plane):
+def project_images(control_plane):
+    """component -> image tag, all on the node; the e2e replica image too."""
+    from modelplex_cluster import images, node
+    from modelplex_cluster.command import load_project_images
+
+    tags = load_project_images(control_plane.containerd_socket)
+    build_e2e_replica_image(tags["replica"])
+    with images.docker_engine() as env:
+        node.load_docker_images(control_plane.containerd_socket, [E2E_REPLICA_IMAGE], env=env)
+    return tags
+
+
+@pytest.fixture(scope="session")
+def modelplex_operator(control_plane, project_images):
     namespace = f"modelplex-system-{uuid.uuid4().hex[:6]}"
     release = "modelplex"
     helm(control_plane, "install", release, str(CHART), "--namespace", namespace, "--create-namespace",

@@ -23,21 +23,24 @@ REPO = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent
 CHART = REPO / "charts" / "modelplex"
 CRD = REPO / "crds" / "multiplexeddeployments.modelplex.io.yaml"
-#: Pods start as local processes on two busy cores: be generous, every wait is still bounded.
+#: Containers start on two busy cores: be generous, every wait is still bounded.
 READY_TIMEOUT = 240
 GONE_TIMEOUT = 180
 
 OWNED_KINDS = ("ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Deployment")
+#: The replica image with ``mxd_handler.py`` in it (built by conftest.py from the project's replica image).
+E2E_REPLICA_IMAGE = "modelplex.local/replica-e2e:latest"
+E2E_HANDLER_DIR = "/opt/modelplex-e2e"
 
 
 def manifest(name: str, replicas: int = 2, **spec: Any) -> dict[str, Any]:
     """A MultiplexedDeployment of the test handler (``mxd_handler.py`` beside this file)."""
     base: dict[str, Any] = {
         "replicas": replicas,
-        "image": "modelplex/replica:0.1.0",  # not pulled: the test kubelet runs the local venv
+        "image": E2E_REPLICA_IMAGE,
         "handler": "mxd_handler:Echo",
         "batching": {"maxBatchSize": 4, "batchWaitTimeoutMs": 5},
-        "env": [{"name": "PYTHONPATH", "value": str(HERE)}],
+        "env": [{"name": "PYTHONPATH", "value": E2E_HANDLER_DIR}],
     }
     base.update(spec)
     return {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND, "metadata": {"name": name}, "spec": base}
@@ -94,10 +97,22 @@ def pods(api_client, namespace: str, name: str, role: str = "replica", live_only
 
 
 def router_url(cp, namespace: str, name: str) -> str:
-    """The router as its Service ``name`` reaches it: a ready pod its selector picks, the target port."""
-    endpoints = wait_for(lambda: cp.service_endpoints(namespace, name), timeout=READY_TIMEOUT,
-                         what=f"a ready endpoint of Service {namespace}/{name}")
-    return f"http://{endpoints[0]}"
+    """The router through its Service ``name``: the ClusterIP (kube-proxy's rules), once the
+    Service has a ready endpoint."""
+    api_client = cp.api_client()
+    try:
+        core, discovery = client.CoreV1Api(api_client), client.DiscoveryV1Api(api_client)
+
+        def ready_endpoint():
+            slices = discovery.list_namespaced_endpoint_slice(
+                namespace, label_selector=f"kubernetes.io/service-name={name}").items
+            return any(e.conditions.ready for s in slices for e in s.endpoints or ())
+
+        wait_for(ready_endpoint, timeout=READY_TIMEOUT, what=f"a ready endpoint of Service {namespace}/{name}")
+        svc = core.read_namespaced_service(name, namespace)
+        return f"http://{svc.spec.cluster_ip}:{svc.spec.ports[0].port}"
+    finally:
+        api_client.close()
 
 
 def predict(url: str, model: str, body: Any, timeout: float = 30) -> tuple[int, Any]:
@@ -118,9 +133,10 @@ def predict(url: str, model: str, body: Any, timeout: float = 30) -> tuple[int, 
             return error.code, raw.decode(errors="replace")
 
 
-def loaded_models(pod) -> list[str]:
+def loaded_models(pod) -> int:
+    """How many models the pod's replica holds, from its annotation (a fixed-size summary)."""
     raw = (pod.metadata.annotations or {}).get("modelplex.io/loaded-models")
-    return list(json.loads(raw).get("models") or []) if raw else []
+    return int(json.loads(raw).get("models") or 0) if raw else 0
 
 
 def owned(api_client, namespace: str, name: str) -> dict[str, list[str]]:

@@ -1,8 +1,10 @@
 """The model handler of the operator's end-to-end tests (no torch: quick to start on two cores).
 
-The replica pods import it by name: the test's manifest puts this folder on ``PYTHONPATH``
-through ``spec.env``. Each answer says which pod served it and with which batching settings,
-so a test can tell where a request went and that a spec change reached the pods.
+The replica pods import it by name: it is copied into the e2e replica image (conftest.py) and
+the test's manifest puts its folder on ``PYTHONPATH`` through ``spec.env``. Each answer says
+which pod served it and with which batching settings, so a test can tell where a request went
+and that a spec change reached the pods. ``Caller`` calls another deployment through a handle,
+which a pod resolves by cluster DNS (``http://<name>.<namespace>.svc:8000``).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 
-from modelplex import batch, get_multiplexed_model_id, multiplexed
+from modelplex import batch, get_multiplexed_model_id, handle, multiplexed
 from modelplex.runtime import runtime
 
 
@@ -32,3 +34,13 @@ class Echo:
             }
             for request in requests
         ]
+
+
+class Caller:
+    def __init__(self):
+        self.target = handle(os.environ["TARGET_DEPLOYMENT"])
+
+    async def __call__(self, request):
+        target = self.target.options(multiplexed_model_id=get_multiplexed_model_id())
+        return {"caller": os.environ.get("POD_NAME", ""), "url": self.target.url,
+                "answer": await target.remote(request)}

@@ -100,9 +100,9 @@ def test_restart_in_the_middle_of_a_reconcile(control_plane, modelplex_operator,
     generation = obj["metadata"]["generation"]
     pod = modelplex_operator.pod(api)
     (status,) = pod.status.container_statuses
-    pid = int(status.container_id.split("://", 1)[1])
+    pid = control_plane.container_pid(status.container_id)
     restarts = status.restart_count
-    os.killpg(pid, signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)  # from the host: the container's init ignores it from inside
     wait_for(lambda: not pid_alive(pid), timeout=30, what="the operator process gone")
 
     def restarted():
@@ -113,13 +113,12 @@ def test_restart_in_the_middle_of_a_reconcile(control_plane, modelplex_operator,
 
     wait_for(restarted, timeout=READY_TIMEOUT, what="the operator container restarted and ready")
 
-    # The restarted operator resumes the resource, finds everything in place, changes nothing.
-    marker = f"test kubelet starting (restart {restarts + 1})"
+    # The restarted operator (`kubectl logs` shows the new container) resumes the resource,
+    # finds everything in place, changes nothing.
     resumed = f"{ns}/{name}: reconciled generation {generation}: nothing changed"
 
     def resumed_log():
-        log = control_plane.pod_log(modelplex_operator.namespace, pod.metadata.name)
-        return marker in log and resumed in log.split(marker, 1)[1]
+        return resumed in control_plane.pod_log(modelplex_operator.namespace, pod.metadata.name)
 
     wait_for(resumed_log, timeout=120, what=f"the restarted operator's log to say {resumed!r}")
     obj = wait_settled(api, ns, name, replicas=2)

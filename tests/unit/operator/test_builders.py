@@ -125,9 +125,13 @@ def test_replica_deployment_runs_modelplex_replica():
     # a replica whose models saturate the node stays in its Service: slow answers are tolerated
     assert c["readinessProbe"]["timeoutSeconds"] >= 5 and c["readinessProbe"]["failureThreshold"] >= 3
     assert c["livenessProbe"]["timeoutSeconds"] >= 30
-    assert c["volumeMounts"] == [{"name": "spec", "mountPath": "/etc/modelplex", "readOnly": True}]
-    assert template["spec"]["volumes"] == [{"name": "spec", "configMap": {"name": "recs-spec"}}]
+    assert c["volumeMounts"] == [{"name": "spec", "mountPath": "/etc/modelplex", "readOnly": True},
+                                 {"name": "tmp", "mountPath": "/tmp"}]
+    assert template["spec"]["volumes"] == [{"name": "spec", "configMap": {"name": "recs-spec"}},
+                                           {"name": "tmp", "emptyDir": {}}]
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert template["spec"]["securityContext"]["runAsNonRoot"] is True
     # a replica drains in-flight requests for up to 30 s
     assert template["spec"]["terminationGracePeriodSeconds"] > 30
 
