@@ -454,7 +454,13 @@ class ModelCache:
                 return
             victim = self._victim()
             if victim is None:
-                await self._wait_for_change()  # every byte serves a request or a load
+                # Every byte serves a request or a load. Nothing of this load is on the device
+                # yet, so it holds no reservation while it waits: two loads that each want to
+                # grow past what is left never wait for each other.
+                if load.reserved:
+                    load.reserved = 0
+                    self._wake()
+                await self._wait_for_change()
             else:
                 await self._unload(victim, to_warm=True)
 

@@ -584,3 +584,27 @@ def test_the_cache_refuses_nonsense_limits():
                              ({"load_timeout_s": 0}, "load_timeout_s"), ({"policy": "fifo"}, "policy")]:
         with pytest.raises(ValueError, match=message):
             ModelCache(load, 1, **options)
+
+
+@pytest.mark.looptime
+async def test_loads_that_both_outgrow_their_reservations_do_not_wait_for_each_other():
+    from modelplex.cache import current_load
+
+    store = Sized({"x": 50 * MB, "a": 80 * MB, "b": 80 * MB})
+    cache = sized_cache(store, max_bytes=100 * MB)
+    await cache.get("x")
+    await cache.evict("x")  # the mean measured size is 50 MB now
+    both_reserved = asyncio.Event()
+
+    async def load(model_id):
+        if cache.bytes_reserved == 100 * MB:
+            both_reserved.set()
+        await both_reserved.wait()  # a and b each hold 50 MB, then declare 80
+        await current_load().expect(80 * MB)
+        assert cache.bytes_used <= 100 * MB
+        return Model(model_id, store.events)
+
+    cache._load = load
+    a, b = asyncio.create_task(cache.get("a")), asyncio.create_task(cache.get("b"))
+    await asyncio.wait_for(asyncio.gather(a, b), 10)
+    assert cache.loaded == ["b"] or cache.loaded == ["a"]  # one evicted the other once idle
