@@ -8,9 +8,10 @@
         ...
 
 ``.remote()`` sends at once, with or without a running event loop, and returns a
-:class:`DeploymentResponse`: await it in any loop, or call ``.result()`` outside one. Requests
-run on one I/O thread per process (the handle loop), so a response is not tied to the loop
-that made it. A response passed as an argument to another call is awaited first.
+:class:`DeploymentResponse`: await it in any loop, or call ``.result()`` outside one. A call
+made in an event loop runs there (no thread hop); one made where no loop runs goes to a
+background loop thread; either is awaitable from anywhere. A response passed as an argument
+to another call is awaited first.
 
 Arguments and results keep their Python types (:mod:`modelplex.codec`: str, bytes, None,
 tuples, sets, numpy arrays, tensors); an exception raised by the deployment's code arrives
@@ -35,8 +36,9 @@ import asyncio
 import concurrent.futures
 import os
 import threading
+import weakref
 from dataclasses import dataclass, replace
-from typing import Any, AsyncIterator, Coroutine
+from typing import Any, AsyncIterator, Awaitable, Coroutine
 
 import aiohttp
 import orjson
@@ -54,51 +56,105 @@ from modelplex.names import ENV_POD_NAMESPACE, MODEL_ID_HEADER, ROUTER_PORT, rou
 MAX_RECORD_BYTES = 64 * 1024 * 1024
 
 
-class _HandleLoop:
-    """One event loop in a daemon thread that runs every handle request of the process."""
+_sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession] = weakref.WeakKeyDictionary()
+
+
+def _session() -> aiohttp.ClientSession:
+    # One pooled session per event loop: keep-alive connections to the routers.
+    loop = asyncio.get_running_loop()
+    session = _sessions.get(loop)
+    if session is None or session.closed:
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=60)
+        session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        _sessions[loop] = session
+    return session
+
+
+async def close_handles() -> None:
+    """Close this event loop's pooled connections (the replica does this at shutdown)."""
+    session = _sessions.pop(asyncio.get_running_loop(), None)
+    if session is not None:
+        await session.close()
+
+
+class _BackgroundLoop:
+    """An event loop in a daemon thread, for calls made where no loop runs (a script, a sync handler)."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._session: aiohttp.ClientSession | None = None
 
-    def submit(self, coroutine: Coroutine) -> concurrent.futures.Future:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._running_loop())
-
-    def _running_loop(self) -> asyncio.AbstractEventLoop:
+    def get(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None or self._loop.is_closed():
-                loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, name="modelplex-handles", daemon=True).start()
-                self._loop = loop
+                self._loop = asyncio.new_event_loop()
+                threading.Thread(target=self._loop.run_forever, name="modelplex-handles", daemon=True).start()
             return self._loop
 
-    def in_loop(self) -> bool:
+
+_background = _BackgroundLoop()
+
+
+class _Started:
+    """A coroutine started at once on its owner loop (the caller's, else the background one):
+    awaited there directly, from another loop or thread through a linked future."""
+
+    def __init__(self, coroutine: Coroutine, loop: asyncio.AbstractEventLoop | None = None):
         try:
-            return asyncio.get_running_loop() is self._loop
+            running = asyncio.get_running_loop()
         except RuntimeError:
-            return False
+            running = None
+        self.loop = loop or running or _background.get()
+        self.task: asyncio.Task | None = None
+        self._future: concurrent.futures.Future | None = None
+        self._lock = threading.Lock()
+        if self.loop is running:
+            self.task = self.loop.create_task(coroutine)
+        else:
+            self._future = concurrent.futures.Future()
+            self.loop.call_soon_threadsafe(self._start, coroutine)
 
-    def session(self) -> aiohttp.ClientSession:
-        # Called on the handle loop only: keep-alive connections to the routers.
-        if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=60)
-            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
-        return self._session
-
-    async def close(self) -> None:
-        if self._loop is None or self._session is None:
+    def _start(self, coroutine: Coroutine) -> None:  # on the owner loop
+        if self._future.cancelled():
+            coroutine.close()
             return
-        session, self._session = self._session, None
-        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(session.close(), self._loop))
+        self.task = self.loop.create_task(coroutine)
+        self._link()
 
+    def _link(self) -> None:  # on the owner loop: the task's outcome goes to the future, a cancel back
+        task, future = self.task, self._future
 
-_handles = _HandleLoop()
+        def copy(_: asyncio.Task) -> None:
+            try:
+                if task.cancelled():
+                    future.cancel()
+                elif task.exception() is not None:
+                    future.set_exception(task.exception())
+                else:
+                    future.set_result(task.result())
+            except concurrent.futures.InvalidStateError:
+                pass  # cancelled meanwhile from another thread
 
+        task.add_done_callback(copy)
+        future.add_done_callback(lambda done: done.cancelled() and self.loop.call_soon_threadsafe(task.cancel))
 
-async def close_handles() -> None:
-    """Close the pooled connections to the routers (the replica does this at shutdown)."""
-    await _handles.close()
+    def concurrent(self) -> concurrent.futures.Future:
+        with self._lock:
+            if self._future is None:
+                self._future = concurrent.futures.Future()
+                self.loop.call_soon_threadsafe(self._link)
+            return self._future
+
+    def awaitable(self) -> Awaitable[Any]:
+        if self.task is not None and asyncio.get_running_loop() is self.loop:
+            return self.task  # the common case: no thread hop
+        return asyncio.wrap_future(self.concurrent())
+
+    def cancel(self) -> None:
+        if self._future is not None:
+            self._future.cancel()
+        elif self.task is not None:
+            self.loop.call_soon_threadsafe(self.task.cancel)
 
 
 def resolve(deployment: str) -> str:
@@ -126,39 +182,42 @@ def _not_in_a_loop(what: str) -> None:
 class DeploymentResponse:
     """The answer to one ``.remote()`` call, already on its way."""
 
-    def __init__(self, future: concurrent.futures.Future):
-        self._future = future
+    def __init__(self, started: _Started):
+        self._started = started
 
     def __await__(self):
-        return asyncio.wrap_future(self._future).__await__()
+        return self._started.awaitable().__await__()
 
     def result(self, timeout_s: float | None = None) -> Any:
         """Wait for the answer (outside an event loop); ``TimeoutError`` after ``timeout_s``."""
         _not_in_a_loop("DeploymentResponse.result()")
         try:
-            return self._future.result(timeout_s)
+            return self._started.concurrent().result(timeout_s)
         except concurrent.futures.TimeoutError:
             raise TimeoutError(f"no answer within {timeout_s:g} s") from None
 
     def cancel(self) -> None:
         """Give up on the answer: the request is aborted and the work upstream cancelled."""
-        self._future.cancel()
+        self._started.cancel()
 
 
 _END = object()
 
 
 class DeploymentResponseGenerator:
-    """The items of one streaming call; the request is sent at once, items are read on demand."""
+    """The items of one streaming call; the request is sent at once, items are read on demand,
+    on the loop that made the call (from another loop or thread, through it)."""
 
     def __init__(self, records: AsyncIterator[Any]):
         self._records = records
         self._closed = False
-        self._pending: concurrent.futures.Future | None = _handles.submit(_next_or_end(records))
+        self._next: _Started | None = _Started(_next_or_end(records))  # sends the request now
+        self._loop = self._next.loop
 
-    def _next_future(self) -> concurrent.futures.Future:
-        future, self._pending = self._pending, None
-        return future if future is not None else _handles.submit(_next_or_end(self._records))
+    def _step(self) -> _Started:
+        if self._next is None:
+            self._next = _Started(_next_or_end(self._records), self._loop)
+        return self._next
 
     def __aiter__(self) -> DeploymentResponseGenerator:
         return self
@@ -166,15 +225,13 @@ class DeploymentResponseGenerator:
     async def __anext__(self) -> Any:
         if self._closed:
             raise StopAsyncIteration
-        future = self._next_future()
-        self._pending = future
         try:
-            item = await asyncio.wrap_future(future)  # cancelling the reader cancels the read
+            item = await self._step().awaitable()  # cancelling the reader cancels the read
         except BaseException:
             self._closed = True  # a failed or cancelled read ends the stream
             raise
         finally:
-            self._pending = None
+            self._next = None
         if item is _END:
             self._closed = True
             raise StopAsyncIteration
@@ -187,7 +244,13 @@ class DeploymentResponseGenerator:
         _not_in_a_loop("iterating a DeploymentResponseGenerator with `for`")
         if self._closed:
             raise StopIteration
-        item = self._next_future().result()
+        try:
+            item = self._step().concurrent().result()
+        except BaseException:
+            self._closed = True
+            raise
+        finally:
+            self._next = None
         if item is _END:
             self._closed = True
             raise StopIteration
@@ -197,12 +260,12 @@ class DeploymentResponseGenerator:
         """Stop reading: the connection closes and the producer upstream is cancelled."""
         if not self._closed:
             self._closed = True
-            await asyncio.wrap_future(_handles.submit(_close(self._records, self._pending)))
+            await _Started(_close(self._records, self._next), self._loop).awaitable()
 
     def cancel(self) -> None:
         if not self._closed:
             self._closed = True
-            _handles.submit(_close(self._records, self._pending))
+            _Started(_close(self._records, self._next), self._loop)
 
     async def __aenter__(self) -> DeploymentResponseGenerator:
         return self
@@ -218,10 +281,13 @@ async def _next_or_end(records: AsyncIterator[Any]) -> Any:
         return _END
 
 
-async def _close(records: AsyncIterator[Any], pending: concurrent.futures.Future | None) -> None:
-    if pending is not None and not pending.done():
-        pending.cancel()
-        await asyncio.gather(asyncio.wrap_future(pending), return_exceptions=True)
+async def _close(records: AsyncIterator[Any], pending: _Started | None) -> None:  # on the owner loop
+    if pending is not None:
+        if pending.task is None:
+            pending.cancel()  # not started yet: it never will be
+        elif not pending.task.done():
+            pending.task.cancel()
+            await asyncio.gather(pending.task, return_exceptions=True)
     await records.aclose()
 
 
@@ -279,7 +345,7 @@ class DeploymentHandle:
         body = None if waits else encode_call(call)
         if self.stream:
             return DeploymentResponseGenerator(self._stream(call, body))
-        return DeploymentResponse(_handles.submit(self._call(call, body)))
+        return DeploymentResponse(_Started(self._call(call, body)))
 
     # -- on the handle loop ----------------------------------------------------------------
 
@@ -293,7 +359,7 @@ class DeploymentHandle:
         body = body if body is not None else encode_call(await _resolved(call))
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         try:
-            async with _handles.session().post(self.url + self.path, data=body, headers=self._headers(),
+            async with _session().post(self.url + self.path, data=body, headers=self._headers(),
                                                timeout=timeout) as response:
                 data = await response.read()
                 if response.status >= 400:
@@ -311,7 +377,7 @@ class DeploymentHandle:
         body = body if body is not None else encode_call(await _resolved(call))
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=self.timeout_s)
         try:
-            async with _handles.session().post(self.url + self.path, data=body, headers=self._headers(),
+            async with _session().post(self.url + self.path, data=body, headers=self._headers(),
                                                timeout=timeout) as response:
                 if response.status >= 400:
                     raise _error(self.deployment, response.status, await response.read())

@@ -2,6 +2,8 @@
 the replica that holds it (over HTTP and through handles), LRU eviction as the router sees it,
 and a handle's model id that does not leak into the caller."""
 
+import asyncio
+
 from modelplex import handle
 from modelplex.names import MODEL_ID_HEADER
 
@@ -9,6 +11,17 @@ from modelplex.names import MODEL_ID_HEADER
 async def replicas(session, stack, name):
     async with session.get(stack.url(name) + "/v1/replicas") as response:
         return {replica["name"]: set(replica["models"]) for replica in (await response.json())["replicas"]}
+
+
+async def models_become(session, stack, name, expected, timeout_s=10.0):
+    """The router's view of each replica's models, once it equals ``expected`` (as Ray's
+    wait_for_condition: the view follows the replicas' reports)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while (seen := list((await replicas(session, stack, name)).values())) != expected:
+        if asyncio.get_running_loop().time() > deadline:
+            return seen
+        await asyncio.sleep(0.05)
+    return seen
 
 
 async def test_a_models_requests_stay_on_the_replica_that_loaded_it(stack, session):
@@ -29,14 +42,14 @@ async def test_the_least_recently_used_model_goes_first(stack, session):
     for model_id in ("1", "2", "1", "3"):  # 2 is the least recently used when 3 comes
         async with session.post(url, json={}, headers={MODEL_ID_HEADER: model_id}) as response:
             assert response.status == 200
-    assert list((await replicas(session, stack, "lru")).values()) == [{"1", "3"}]
+    assert await models_become(session, stack, "lru", [{"1", "3"}]) == [{"1", "3"}]
 
 
 async def test_the_router_learns_each_replicas_models_after_handle_calls(stack, session):
     lru = handle("lru", url=stack.url("lru"))
     for model_id in ("x", "y", "z"):
         await lru.options(multiplexed_model_id=model_id).remote(None)
-    assert list((await replicas(session, stack, "lru")).values()) == [{"y", "z"}]
+    assert await models_become(session, stack, "lru", [{"y", "z"}]) == [{"y", "z"}]
 
 
 async def test_a_model_id_set_on_a_handle_call_does_not_change_the_callers(stack):
