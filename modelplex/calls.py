@@ -22,13 +22,10 @@ from modelplex.codec import (
 from modelplex.errors import BadRequest, HandlerError, ModelplexError, NotFound
 from modelplex.http import encode_body, to_json
 
-#: How a target runs: "async" (a coroutine), "sync" (blocking, run in a thread), "stream" (an
-#: async iterator), "sync_stream" (a generator, each item computed in a thread).
-MODES = ("async", "sync", "stream", "sync_stream")
-
-
 def call_mode(target: Callable) -> str:
-    """How ``target`` (a function, a bound method or a callable instance) runs."""
+    """How ``target`` (a function, a bound method or a callable instance) runs: "async" (a
+    coroutine), "sync" (blocking: a worker thread), "stream" (an async iterator) or
+    "sync_stream" (a generator: each item computed in a worker thread)."""
     function = target if inspect.isroutine(target) else getattr(type(target), "__call__", None)
     if function is None:
         raise TypeError(f"{target!r} is not callable")
@@ -95,9 +92,7 @@ class Invocation:
 
     async def items(self) -> AsyncIterator[Any]:
         """The streamed items: of a generator function, or of the generator a method returned."""
-        if self.mode == "stream":
-            produced = self.run()
-        elif self.mode == "sync_stream":
+        if self.mode in ("stream", "sync_stream"):
             produced = self.run()
         elif self.mode == "async":
             produced = await self.run()
