@@ -340,6 +340,11 @@ def _busy_md(results: dict) -> list[str]:
         failed = f" ({h['readyz_failed']} failed)" if h["readyz_failed"] else ""
         return [_f(h["readyz_p99_ms"]) + failed, str(h["not_ready_transitions"])]
 
+    def cpu(p: dict) -> str:
+        if not p or p.get("server_cores") is None:
+            return "-"
+        return f"{p['server_cores']:.2f} / {_f(p.get('server_cpu_ms_per_answer'), 0)}"
+
     def errs(p: dict) -> str:
         kinds = ", ".join(f"{k}: {v}" for k, v in p.get("error_kinds", {}).items())
         return f"{p['errors']}" + (f" ({kinds})" if kinds else "")
@@ -349,24 +354,29 @@ def _busy_md(results: dict) -> list[str]:
     for c, r in ray.get("stream", {}).items():
         m = mpx.get("stream", {}).get(c, {})
         rows.append([c, _f(r["rps"], 2), _f(r.get("ttfc_p50_ms")), _f(r.get("ttfc_p99_ms")), _f(r["p99_ms"]), errs(r),
-                     _f(m.get("rps"), 2), _f(m.get("ttfc_p50_ms")), _f(m.get("ttfc_p99_ms")), _f(m.get("p99_ms")),
-                     errs(m) if m else "-", *health_cells("stream", c)])
+                     cpu(r), _f(m.get("rps"), 2), _f(m.get("ttfc_p50_ms")), _f(m.get("ttfc_p99_ms")),
+                     _f(m.get("p99_ms")), errs(m) if m else "-", cpu(m), *health_cells("stream", c)])
     lines += [f"Streams of {busy['chunks']} chunks, each chunk one forward pass (ideal: "
               f"{bound['passes_per_s'] / busy['chunks']:.1f} streams/s on one core):", ""]
     lines += [table(["conc.", "Ray streams/s", "Ray TTFC p50", "Ray TTFC p99", "Ray stream p99", "Ray err",
-                     "Mpx streams/s", "Mpx TTFC p50", "Mpx TTFC p99", "Mpx stream p99", "Mpx err",
-                     "Mpx /readyz p99", "router 'not ready'"], rows), ""]
+                     "Ray cores / CPU ms per stream", "Mpx streams/s", "Mpx TTFC p50", "Mpx TTFC p99",
+                     "Mpx stream p99", "Mpx err", "Mpx cores / CPU ms per stream", "Mpx /readyz p99",
+                     "router 'not ready'"], rows), ""]
     rows = []
     for c, r in ray.get("unary", {}).items():
         m = mpx.get("unary", {}).get(c, {})
-        rows.append([c, _f(r["rps"]), _f(r["p50_ms"]), _f(r["p99_ms"]), errs(r), _f(m.get("rps")), _f(m.get("p50_ms")),
-                     _f(m.get("p99_ms")), errs(m) if m else "-", f"{_ratio(m.get('rps'), r['rps']):.1f}x",
-                     *health_cells("unary", c)])
+        rows.append([c, _f(r["rps"]), _f(r["p50_ms"]), _f(r["p99_ms"]), errs(r), cpu(r), _f(m.get("rps")),
+                     _f(m.get("p50_ms")), _f(m.get("p99_ms")), errs(m) if m else "-", cpu(m),
+                     f"{_ratio(m.get('rps'), r['rps']):.1f}x", *health_cells("unary", c)])
     lines += [f"Unbatched, one {busy['rows']}-row forward pass per request (ideal: {bound['passes_per_s']:.0f} req/s):", ""]
-    lines += [table(["conc.", "Ray req/s", "Ray p50 ms", "Ray p99 ms", "Ray err", "Mpx req/s", "Mpx p50 ms",
-                     "Mpx p99 ms", "Mpx err", "Mpx / Ray", "Mpx /readyz p99", "router 'not ready'"], rows), ""]
+    lines += [table(["conc.", "Ray req/s", "Ray p50 ms", "Ray p99 ms", "Ray err", "Ray cores / CPU ms per req",
+                     "Mpx req/s", "Mpx p50 ms", "Mpx p99 ms", "Mpx err", "Mpx cores / CPU ms per req", "Mpx / Ray",
+                     "Mpx /readyz p99", "router 'not ready'"], rows), ""]
     lines += ["(ms throughout; TTFC: time to first chunk; errors are non-200 answers, transport errors and "
-              "streams cut short of their chunks.)", ""]
+              "streams cut short of their chunks. Cores / CPU ms: the CPU the system's own processes used during "
+              "the point (Ray: the driver, GCS, raylet, proxy, controller, replica; Modelplex: supervisor, router, "
+              "replica), as cores and per answer. On a machine that others load, throughput follows the share of "
+              "the cores a system gets; the CPU per answer does not.)", ""]
     return lines
 
 

@@ -576,11 +576,14 @@ def mux_ray(settings: Settings, workdir: Path, trace: list[str], results: dict) 
 
 
 def mux_modelplex(settings: Settings, workdir: Path, trace: list[str], *, extra_env: dict[str, str] | None = None,
-                  overhead: bool = True) -> dict:
+                  overhead: bool = True, multiplexing: dict | None = None) -> dict:
+    """``multiplexing``: the spec's cache fields (e.g. ``{"evictionPolicy": "lfu"}``)."""
     load_log, env = _mux_env(workdir, "modelplex")
     env.update(extra_env or {})
     body = mux_body()
     spec = {"replicas": MUX["replicas"], "handler": "mp_handlers:Multiplexed", "maxOngoingRequests": MUX["max_ongoing"]}
+    if multiplexing:
+        spec["multiplexing"] = multiplexing
     with ModelplexStack(workdir, "mux", spec, bench_env(env)) as stack:
         point = asyncio.run(loadgen.trace(stack.url, trace, body, settings.mux_concurrency,
                                           max_seconds=settings.mux_max_seconds))
@@ -751,6 +754,18 @@ def _gpu_sweep(system: str, url: str, body: dict, settings: Settings, by_c: dict
             f"errors {s['errors']}")
 
 
+def _cpu_seconds(pids) -> float:
+    """CPU time (user + system) the given processes have used so far."""
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 BUSY = {"replicas": 1, "max_ongoing": 32, "rows": BUSY_ROWS, "chunks": BUSY_CHUNKS}
 BUSY_MODES = (("stream", "BusyStreamer"), ("unary", "BusyMLP"))
 
@@ -775,7 +790,8 @@ def run_busy(settings: Settings, workdir: Path, results: dict) -> None:
                         for mode, cls in BUSY_MODES:
                             ray.deploy(cls, {"num_replicas": BUSY["replicas"], "max_ongoing_requests": BUSY["max_ongoing"],
                                              "ray_actor_options": {"num_cpus": 1}})
-                            _busy_sweep(system, mode, ray.url, body, settings, points, None, None)
+                            _busy_sweep(system, mode, ray.url, body, settings, points, None, None,
+                                        lambda: {**ray.seen, **descendants(ray.proc.pid)})
                 else:
                     for mode, cls in BUSY_MODES:
                         spec = {"replicas": BUSY["replicas"], "handler": f"mp_handlers:{cls}",
@@ -783,11 +799,11 @@ def run_busy(settings: Settings, workdir: Path, results: dict) -> None:
                         # info: the router logs each replica's "ready" / "not ready" transition.
                         with ModelplexStack(workdir, f"busy-{mode}-{round_index}", spec, bench_env(),
                                             log_level="info") as stack:
-                            _busy_sweep(system, mode, stack.url, body, settings, points, stack, health)
+                            _busy_sweep(system, mode, stack.url, body, settings, points, stack, health, stack.pids)
         order.reverse()
     results["busy"] = {
         **BUSY, "seconds": settings.busy_seconds, "rounds": settings.rounds, "compute_bound": bound,
-        "systems": {system: {mode: {str(c): _merge(p).summary() for c, p in by_c.items()}
+        "systems": {system: {mode: {str(c): _busy_summary(p) for c, p in by_c.items()}
                              for mode, by_c in by_mode.items()} for system, by_mode in points.items()},
         "modelplex_health": {mode: {str(c): {"readyz_p50_ms": loadgen.pct(h["readyz"], 0.5),
                                              "readyz_p99_ms": loadgen.pct(h["readyz"], 0.99),
@@ -797,11 +813,18 @@ def run_busy(settings: Settings, workdir: Path, results: dict) -> None:
                                     for c, h in by_c.items()} for mode, by_c in health.items()}}
 
 
+def _busy_summary(points: list[loadgen.Point]) -> dict:
+    merged = _merge(points)
+    cpu = sum(p.server_cpu_s for p in points)
+    return {**merged.summary(), "server_cores": round(cpu / merged.seconds, 3) if merged.seconds else None,
+            "server_cpu_ms_per_answer": round(cpu / merged.ok * 1000, 2) if merged.ok else None}
+
+
 def _busy_levels(settings: Settings, mode: str) -> list[int]:
     return settings.busy_stream_concurrency if mode == "stream" else settings.busy_concurrency
 
 
-def _busy_sweep(system, mode, url, body, settings, points, stack, health) -> None:
+def _busy_sweep(system, mode, url, body, settings, points, stack, health, server_pids) -> None:
     replica = stack.replicas_table()[0]["url"] if stack else None
     for c in _busy_levels(settings, mode):
         log_start = stack.log_path.stat().st_size if stack else 0
@@ -809,7 +832,12 @@ def _busy_sweep(system, mode, url, body, settings, points, stack, health) -> Non
             load = loadgen.streams(url, body, BUSY_CHUNKS, c, settings.busy_seconds, warmup_s=settings.warmup_s)
         else:
             load = loadgen.unary(url, body, c, settings.busy_seconds, warmup_s=settings.warmup_s)
+        pids = server_pids()
+        cpu, wall = _cpu_seconds(pids), time.perf_counter()
         point, probes, failed = asyncio.run(loadgen.with_probe(load, replica + "/readyz" if replica else None))
+        # The servers' CPU per answer: on a machine that others load, what a point costs does not
+        # depend on the share of the cores it got, as its throughput does.
+        point.server_cpu_s = (_cpu_seconds(pids) - cpu) / (time.perf_counter() - wall) * point.seconds
         points[system][mode][c].append(point)
         s = point.summary()
         extra = ""
@@ -824,8 +852,10 @@ def _busy_sweep(system, mode, url, body, settings, points, stack, health) -> Non
             extra = (f"  replica /readyz p99 {loadgen.pct(probes, 0.99):.1f} ms ({failed} failed), "
                      f"router 'not ready' lines {not_ready}")
         ttfc = f"  ttfc p50 {s['ttfc_p50_ms']:7.1f} p99 {s['ttfc_p99_ms']:7.1f} ms" if "ttfc_p50_ms" in s else ""
+        per = point.server_cpu_s / point.ok * 1000 if point.ok else float("nan")
         log(f"busy {system:9s} {mode:6s} c={c:<3d} {s['rps']:7.1f}/s  p50 {s['p50_ms']:7.1f} p99 {s['p99_ms']:7.1f} ms"
-            f"{ttfc}  errors {s['errors']} {s['error_kinds'] or ''}{extra}")
+            f"{ttfc}  errors {s['errors']} {s['error_kinds'] or ''}  servers {point.server_cpu_s / point.seconds:.2f} "
+            f"cores, {per:.0f} ms CPU per answer{extra}")
 
 
 # -- environment -------------------------------------------------------------------------------

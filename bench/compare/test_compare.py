@@ -63,7 +63,8 @@ def _results() -> dict:
         "busy": {"replicas": 1, "max_ongoing": 32, "rows": 48, "chunks": 20, "seconds": 10.0, "rounds": 2,
                  "compute_bound": {"passes_per_s": 110.0, "rows_per_s": 5280.0, "ms_per_pass": 9.1},
                  "systems": {"Ray Serve": {"stream": {"8": stream(3.4, 640.0)}, "unary": {"8": point(90.0, 120.0)}},
-                             "Modelplex": {"stream": {"8": stream(4.0, 200.0)},
+                             "Modelplex": {"stream": {"8": {**stream(4.0, 200.0), "server_cores": 0.9,
+                                                            "server_cpu_ms_per_answer": 225.0}},
                                            "unary": {"8": {**point(100.0, 90.0), "errors": 2,
                                                            "error_kinds": {"HTTP 503": 2}}}}},
                  "modelplex_health": {m: {"8": {"readyz_p50_ms": 1.0, "readyz_p99_ms": 4.0, "readyz_max_ms": 9.0,
@@ -89,8 +90,8 @@ def test_report_has_the_busy_replica_tables_and_targets(tmp_path):
     report.write(_results(), tmp_path)
     text = (tmp_path / "README.md").read_text()
     assert "## 4. Busy replicas" in text
-    assert "| 8 | 3.40 | 320.0 | 640.0 | 300.0 | 0 | 4.00 | 100.0 | 200.0 | 300.0 | 0 | 4.0 | 0 |" in text
-    assert "| 8 | 90.0 | 60.0 | 120.0 | 0 | 100.0 | 45.0 | 90.0 | 2 (HTTP 503: 2) | 1.1x | 4.0 | 0 |" in text
+    assert "| 8 | 3.40 | 320.0 | 640.0 | 300.0 | 0 | - | 4.00 | 100.0 | 200.0 | 300.0 | 0 | 0.90 / 225 | 4.0 | 0 |" in text
+    assert "| 8 | 90.0 | 60.0 | 120.0 | 0 | - | 100.0 | 45.0 | 90.0 | 2 (HTTP 503: 2) | - | 1.1x | 4.0 | 0 |" in text
     # 2 errors: not met, whatever the latencies; the stream's p99 is 200 <= 640 / 2: met.
     assert "| Busy replicas: Modelplex answers every CPU-bound request and stream (0 errors) | **not met** |" in text
     assert ("| Busy replicas: CPU-bound stream, time to first chunk p99 at concurrency 8 <= half of Ray Serve's "
