@@ -1,10 +1,12 @@
 """Build-stage installer for the images in docker/: a virtual environment with Modelplex in it.
 
     python3 install_deps.py --venv /opt/modelplex [--extra replica]   # dependencies (a cached layer)
-    python3 install_deps.py --venv /opt/modelplex --project /src      # the project, without deps
+    python3 install_deps.py --venv /opt/modelplex --project /src --target /opt/app  # the project
 
 The dependencies come from pyproject.toml, so the images never drift from it, and they go in
-before the sources are copied: a source change does not download torch again.
+before the sources are copied: a source change does not download torch again. The project goes
+into a folder of its own (on PYTHONPATH in the image), so that the final stage copies the large
+virtual environment as a layer that a source change leaves as it is.
 
 pip trusts the PEM certificates in --ca-dir (docker/ca/) besides the base image's bundle, for a
 network or proxy that intercepts TLS; used in the build stage only, the final image never sees them.
@@ -68,6 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--venv", type=Path, required=True)
     parser.add_argument("--extra", action="append", default=[])
     parser.add_argument("--project", type=Path, help="install this source tree (its dependencies must be in)")
+    parser.add_argument("--target", type=Path, help="with --project: install it into this folder")
     parser.add_argument("--pyproject", type=Path, default=Path("pyproject.toml"))
     parser.add_argument("--ca-dir", type=Path, default=Path("ca"), help="extra PEM certificates for pip")
     args = parser.parse_args(argv)
@@ -91,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
             subprocess.run([str(python), "-m", "pip", *pip_args], check=True, env=env)
 
         if args.project:
-            pip("install", "--no-deps", str(args.project))
+            pip("install", "--no-deps", *(["--target", str(args.target)] if args.target else []), str(args.project))
             return
         wanted = requirements(tomllib.loads(args.pyproject.read_text()), args.extra)
         torch = [r for r in wanted if is_torch(r)]

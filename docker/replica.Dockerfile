@@ -7,7 +7,7 @@
 #   COPY recs/ /app/recs/          # then `handler: "recs.models:Recommender"` in the spec
 # BASE_IMAGE: any image with Python 3.11 and its venv module (pin it by digest for reproducible
 # images). pip trusts the certificates in docker/ca/ too (a network that intercepts TLS); the final
-# stage copies only the finished virtual environment, so they never reach the image.
+# stage copies only what was installed, so they never reach the image.
 # TORCH_VARIANT: `cuda` (default: PyPI's torch, for GPU pods) or `cpu`: with
 # TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu a CPU-only torch (far smaller); with PyPI
 # alone, PyPI's torch less the packages that only a GPU loads (docker/install_deps.py).
@@ -25,13 +25,16 @@ COPY modelplex ./modelplex
 COPY replica ./replica
 COPY router ./router
 COPY operator ./operator
-RUN python3 install_deps.py --venv /opt/modelplex --project .
+RUN python3 install_deps.py --venv /opt/modelplex --project . --target /opt/app
 
 FROM ${BASE_IMAGE}
-ENV PATH=/opt/modelplex/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PYTHONPATH=/app
+ENV PATH=/opt/app/bin:/opt/modelplex/bin:$PATH PYTHONPATH=/app:/opt/app \
+    PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 RUN groupadd --gid 10001 modelplex \
  && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin modelplex
+# Dependencies, then the project: a source change leaves the (large) first layer as it is.
 COPY --from=build /opt/modelplex /opt/modelplex
+COPY --from=build /opt/app /opt/app
 # Handler code goes here (it is on PYTHONPATH).
 WORKDIR /app
 USER 10001:10001

@@ -4,7 +4,7 @@
 #   docker build -f docker/router.Dockerfile -t modelplex/router:0.1.0 .
 # BASE_IMAGE: any image with Python 3.11 and its venv module (pin it by digest for reproducible
 # images). pip trusts the certificates in docker/ca/ too (a network that intercepts TLS); the final
-# stage copies only the finished virtual environment, so they never reach the image.
+# stage copies only what was installed, so they never reach the image.
 ARG BASE_IMAGE=python:3.11-slim
 
 FROM ${BASE_IMAGE} AS build
@@ -18,13 +18,16 @@ COPY modelplex ./modelplex
 COPY replica ./replica
 COPY router ./router
 COPY operator ./operator
-RUN python3 install_deps.py --venv /opt/modelplex --project .
+RUN python3 install_deps.py --venv /opt/modelplex --project . --target /opt/app
 
 FROM ${BASE_IMAGE}
-ENV PATH=/opt/modelplex/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+ENV PATH=/opt/app/bin:/opt/modelplex/bin:$PATH PYTHONPATH=/opt/app \
+    PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 RUN groupadd --gid 10001 modelplex \
  && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin modelplex
+# Dependencies, then the project: a source change leaves the (large) first layer as it is.
 COPY --from=build /opt/modelplex /opt/modelplex
+COPY --from=build /opt/app /opt/app
 # The operator runs router pods as this user (runAsNonRoot, runAsUser 10001).
 USER 10001:10001
 EXPOSE 8000

@@ -476,6 +476,13 @@ def plan_images(root: Path, base: str, replica_variant: str) -> list[ImagePlan]:
     ]
 
 
+def version_tag(tag: str) -> str:
+    """The plain version tag that the chart's defaults and the examples name for a content tag
+    (``modelplex/replica:0.1.0-cpu-3383d04f8dff`` -> ``modelplex/replica:0.1.0``); ensure_images
+    puts it on the same image, so ``docker save TAG $(version_tag TAG)`` carries both."""
+    return f"{tag.rsplit(':', 1)[0]}:{project_version(repo_root())}"
+
+
 def ensure_images(*, replica_variant: str | None = None, base: str | None = None,
                   directory: Path | None = None) -> dict[str, str]:
     """Build what is missing; return component -> content tag, each present in the engine that

@@ -55,18 +55,20 @@ def test_dockerfiles(name):
     froms = [rest for op, rest in steps if op == "FROM"]
     assert len(froms) == 2 and all(f.startswith("${BASE_IMAGE}") for f in froms)
     # The final stage runs as a numeric non-root user (runAsNonRoot can check a numeric one) and
-    # takes only the finished virtual environment from the build stage.
+    # takes only what was installed from the build stage: the dependencies' venv, then the project.
     final = steps[max(i for i, (op, _) in enumerate(steps) if op == "FROM"):]
     users = [rest for op, rest in final if op == "USER"]
     assert users and users[-1].split(":")[0].isdigit() and users[-1].split(":")[0] != "0"
     # pip in the build stage trusts docker/ca/; the final stage copies nothing but the venv.
     assert ("COPY", "docker/ca/ ./ca/") in steps[:len(steps) - len(final)]
-    assert [rest for op, rest in final if op == "COPY"] == ["--from=build /opt/modelplex /opt/modelplex"]
-    assert any(op == "ENV" and "PATH=/opt/modelplex/bin:$PATH" in rest for op, rest in final)
+    assert [rest for op, rest in final if op == "COPY"] == [
+        "--from=build /opt/modelplex /opt/modelplex", "--from=build /opt/app /opt/app"]
+    assert any(op == "ENV" and "PATH=/opt/app/bin:/opt/modelplex/bin:$PATH" in rest and "/opt/app" in rest.split("PYTHONPATH=")[1]
+               for op, rest in final)
     cmd = [rest for op, rest in final if op == "CMD"][-1]
     assert cmd == f'["modelplex", "{name}"]'
     installs = [rest for op, rest in steps if op == "RUN" and "install_deps.py" in rest]
-    assert installs[-1].endswith("--project .")
+    assert installs[-1].endswith("--project . --target /opt/app")
     if name == "replica":
         assert "--extra replica" in installs[0] and {"TORCH_VARIANT", "TORCH_INDEX_URL"} <= set(args)
     else:
