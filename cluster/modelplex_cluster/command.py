@@ -246,7 +246,8 @@ def load_project_images(socket: Path) -> dict[str, str]:
 
     tags = images.ensure_images()
     version = images.project_version(images.repo_root())
-    missing = [tag for tag in tags.values() if tag not in node.image_names(socket)]
+    present = node.image_names(socket)
+    missing = [tag for tag in tags.values() if node.normalize(tag) not in present]
     if missing:
         t0 = time.monotonic()
         say(f"==> putting {', '.join(missing)} on the node")

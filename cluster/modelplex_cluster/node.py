@@ -324,6 +324,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   # oom_score_adj, which the CRI asks for every pod sandbox (-998). Clamp it instead.
   restrict_oom_score_adj = true
   disable_apparmor = true
+  # Pods' network namespaces under our state dir, not /var/run/netns.
+  netns_mounts_under_state_dir = true
   enable_selinux = false
 
   [plugins."io.containerd.grpc.v1.cri".containerd]
@@ -347,6 +349,16 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 def ctr(socket: Path, *args: str, input: bytes | None = None, check: bool = True, timeout: float = 600) -> str:
     return run("ctr", "--address", str(socket), "--namespace", "k8s.io", *args, input=input, check=check,
                timeout=timeout)
+
+
+def normalize(ref: str) -> str:
+    """An image reference as containerd stores it (``modelplex/router:1`` is ``docker.io/modelplex/router:1``)."""
+    first, _, rest = ref.partition("/")
+    if not rest:
+        return f"docker.io/library/{ref}"
+    if "." in first or ":" in first or first == "localhost":
+        return ref
+    return f"docker.io/{ref}"
 
 
 def image_names(socket: Path) -> set[str]:
@@ -431,7 +443,7 @@ def import_image(socket: Path, archive: bytes) -> None:
 
 
 def tag_image(socket: Path, source: str, target: str) -> None:
-    ctr(socket, "images", "tag", "--force", source, target)
+    ctr(socket, "images", "tag", "--force", normalize(source), normalize(target))
 
 
 def load_docker_images(socket: Path, tags: list[str], env: dict | None = None) -> None:

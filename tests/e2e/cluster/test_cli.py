@@ -98,7 +98,8 @@ def test_cluster_up_status_and_down_restores_the_host(exclusive_node, tmp_path):
 
     # The node did change the host while it ran (so the comparison below means something) ...
     assert during["kube_iptables"] and node.NODE_BRIDGE in during["links"]
-    assert during["netns_mounts"] and any(m.startswith(str(state)) for m in during["all_mounts"])
+    ours = [m for m in during["all_mounts"] if m.startswith(str(state))]
+    assert any("/netns/" in m for m in ours) and any(m.endswith("/rootfs") for m in ours), ours
     # ... and `down` undid all of it.
     after = node.snapshot_host()
     for key in before:

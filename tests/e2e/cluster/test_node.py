@@ -129,7 +129,7 @@ def test_kubectl_logs_and_exec_reach_the_kubelet(control_plane, kube_namespace):
     wait_for(lambda: "started as 10001" in control_plane.pod_log(kube_namespace, "sleeper"), timeout=30,
              what="the pod's log through kubectl logs")
     out = control_plane.kubectl("exec", "-n", kube_namespace, "sleeper", "--", "sh", "-c",
-                                "id -u; cat /var/run/secrets/kubernetes.io/serviceaccount/namespace; "
+                                "id -u; cat /var/run/secrets/kubernetes.io/serviceaccount/namespace; echo; "
                                 "touch /readonly 2>&1 || echo refused").stdout
     uid, namespace, *rest = out.split("\n", 2)
     assert uid == "10001"

@@ -29,7 +29,8 @@ GONE_TIMEOUT = 180
 
 OWNED_KINDS = ("ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Deployment")
 #: The replica image with ``mxd_handler.py`` in it (built by conftest.py from the project's replica image).
-E2E_REPLICA_IMAGE = "modelplex.local/replica-e2e:latest"
+# Not :latest, whose default pull policy is Always (nothing can be pulled here).
+E2E_REPLICA_IMAGE = "modelplex.local/replica-e2e:1"
 E2E_HANDLER_DIR = "/opt/modelplex-e2e"
 
 

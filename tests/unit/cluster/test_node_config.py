@@ -57,3 +57,10 @@ def test_containerd_clamps_oom_scores_and_keeps_its_state_in_ours():
     runc = cri["containerd"]["runtimes"]["runc"]["options"]
     assert runc["Root"] == "/c/state/runc"
     assert (config["root"], config["state"], config["grpc"]["address"]) == ("/c/root", "/c/state", "/c/containerd.sock")
+
+
+def test_image_references_are_named_as_containerd_stores_them():
+    assert node.normalize("modelplex/router:0.1.0") == "docker.io/modelplex/router:0.1.0"
+    assert node.normalize("busybox:1") == "docker.io/library/busybox:1"
+    assert node.normalize("modelplex.local/pause:catatonit") == "modelplex.local/pause:catatonit"
+    assert node.normalize("localhost:5000/x:1") == "localhost:5000/x:1"
