@@ -68,7 +68,11 @@ class ReplicaState:
     metrics: ReplicaMetrics
     user: UserCodeLoop = field(default_factory=UserCodeLoop)
     inflight: int = 0
+    #: Requests on their way through the replica (in a slot, or waiting for their model's load).
+    active: int = 0
     ready: bool = False
+    #: SIGTERM: not ready, no new work, what runs finishes.
+    draining: bool = False
     reporter: AnnotationReporter | None = None
     prewarm_errors: dict[str, str] = field(default_factory=dict)
     server_loop: asyncio.AbstractEventLoop | None = None
@@ -207,15 +211,27 @@ async def invoke(request: web.Request) -> web.StreamResponse:
     if not model_id and state.cache is not None and request.content_type != CALL_CONTENT_TYPE:
         state.metrics.observe_request("", 400, 0.0)
         raise BadRequest(f"this deployment serves many models: name one in the {MODEL_ID_HEADER} header")
+    if state.draining:
+        state.metrics.observe_request(model_id, 503, 0.0)
+        raise NotReady("replica is shutting down", retry_after=1)
+    # A request whose model is not loaded waits for the load outside the slots: a load that
+    # hangs must stall only its own model (the cache bounds its waiters at maxOngoingRequests).
+    loads = bool(model_id) and state.cache is not None and model_id not in state.cache
     limit = state.deployment.spec.max_ongoing_requests
-    if state.inflight >= limit:
+    if not loads and state.inflight >= limit:
         state.metrics.observe_request(model_id, 503, 0.0)
         raise Overloaded(f"replica is at maxOngoingRequests ({limit})", retry_after=1)
     started = time.perf_counter()
-    state.inflight += 1
-    state.metrics.inflight.labels(state.deployment.name).inc()
+    state.active += 1
+    in_slot = False
     status = 500
     try:
+        if loads:
+            await state.user.run(_load(state, model_id))
+        # Admitted work keeps its place: a request whose load finished takes a slot at once.
+        state.inflight += 1
+        in_slot = True
+        state.metrics.inflight.labels(state.deployment.name).inc()
         call = await _read_call(request, state.handler, model_id)
         if call.streams:
             response = await _stream(request, state, call, model_id)
@@ -234,14 +250,24 @@ async def invoke(request: web.Request) -> web.StreamResponse:
         status = error.status
         raise
     finally:
-        state.inflight -= 1
-        state.metrics.inflight.labels(state.deployment.name).dec()
+        state.active -= 1
+        if in_slot:
+            state.inflight -= 1
+            state.metrics.inflight.labels(state.deployment.name).dec()
         state.metrics.observe_request(model_id, status, time.perf_counter() - started)
 
 
 def _pinned(state: ReplicaState, model_id: str):
     """Keep the request's model loaded while it is served (on the user loop, the cache's own)."""
     return state.cache.pinned(model_id) if state.cache is not None and model_id else nullcontext()
+
+
+async def _load(state: ReplicaState, model_id: str) -> None:
+    """Wait (on the user loop) until the request's model is loaded; its errors as the handler's."""
+    try:
+        await state.cache.get(model_id)
+    except Exception as error:  # noqa: BLE001 - the user's loader
+        raise _handler_error(error) from None
 
 
 def _handler_error(error: Exception) -> ModelplexError:
@@ -376,6 +402,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     state = request.app[STATE]
+    if state.draining:
+        raise NotReady("shutting down")
     if not state.ready:
         raise NotReady("prewarming models")
     return web.json_response({"status": "ready", "prewarm_errors": state.prewarm_errors})

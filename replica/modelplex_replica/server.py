@@ -2,25 +2,41 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from aiohttp import web
 
+from modelplex.serving import serve
 from modelplex.spec import Deployment
-from modelplex_replica.app import create_app
+from modelplex_replica.app import STATE, create_app
 from modelplex_replica.handler import build_handler
 from modelplex_replica.reporter import pod_patcher_from_environment
 
 log = logging.getLogger("modelplex.replica")
 
+#: How often a draining replica looks whether its requests are done.
+_DRAIN_POLL_S = 0.05
+
 
 def run_replica(deployment: Deployment, *, host: str, port: int) -> int:
-    """Block serving until SIGINT/SIGTERM; in-flight requests get up to 30 s to finish."""
+    """Block serving until SIGINT/SIGTERM, then drain within ``spec.gracefulShutdownTimeoutSeconds``."""
     handler = build_handler(deployment)
     app = create_app(deployment, handler, patch_pod=pod_patcher_from_environment())
     log.info("replica of %r serving on http://%s:%d (handler %s)", deployment.name, host, port,
              deployment.spec.handler or "built-in TorchScript")
-    # handler_cancellation: a client that goes away cancels its request's work.
-    web.run_app(app, host=host, port=port, access_log=None, print=None, shutdown_timeout=30,
-                handler_cancellation=True)
+    serve(app, host=host, port=port, grace_s=deployment.spec.graceful_shutdown_timeout_seconds,
+          drain=lambda deadline: drain(app, deadline), name=f"replica of {deployment.name!r}")
     return 0
+
+
+async def drain(app: web.Application, deadline: float) -> None:
+    """Turn not-ready and refuse new work (503: a router sends it elsewhere), still answering
+    polls, until the requests in flight (streams, loads) are done or ``deadline`` passes."""
+    state = app[STATE]
+    state.draining = True
+    loop = asyncio.get_running_loop()
+    while state.active > 0 and loop.time() < deadline:
+        await asyncio.sleep(_DRAIN_POLL_S)
+    if state.active:
+        log.warning("%d request(s) still running at the end of the grace; cancelling them", state.active)

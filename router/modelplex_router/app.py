@@ -31,8 +31,8 @@ from modelplex_router import oip
 from modelplex_router.config import RouterConfig
 from modelplex_router.discovery.base import Discovery
 from modelplex_router.discovery.documents import DocumentFetcher
-from modelplex_router.keys import (CLOCK, CONFIG, DISCOVERY, METRICS, PROXY, SCHEDULER, SESSION, TABLE,
-                                   measured)
+from modelplex_router.keys import (CLOCK, CONFIG, DISCOVERY, DRAINING, METRICS, PROXY, SCHEDULER, SESSION,
+                                   TABLE, measured)
 from modelplex_router.metrics import CONTENT_TYPE, RouterMetrics
 from modelplex_router.openapi import openapi_document
 from modelplex_router.proxy import Proxy
@@ -55,6 +55,7 @@ def create_app(config: RouterConfig, discovery: Discovery, *,
     app[TABLE] = table
     app[CLOCK] = clock
     app[DISCOVERY] = discovery
+    app[DRAINING] = asyncio.Event()
     app[METRICS] = RouterMetrics(config.deployment, model_label=config.model_label)
     app[SCHEDULER] = scheduler = Scheduler(
         table,
@@ -159,7 +160,10 @@ async def readyz(request: web.Request) -> web.Response:
     app = request.app
     ready = len(app[TABLE].usable(app[CLOCK]()))
     body = {"ready": ready > 0, "replicas": len(app[TABLE]), "ready_replicas": ready}
-    return web.json_response(body, status=200 if ready else 503)
+    if app[DRAINING].is_set():
+        body["ready"] = False
+        body["draining"] = True
+    return web.json_response(body, status=200 if body["ready"] else 503)
 
 
 async def openapi(request: web.Request) -> web.Response:

@@ -29,8 +29,9 @@ class RouterConfig:
     queue_timeout_s: float = 10.0
     #: How many requests may wait for a slot at once before new ones get a 503 at once.
     max_queued: int = 1000
-    #: Until the first byte of the answer (a model load included) before a 504.
-    first_byte_timeout_s: float = 300.0
+    #: Until the first byte of the answer (a model load included) before a 504:
+    #: ``spec.router.requestTimeoutSeconds``.
+    first_byte_timeout_s: float = 330.0
     connect_timeout_s: float = 5.0
     #: Static discovery: how often each replica's /v1/models and /readyz are read.
     poll_interval_s: float = 0.15
@@ -50,6 +51,7 @@ class RouterConfig:
             policy=policy,
             max_request_bytes=spec.max_request_bytes,
             model_label=spec.metrics.model_label,
+            first_byte_timeout_s=spec.request_timeout_s,
             queue_timeout_s=_positive(env, ENV_QUEUE_TIMEOUT, 10.0),
             poll_interval_s=_positive(env, ENV_POLL_INTERVAL, 0.15),
         )

@@ -26,6 +26,8 @@ DISCOVERY = web.AppKey("discovery", Discovery)
 CLOCK = web.AppKey("clock", Callable[[], float])
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 PROXY = web.AppKey("proxy", Proxy)
+#: Set on SIGTERM: /readyz answers 503 while the requests in flight finish.
+DRAINING = web.AppKey("draining", asyncio.Event)
 
 
 def checked_model_id(model: str) -> str:

@@ -21,6 +21,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from modelplex.errors import Overloaded, ReplicaFailed, UpstreamTimeout
+from modelplex.http import to_json
 from modelplex.loaded import LoadedSummary
 from modelplex.names import LOADED_MODELS_HEADER, MODEL_ID_HEADER
 from modelplex_router.metrics import RouterMetrics
@@ -145,9 +146,11 @@ class Proxy:
                     self.scheduler.table.failed(replica, self.clock())
                 raise _Retry(type(error).__name__, failed=True) from None
             except TimeoutError:
-                raise UpstreamTimeout(
-                    f"replica {replica.name} sent nothing for {self.first_byte_timeout_s:g} s"
-                ) from None
+                # Frozen or stuck: out of rotation until a poll finds it ready again.
+                self.scheduler.table.failed(replica, self.clock())
+                model = f" for model {lease.model!r}" if lease.model else ""
+                raise UpstreamTimeout(f"replica {replica.name} sent nothing{model} within "
+                                      f"requestTimeoutSeconds ({self.first_byte_timeout_s:g} s)") from None
 
             self._learn(lease, upstream.headers.get(LOADED_MODELS_HEADER))
             # Commit: from here on the client has the status line; no more retries.
@@ -185,9 +188,13 @@ class Proxy:
                 response[ABORTED] = 499
             except _FAILURES as error:
                 # The replica died mid-stream. The client must see a cut, never a clean end:
-                # close its connection before aiohttp could finish the chunked body.
+                # an event stream gets an error event first; then the connection is closed
+                # before aiohttp could finish the chunked body.
                 log.warning("replica %s failed mid-response (%s); cutting the client's stream",
                             replica.name, type(error).__name__)
+                if upstream.content_type == "text/event-stream":
+                    await _send_error_event(response, ReplicaFailed(
+                        f"replica {replica.name} failed mid-stream ({type(error).__name__})"))
                 if request.transport is not None:
                     request.transport.close()
                 response[ABORTED] = 502
@@ -228,6 +235,15 @@ class _Target:
     method: str
     path: str
     buffer: bool
+
+
+async def _send_error_event(response: web.StreamResponse, error: ReplicaFailed) -> None:
+    """``event: error`` with the JSON error, as the replica ends a stream whose handler failed."""
+    try:
+        # A blank line first ends an event the replica may have left half-sent.
+        await response.write(b"\n\nevent: error\ndata: " + to_json(error.to_dict()) + b"\n\n")
+    except ConnectionResetError:
+        pass
 
 
 def _retry_after(response: aiohttp.ClientResponse) -> float | None:

@@ -8,10 +8,12 @@ import os
 from aiohttp import web
 
 from modelplex.names import ENV_POD_NAMESPACE
+from modelplex.serving import serve
 from modelplex.spec import Deployment
 from modelplex_router.app import create_app
 from modelplex_router.config import RouterConfig
 from modelplex_router.discovery.base import Discovery
+from modelplex_router.keys import DRAINING
 
 log = logging.getLogger("modelplex.router")
 
@@ -29,7 +31,10 @@ def make_discovery(deployment: Deployment, replica_urls: list[str], config: Rout
 
 
 def run_router(deployment: Deployment, *, host: str, port: int, replica_urls: list[str] | None = None) -> int:
-    """Run the router of ``deployment`` on ``host:port``; blocks, returns the exit code."""
+    """Run the router of ``deployment`` on ``host:port``; blocks, returns the exit code.
+
+    On SIGTERM it turns not-ready, stops listening, and gives the requests it is relaying
+    (streams included) ``spec.gracefulShutdownTimeoutSeconds`` to finish."""
     try:
         config = RouterConfig.from_deployment(deployment)
         discovery = make_discovery(deployment, list(replica_urls or ()), config)
@@ -41,13 +46,15 @@ def run_router(deployment: Deployment, *, host: str, port: int, replica_urls: li
     log.info("router for %s on http://%s:%d (replicas from %s, policy %s)",
              deployment.name, host, port, source, config.policy)
     try:
-        # No access log: a line per request costs more than the routing does. Handler
-        # cancellation: a client that hangs up frees its replica slot at once (the proxy then
-        # closes the replica's connection, which stops the handler there), instead of when the
-        # next chunk fails to go out.
-        web.run_app(app, host=host, port=port, access_log=None, print=None, shutdown_timeout=5,
-                    handler_cancellation=True)
+        # Handler cancellation (in serve): a client that hangs up frees its replica slot at once
+        # (the proxy then closes the replica's connection, which stops the handler there).
+        serve(app, host=host, port=port, grace_s=deployment.spec.graceful_shutdown_timeout_seconds,
+              drain=lambda deadline: _not_ready(app), name=f"router of {deployment.name!r}")
     except OSError as error:
         log.error("cannot serve on %s:%d: %s", host, port, error)
         return 1
     return 0
+
+
+async def _not_ready(app: web.Application) -> None:
+    app[DRAINING].set()

@@ -1,0 +1,105 @@
+"""Running an aiohttp app as a router or replica process: JSON errors everywhere, graceful drains.
+
+:func:`serve` replaces ``web.run_app`` for both servers:
+
+- On SIGTERM (or SIGINT) the process turns not-ready first (the ``drain`` callback: ``/readyz``
+  answers 503 from then on), lets the callback finish what runs (bounded by the grace), then
+  stops listening and gives the requests still open what is left of the grace before they are
+  cancelled. ``spec.gracefulShutdownTimeoutSeconds`` is that grace, in pods and in local mode.
+- Every 4xx/5xx is JSON, including the ones aiohttp's HTTP parser answers before any handler or
+  middleware runs (a 64 KB header, too many headers, a NUL in a header, a garbage request
+  line). aiohttp has no public hook for those (aio-libs/aiohttp#3287): its connection protocol
+  answers them from ``RequestHandler.handle_error``, which this module's protocol overrides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from http import HTTPStatus
+from typing import Awaitable, Callable
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+from modelplex.http import to_json
+
+log = logging.getLogger("modelplex.serving")
+
+#: Drains at most this long past the grace: aiohttp's own cancellation of what is left.
+_CANCEL_MARGIN_S = 2.0
+
+Drain = Callable[[float], Awaitable[None]]
+
+
+class JsonErrorProtocol(RequestHandler):
+    """aiohttp's connection protocol, answering its own (parser-level) errors in JSON."""
+
+    def handle_error(self, request, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        plain = super().handle_error(request, status, exc, message)  # logs it; refuses after output
+        reason = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Error"
+        if status >= 500:
+            text = "internal error; see the server log"
+        else:
+            detail = (message or "").strip().splitlines()
+            text = f"malformed HTTP request: {detail[0]}" if detail else "malformed HTTP request"
+        body = {"error": {"code": reason.lower().replace(" ", "_"), "message": text}}
+        response = web.Response(status=plain.status, body=to_json(body), content_type="application/json")
+        response.force_close()
+        return response
+
+
+class _JsonErrorServer(web.Server):
+    def __call__(self) -> RequestHandler:
+        return JsonErrorProtocol(self, loop=self._loop, **self._kwargs)
+
+
+class JsonErrorRunner(web.AppRunner):
+    """An ``AppRunner`` whose connections answer parser errors with :class:`JsonErrorProtocol`."""
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        # The app's own Server, built by aiohttp as usual; only the protocol it makes differs.
+        server.__class__ = _JsonErrorServer
+        return server
+
+
+def serve(app: web.Application, *, host: str, port: int, grace_s: float, drain: Drain | None = None,
+          name: str = "server") -> None:
+    """Serve ``app`` on ``host:port`` until SIGTERM/SIGINT, then drain within ``grace_s``.
+
+    ``drain(deadline)`` (a loop time) is awaited first: it turns the app not-ready and may wait
+    for its own work to finish; then the listener closes and the requests still open get the
+    rest of the grace. Raises ``OSError`` when the address cannot be bound.
+    """
+    asyncio.run(_serve(app, host, port, grace_s, drain, name))
+
+
+async def _serve(app: web.Application, host: str, port: int, grace_s: float, drain: Drain | None,
+                 name: str) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    # handler_cancellation: a client that goes away cancels its request's work.
+    runner = JsonErrorRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=grace_s)
+    await runner.setup()
+    started = loop.time()
+    try:
+        await web.TCPSite(runner, host, port).start()
+        await stop.wait()
+        started = loop.time()
+        deadline = started + grace_s
+        log.info("%s: stopping; finishing requests in flight (up to %g s)", name, grace_s)
+        if drain is not None:
+            try:
+                await asyncio.wait_for(drain(deadline), timeout=grace_s)
+            except TimeoutError:
+                pass
+        # What is left of the grace, for the requests still open (set before cleanup reads it).
+        runner._shutdown_timeout = max(0.0, deadline - loop.time()) + _CANCEL_MARGIN_S
+    finally:
+        await runner.cleanup()
+    log.info("%s: stopped after %.1f s", name, loop.time() - started)
