@@ -8,14 +8,18 @@ with plain objects and a fake clock.
 For a request naming model M, among the ready replicas:
 
 1. *holders* of M (loaded, or being loaded because of a request this router sent) with room:
-   the less busy of two picked at random (power of two choices);
+   the less busy of two picked at random (power of two choices). Room for a request whose
+   model is still loading there is room in that model's own queue (``maxOngoingRequests``
+   waiters), not a slot: waiting for a load takes none of the slots loaded models need, so a
+   load that hangs holds up only its own model's requests;
 2. when no replica holds M, the replica with the fewest models, ties broken by rendezvous
    hashing on (M, replica name) so that several routers place a new model on the same
    replica; when every holder is full, M *spreads* to one more replica the same way rather
    than queueing behind the holders (the hot-model spread: ray-project/ray#48741), if one
    has capacity to spare (at most half its slots taken) and no holder is still loading M;
    otherwise the request waits for a holder's slot, up to ``matching_timeout_s``, and then
-   goes to any replica with room;
+   goes to any replica with room. While M is only loading (no holder has it yet), its
+   requests wait for that load: a load that hangs is not started on every replica in turn;
 3. otherwise any replica with room (the least busy).
 
 A request with no model id goes to the least busy replica.
@@ -50,6 +54,9 @@ class ReplicaView(Protocol):
 
     def is_loading(self, model: str) -> bool:
         """M is being loaded there and is not loaded yet."""
+
+    def waiting(self, model: str) -> int:
+        """Requests for M this router sent there while M was not loaded (they wait for its load)."""
 
     @property
     def model_count(self) -> int:
@@ -96,9 +103,11 @@ def choose(
         (holders if replica.holds(model) else others).append(replica)
 
     if holders:
-        with_room = [r for r in holders if r.inflight < limit]
+        with_room = [r for r in holders if has_room(r, model, limit)]
         if with_room:
             return Decision(two_choices(with_room, rng), Kind.HIT)
+        if all(r.is_loading(model) for r in holders):
+            return None  # M's own queue is full: wait for its load, whatever it takes
         # Every holder is full. Spread M to one more replica now (hot-model spread), but not
         # while a holder is still loading it (a burst for a new model must not load it
         # everywhere), and only to a replica with capacity to spare (when every replica is
@@ -117,6 +126,14 @@ def choose(
     if target is None:
         target = least_busy(others, limit, rng)
     return Decision(target, kind) if target is not None else None
+
+
+def has_room(replica: ReplicaView, model: str, limit: int) -> bool:
+    """A holder of ``model`` can take a request for it now: a slot, or a place in the queue of
+    the model's load."""
+    if replica.is_loading(model):
+        return replica.waiting(model) < limit
+    return replica.inflight < limit
 
 
 def place(replicas: Sequence[ReplicaView], model: str, limit: int) -> ReplicaView | None:

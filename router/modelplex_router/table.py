@@ -9,7 +9,9 @@ Three things feed it:
   ``GET /v1/models`` (:mod:`modelplex_router.discovery.documents`);
 - the router's own dispatches: a request sent to R for M that R had not loaded marks M as
   *loading* on R until it finishes (so a burst for a new model lands on one replica), and
-  the requests in flight per replica (for ``maxOngoingRequests`` and the two-choices pick);
+  the requests in flight per replica (for ``maxOngoingRequests`` and the two-choices pick).
+  A request waiting for its model's load is counted apart, per model (``pending``), as the
+  replica counts it: it takes none of the slots that requests for loaded models need;
 - the router's own results: a success for M from R means R holds M now (*learned*), which
   keeps the view fresh between snapshots; a connection failure takes R out of rotation
   (*quarantine*) until discovery shows it alive again or the quarantine runs out.
@@ -59,13 +61,26 @@ class Replica:
     version: int = 0  # of the document ``models`` and ``reported_loading`` come from
     latest_version: int = 0  # the newest version a summary announced
     observed_at: float = float("-inf")
-    inflight: int = 0
+    #: Requests this router sent while their model was loaded there (or that named none).
+    in_slots: int = 0
     # model -> requests in flight that were sent while the model was not loaded here
     pending: dict[str, int] = field(default_factory=dict)
     # model -> when a success for it came back from here
     learned: dict[str, float] = field(default_factory=dict)
     down_at: float | None = None  # last connection failure, while quarantined
     answered_at: float = float("-inf")  # when it last answered a request (any status)
+
+    @property
+    def inflight(self) -> int:
+        """Requests in the replica's slots (``maxOngoingRequests``): those sent for a loaded
+        model, and those that waited for a load that has finished since."""
+        if not self.pending:
+            return self.in_slots
+        return self.in_slots + sum(count for model, count in self.pending.items() if self.loaded(model))
+
+    @inflight.setter
+    def inflight(self, value: int) -> None:
+        self.in_slots = value
 
     @property
     def stale(self) -> bool:
@@ -76,6 +91,11 @@ class Replica:
 
     def is_loading(self, model: str) -> bool:
         return (model in self.pending or model in self.reported_loading) and not self.loaded(model)
+
+    def waiting(self, model: str) -> int:
+        """This router's requests for ``model`` sent here while it was not loaded (waiting for
+        its load while it is not loaded yet)."""
+        return self.pending.get(model, 0)
 
     def holds(self, model: str) -> bool:
         return (
@@ -106,6 +126,7 @@ class Replica:
             "models": sorted(self.all_models()),
             "loading": sorted(self.all_loading()),
             "inflight": self.inflight,
+            "waiting_for_load": sum(self.pending.values()) - (self.inflight - self.in_slots),
             "capacity": self.capacity,
             "version": self.version,
         }
@@ -224,17 +245,19 @@ class RoutingTable:
     # -- the router's own traffic ------------------------------------------------------------
 
     def dispatched(self, replica: Replica, model: str) -> bool:
-        """A request for ``model`` goes to ``replica``; returns whether it marked a load."""
-        replica.inflight += 1
+        """A request for ``model`` goes to ``replica``; returns whether it marked a load (then
+        it waits for the load, not in a slot)."""
         if model and not replica.loaded(model):
             replica.pending[model] = replica.pending.get(model, 0) + 1
             return True
+        replica.in_slots += 1
         return False
 
     def finished(self, replica: Replica, model: str, marked_load: bool, ok: bool, now: float) -> None:
         """The request ended; ``ok``: the replica answered it successfully (it holds ``model``)."""
-        replica.inflight -= 1
-        if marked_load:
+        if not marked_load:
+            replica.in_slots -= 1
+        else:
             left = replica.pending.get(model, 0) - 1
             if left > 0:
                 replica.pending[model] = left

@@ -151,12 +151,35 @@ def test_no_spread_to_a_busy_replica_before_the_timeout():
     assert pick([holder, half], "m").replica is half
 
 
-def test_no_spread_while_a_holder_is_still_loading_the_model_until_the_timeout():
-    loading = rep("a", loading={"m"}, inflight=4)
+def test_waiting_for_a_load_takes_no_slot_of_the_loaded_models():
+    # Every slot of "a" is taken, yet a request for the model it loads joins that load's queue,
+    # and a request for a model it holds still gets a slot once one frees: neither waits on the other.
+    loading = rep("a", models={"x"}, loading={"m"}, inflight=4)
     other = rep("b")
-    assert pick([loading, other], "m", waited=0.0) is None
-    assert pick([loading, other], "m", waited=0.99) is None
-    decision = pick([loading, other], "m", waited=1.0)
+    assert pick([loading, other], "m").replica is loading
+    loading.pending["m"] = 3
+    loading.inflight = 3
+    assert pick([loading, other], "x").replica is loading
+
+
+def test_a_load_whose_queue_is_full_is_waited_for_and_never_started_elsewhere():
+    hung = rep("a", loading={"m"})
+    hung.pending["m"] = PARAMS.max_ongoing
+    other = rep("b")
+    for waited in (0.0, 0.99, 1.0, 60.0):
+        assert pick([hung, other], "m", waited=waited) is None
+    # Another model still goes anywhere.
+    assert pick([hung, other], "n").replica in (hung, other)
+
+
+def test_no_spread_while_a_holder_is_still_loading_the_model_until_the_timeout():
+    loaded = rep("a", models={"m"}, inflight=4)
+    loading = rep("b", loading={"m"})
+    loading.pending["m"] = PARAMS.max_ongoing
+    other = rep("c")
+    assert pick([loaded, loading, other], "m", waited=0.0) is None
+    assert pick([loaded, loading, other], "m", waited=0.99) is None
+    decision = pick([loaded, loading, other], "m", waited=1.0)
     assert decision.replica is other
     assert decision.kind is Kind.FALLBACK
 

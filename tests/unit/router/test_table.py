@@ -255,14 +255,33 @@ async def test_requests_are_refused_with_503_past_the_queue_bound():
 async def test_a_waiting_request_spreads_after_the_matching_timeout():
     loop_clock = lambda: asyncio.get_running_loop().time()  # noqa: E731
     table = RoutingTable()
-    table.apply(info("a"), 0.0)
+    table.apply(info("a", models=["m"]), 0.0)
     table.apply(info("b"), 0.0)
-    scheduler = Scheduler(table, Params(max_ongoing=1, matching_timeout_s=0.1), clock=loop_clock,
-                          rng=random.Random(0))
-    loading = await scheduler.acquire("m")  # M is loading on one replica, which is now full
+    scheduler = Scheduler(table, Params(max_ongoing=1, matching_timeout_s=0.1, hot_spread=False),
+                          clock=loop_clock, rng=random.Random(0))
+    holder = await scheduler.acquire("m")  # M's only holder is now full
+    started = loop_clock()
     lease = await asyncio.wait_for(scheduler.acquire("m"), 5)
-    assert lease.replica is not loading.replica
+    assert loop_clock() - started >= 0.1
+    assert lease.replica is not holder.replica
     assert lease.kind is Kind.FALLBACK
+
+
+async def test_requests_waiting_for_a_load_leave_the_slots_to_loaded_models():
+    loop_clock = lambda: asyncio.get_running_loop().time()  # noqa: E731
+    table = RoutingTable()
+    table.apply(info("a", models=["x"]), 0.0)
+    scheduler = Scheduler(table, Params(max_ongoing=2, matching_timeout_s=0.1), clock=loop_clock,
+                          queue_timeout_s=0.3)
+    hung = [await scheduler.acquire("m") for _ in range(2)]  # M's load hangs on "a"
+    assert table.get("a").inflight == 0 and table.get("a").waiting("m") == 2
+    served = [await asyncio.wait_for(scheduler.acquire("x"), 1) for _ in range(2)]
+    assert all(lease.kind is Kind.HIT for lease in served)
+    with pytest.raises(Overloaded):  # M's own queue is full: only M's requests wait, and give up
+        await scheduler.acquire("m")
+    for lease in hung + served:
+        lease.release(ok=False)
+    assert table.get("a").inflight == 0 and table.get("a").pending == {}
 
 
 def test_the_table_tells_its_listener_about_freed_slots_and_changes(clock):
