@@ -9,7 +9,9 @@ deployments resolve by name as they would in a cluster.
 Children run in process groups of their own (a Ctrl-C in the terminal reaches only this
 supervisor, which then stops them in order) and get SIGTERM should the supervisor die
 (``PR_SET_PDEATHSIG``), so nothing is left behind. A child that exits is restarted with a
-growing delay, as a Kubernetes Deployment would.
+growing delay, as a Kubernetes Deployment would, and the delay starts over once a child has
+run for a while. Stopping gives routers, then replicas, ``spec.gracefulShutdownTimeoutSeconds``
+to finish what they serve, as a pod's termination grace would.
 """
 
 from __future__ import annotations
@@ -32,9 +34,12 @@ from pathlib import Path
 from modelplex.names import MODEL_ID_HEADER, router_env_name
 from modelplex.spec import Deployment, SpecError, load_manifests
 
-#: How long children get between SIGTERM and SIGKILL.
-STOP_GRACE_S = 10.0
+#: Past a child's own grace (``spec.gracefulShutdownTimeoutSeconds``), before SIGKILL.
+STOP_MARGIN_S = 5.0
 RESTART_BACKOFF_MAX_S = 30.0
+#: A child that ran this long before it exited was healthy: its next restart is immediate-ish
+#: (1 s) again, not the next step of a crash loop's backoff.
+HEALTHY_RUN_S = 10.0
 _PR_SET_PDEATHSIG = 1
 
 
@@ -74,6 +79,17 @@ class Child:
     #: A router: ready once its /readyz counts this many ready replicas (not merely one).
     expected_replicas: int | None = None
     env: dict | None = None  # None: the supervisor's own environment
+    #: Between SIGTERM and SIGKILL: the deployment's gracefulShutdownTimeoutSeconds and a margin.
+    stop_grace_s: float = 20.0 + STOP_MARGIN_S
+
+
+def restart_delay(restarts: int, ran_s: float) -> tuple[float, int]:
+    """The delay before restarting a child that exited after running ``ran_s`` seconds, having
+    been restarted ``restarts`` times in a row, and the new count: 1, 2, 4 ... 30 s while it
+    crash-loops, from 1 s again once it ran :data:`HEALTHY_RUN_S`."""
+    if ran_s >= HEALTHY_RUN_S:
+        restarts = 0
+    return min(2.0 ** restarts, RESTART_BACKOFF_MAX_S), restarts + 1
 
 
 def plan(manifest_paths: list[str], *, host: str, port: int) -> list[Plan]:
@@ -154,6 +170,7 @@ class LocalRun:
             name = p.deployment.name
             base = [sys.executable, "-m", "modelplex.cli", "--log-level", self.log_level]
             replica_env = {**self.env, **_spec_env(p.deployment, self.say)}
+            grace = p.deployment.spec.graceful_shutdown_timeout_seconds + STOP_MARGIN_S
             for i, replica_port in enumerate(p.replica_ports):
                 self.replicas.append(Child(
                     name=p.replica_name(i),
@@ -161,6 +178,7 @@ class LocalRun:
                           "--host", "127.0.0.1", "--port", str(replica_port)],
                     ready_url=p.replica_url(i) + "/readyz",
                     env=replica_env,
+                    stop_grace_s=grace,
                 ))
             if not p.replica_ports:
                 continue  # spec.replicas: 0 — nothing to route to (said so at start)
@@ -169,7 +187,7 @@ class LocalRun:
             for i in range(len(p.replica_ports)):
                 router_argv += ["--replica", f"{p.replica_name(i)}={p.replica_url(i)}"]
             self.routers.append(Child(name=f"{name} router", argv=router_argv, ready_url=p.router_url + "/readyz",
-                                      expected_replicas=len(p.replica_ports)))
+                                      expected_replicas=len(p.replica_ports), stop_grace_s=grace))
 
     @property
     def children(self) -> list[Child]:
@@ -282,28 +300,26 @@ class LocalRun:
                 code = child.proc.poll()
                 if code is None:
                     continue
-                # Back off like a crash-looping pod: 1, 2, 4 ... 30 s; reset after a good run.
-                if now - child.started_at > 60:
-                    child.restarts = 0
-                delay = min(2.0 ** child.restarts, RESTART_BACKOFF_MAX_S)
-                child.restarts += 1
+                delay, child.restarts = restart_delay(child.restarts, now - child.started_at)
                 child.restart_at = now + delay
                 self.say(f"modelplex local: {child.name} exited with code {code}; restarting in {delay:.0f} s")
 
     def shutdown(self) -> None:
-        """SIGTERM every child's process group, wait, SIGKILL what is left. Idempotent."""
-        running = [c for c in self.children if c.proc is not None and c.proc.poll() is None]
-        # Routers first, so they stop taking requests before their replicas go.
+        """Stop the routers, then the replicas: SIGTERM each process group, wait for it within its
+        grace, SIGKILL what is left. Idempotent."""
+        # Routers first: they finish relaying what they took in while every replica still serves.
         for group in (self.routers, self.replicas):
-            for child in group:
-                if child in running:
-                    _signal_group(child.proc, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        for child in running:
-            try:
-                child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                self.say(f"modelplex local: {child.name} did not stop in {STOP_GRACE_S:.0f} s; killing it")
+            running = [c for c in group if c.proc is not None and c.proc.poll() is None]
+            for child in running:
+                _signal_group(child.proc, signal.SIGTERM)
+            started = time.monotonic()
+            for child in running:
+                try:
+                    child.proc.wait(timeout=max(0.0, started + child.stop_grace_s - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    self.say(f"modelplex local: {child.name} did not stop in {child.stop_grace_s:.0f} s; "
+                             "killing it")
+                    _signal_group(child.proc, signal.SIGKILL)
         for child in self.children:
             if child.proc is not None:
                 # Whatever is left in the group (the child, or processes it started) goes too.
