@@ -8,7 +8,8 @@ For a resource named N (DESIGN.md, "What the operator makes"), all owned by it a
   and ``N-router`` (pods get/list/watch: the router watches the replica pods);
 - ConfigMap ``N-spec`` holding the spec the pods read (``spec.yaml``);
 - Service ``N`` in front of the router pods;
-- Deployments ``N-replica`` (``modelplex replica``) and ``N-router`` (``modelplex router``).
+- Deployments ``N-replica`` (``modelplex replica``) and ``N-router`` (``modelplex router``);
+- PodDisruptionBudgets ``N-replica`` and ``N-router`` (a drain takes one pod of each at a time).
 
 The list is in apply order: what a pod needs exists before the pod. Every function here is
 pure (no I/O, no clock), so the whole desired state is unit-tested without a cluster.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,9 +50,11 @@ SPEC_FILE = "spec.yaml"
 SPEC_PATH = f"{SPEC_MOUNT}/{SPEC_FILE}"
 SPEC_VOLUME = "spec"
 PORT_NAME = "http"
-#: The replica server drains in-flight requests for up to 30 s on SIGTERM.
-REPLICA_GRACE_S = 45
-ROUTER_GRACE_S = 15
+#: Before SIGTERM, a pod being deleted waits this long (preStop) while Service endpoints and
+#: routers stop sending to it; then the process drains for gracefulShutdownTimeoutSeconds.
+PRE_STOP_S = 5
+#: Past the drain, for the process to cancel what is left and exit before the kubelet's SIGKILL.
+EXIT_MARGIN_S = 5
 COMPONENT_SPEC = "spec"
 
 
@@ -249,15 +253,27 @@ _TMP_MOUNT = {"name": TMP_VOLUME, "mountPath": "/tmp"}
 _NON_ROOT = {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001}
 
 
+def termination(deployment: Deployment) -> tuple[int, dict[str, Any] | None]:
+    """The pod's ``terminationGracePeriodSeconds`` and its container's ``lifecycle``: a preStop
+    wait, then the process's own drain (``spec.gracefulShutdownTimeoutSeconds``) and a margin.
+    A grace of 0 asks for neither wait."""
+    drain = math.ceil(deployment.spec.graceful_shutdown_timeout_seconds)
+    if drain == 0:
+        return EXIT_MARGIN_S, None
+    return PRE_STOP_S + drain + EXIT_MARGIN_S, {"preStop": {"sleep": {"seconds": PRE_STOP_S}}}
+
+
 def _pod_template(
     deployment: Deployment,
     role: str,
     container: dict[str, Any],
     *,
-    grace: int,
     pod_security: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     name = deployment.name
+    grace, lifecycle = termination(deployment)
+    if lifecycle is not None:
+        container = {**container, "lifecycle": lifecycle}
     spec: dict[str, Any] = {
         "serviceAccountName": replica_name(name) if role == ROLE_REPLICA else router_name(name),
         "terminationGracePeriodSeconds": grace,
@@ -320,7 +336,7 @@ def replica_deployment(deployment: Deployment, owner: dict[str, Any], settings: 
     if settings.image_pull_policy:
         container["imagePullPolicy"] = settings.image_pull_policy
     # The replica image (docker/replica.Dockerfile, and images built FROM it) runs as user 10001.
-    template = _pod_template(deployment, ROLE_REPLICA, container, grace=REPLICA_GRACE_S, pod_security=_NON_ROOT)
+    template = _pod_template(deployment, ROLE_REPLICA, container, pod_security=_NON_ROOT)
     return _deployment_object(deployment, owner, ROLE_REPLICA, spec.replicas, template)
 
 
@@ -344,10 +360,30 @@ def router_deployment(deployment: Deployment, owner: dict[str, Any], settings: B
         container["imagePullPolicy"] = settings.image_pull_policy
     # The router image is ours (docker/router.Dockerfile): it runs as a non-root user.
     template = _pod_template(
-        deployment, ROLE_ROUTER, container, grace=ROUTER_GRACE_S,
+        deployment, ROLE_ROUTER, container,
         pod_security=_NON_ROOT,
     )
     return _deployment_object(deployment, owner, ROLE_ROUTER, spec.router.replicas, template)
+
+
+def disruption_budgets(deployment: Deployment, owner: dict[str, Any]) -> list[dict[str, Any]]:
+    """One PodDisruptionBudget per role: a node drain evicts one replica (or router) pod at a
+    time, each draining its requests first. ``maxUnavailable`` rather than ``minAvailable``, so a
+    deployment of one pod can still be drained; pods not yet ready may always be evicted."""
+    name, ns = deployment.name, deployment.namespace
+    return [
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": _metadata(object_name, ns, role_labels(name, role), owner),
+            "spec": {
+                "maxUnavailable": 1,
+                "selector": {"matchLabels": selector(name, role)},
+                "unhealthyPodEvictionPolicy": "AlwaysAllow",
+            },
+        }
+        for role, object_name in ((ROLE_REPLICA, replica_name(name)), (ROLE_ROUTER, router_name(name)))
+    ]
 
 
 def desired_objects(
@@ -362,6 +398,7 @@ def desired_objects(
         service(deployment, owner),
         replica_deployment(deployment, owner, settings),
         router_deployment(deployment, owner, settings),
+        *disruption_budgets(deployment, owner),
     ]
 
 

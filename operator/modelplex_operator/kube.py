@@ -33,6 +33,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("apps/v1", "Deployment"): "deployments",
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
+    ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
     (f"{API_GROUP}/{API_VERSION}", "MultiplexedDeployment"): PLURAL,
 }
 #: Statuses after which the same request may succeed later: timeouts, conflicts, throttling,

@@ -53,6 +53,8 @@ def test_the_objects_of_design_md_in_apply_order():
         ("Service", "recs"),
         ("Deployment", "recs-replica"),
         ("Deployment", "recs-router"),
+        ("PodDisruptionBudget", "recs-replica"),
+        ("PodDisruptionBudget", "recs-router"),
     ]
 
 
@@ -132,8 +134,8 @@ def test_replica_deployment_runs_modelplex_replica():
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert template["spec"]["securityContext"]["runAsNonRoot"] is True
-    # a replica drains in-flight requests for up to 30 s
-    assert template["spec"]["terminationGracePeriodSeconds"] > 30
+    # a preStop wait, then the drain (gracefulShutdownTimeoutSeconds, 20 s by default)
+    assert template["spec"]["terminationGracePeriodSeconds"] > 5 + 20
 
 
 def test_env_value_from_passes_through_and_no_secret_means_no_env_from():

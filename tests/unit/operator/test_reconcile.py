@@ -31,7 +31,8 @@ def test_created_objects_make_one_event():
     etype, reason, message = events[0]
     assert (etype, reason) == ("Normal", "Created")
     assert message.startswith("created ServiceAccount recs-replica, ")
-    assert message.endswith("Deployment recs-replica, Deployment recs-router")
+    assert message.endswith("Deployment recs-replica, Deployment recs-router, "
+                            "PodDisruptionBudget recs-replica, PodDisruptionBudget recs-router")
 
 
 def test_nothing_changed_means_no_event():
