@@ -31,6 +31,13 @@ def test_the_config_follows_the_spec():
     assert config.policy == "cache-aware"
 
 
+def test_the_first_byte_timeout_is_the_spec_request_timeout():
+    assert RouterConfig.from_deployment(deployment(router={"requestTimeoutSeconds": 4}), env={}).first_byte_timeout_s == 4
+    # Unset: past the load timeout, so a slow load ends with the replica's own 504.
+    config = RouterConfig.from_deployment(deployment(multiplexing={"loadTimeoutSeconds": 60}), env={})
+    assert config.first_byte_timeout_s == 90
+
+
 def test_environment_overrides_and_their_checks():
     config = RouterConfig.from_deployment(deployment(), env={ENV_POLICY: "random", ENV_QUEUE_TIMEOUT: "0.5"})
     assert config.policy == "random" and config.queue_timeout_s == 0.5
