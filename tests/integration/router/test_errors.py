@@ -50,7 +50,7 @@ async def test_bad_requests_get_json_errors(plex):
         async with session.post(url + "/", json={}, headers={MODEL_ID_HEADER: "x" * 201}) as resp:
             assert resp.status == 400
             assert (await _error(resp))["code"] == "bad_request"
-        async with session.post(url + "/v1/models/bad..id/predict", json={}) as resp:
+        async with session.post(url + "/v1/models/bad%0Aid/predict", json={}) as resp:  # a control character
             assert resp.status == 400
             await _error(resp)
         async with session.get(url + "/") as resp:
