@@ -17,6 +17,12 @@ def deployment(stack, name):
     return handle(name, url=stack.url(name))
 
 
+def assert_batched_in_fours(sizes):
+    # [4, 4] when all eight arrive within the seed's 0.1 s window; on a loaded machine a late
+    # one may start a third batch. A client that sent lazily would make eight batches of 1.
+    assert sum(sizes) == 8 and max(sizes) == 4, sizes
+
+
 def test_the_seeds_batching_client_forms_batches_of_four_without_an_event_loop(stack):
     """The seed: ``responses = [handle.run.remote(i) for i in range(8)]`` — eight requests
     sent at once, answered individually and in order, in batches of 4."""
@@ -25,7 +31,7 @@ def test_the_seeds_batching_client_forms_batches_of_four_without_an_event_loop(s
     responses = [h.run.remote(i) for i in range(8)]
     for i, response in enumerate(responses):
         assert response.result(timeout_s=30) == i * 2
-    assert h.batch_sizes.remote().result()[before:] == [4, 4]
+    assert_batched_in_fours(h.batch_sizes.remote().result()[before:])
 
 
 async def test_the_seeds_batching_client_forms_batches_of_four_in_a_loop(stack):
@@ -34,7 +40,7 @@ async def test_the_seeds_batching_client_forms_batches_of_four_in_a_loop(stack):
     responses = [h.run.remote(i) for i in range(8)]
     for i, response in enumerate(responses):
         assert await response == i * 2
-    assert (await h.batch_sizes.remote())[before:] == [4, 4]
+    assert_batched_in_fours((await h.batch_sizes.remote())[before:])
 
 
 async def test_twenty_calls_share_batches(stack):
