@@ -197,7 +197,7 @@ class _BatchQueue:
                 continue
             # The settings in force when a batch starts forming are the ones it uses.
             limit, timeout = self.settings.batch_size(), self.settings.wait_timeout_s()
-            while not self._full(limit):
+            while not self._full(limit) and self.pending:  # _full may fail an oversized request
                 remaining = self.pending[0].arrived + timeout - loop.time()
                 if remaining <= 0:
                     break

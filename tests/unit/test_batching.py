@@ -343,6 +343,18 @@ async def test_a_failing_worker_fails_its_waiting_callers_and_the_next_call_star
     assert await asyncio.wait_for(asyncio.gather(*(echo(i) for i in range(4))), 10) == [0, 1, 2, 3]
 
 
+async def test_a_lone_request_larger_than_a_batch_fails_alone_and_the_batcher_goes_on(caplog):
+    @batch(max_batch_size=10, batch_wait_timeout_s=LONG, batch_size_fn=lambda items: sum(items))
+    async def total(requests):
+        return requests
+
+    with caplog.at_level(logging.ERROR, logger="modelplex.batching"):
+        with pytest.raises(RuntimeError, match="larger than max_batch_size"):
+            await asyncio.wait_for(total(11), 10)
+        assert await asyncio.wait_for(asyncio.gather(total(4), total(6)), 10) == [4, 6]
+    assert "failed" not in caplog.text
+
+
 async def test_the_seeds_batching_client_gets_batches_of_four_in_order():
     """Eight calls made at once to ``max_batch_size=4, batch_wait_timeout_s=0.1``: two batches of 4."""
 
