@@ -20,6 +20,7 @@ from typing import Any, Iterable, Mapping
 
 from modelplex.loaded import LoadedSummary
 from modelplex.names import ANNOTATION_LOADED_MODELS, LABEL_ROLE, ROLE_REPLICA, ROLE_ROUTER
+from modelplex.spec import DEFAULT_ROUTER_REPLICAS
 from modelplex_operator.builders import selector_string
 
 READY = "Ready"
@@ -189,7 +190,7 @@ def compute_status(
     replica, router = by_role.get(ROLE_REPLICA), by_role.get(ROLE_ROUTER)
     want = _int(spec.get("replicas"), 1)
     router_spec = spec.get("router") or {}
-    want_routers = _int(router_spec.get("replicas"), 1)
+    want_routers = _int(router_spec.get("replicas"), DEFAULT_ROUTER_REPLICAS)
     port = _int(router_spec.get("port"), 8000)
     live_pods = [pod for pod in pods if not pod.deleting]
     models = sum(pod.models for pod in live_pods)
