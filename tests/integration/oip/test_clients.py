@@ -236,3 +236,14 @@ async def test_repository_extension_loads_lists_and_unloads(zoo):
         missing = await http.post("/v2/repository/models/no-such-model/load")
         assert missing.status_code == 404
         assert "no-such-model" in missing.json()["error"]
+
+
+def test_a_handler_without_a_model_loader_is_ready_and_described_by_name(stack):
+    client = triton_client(stack["tensors"].router_url)
+    try:
+        assert client.is_model_ready("anything")
+        metadata = client.get_model_metadata("anything")
+        assert metadata == {"name": "anything", "versions": ["1"], "platform": "modelplex", "inputs": [],
+                            "outputs": []}
+    finally:
+        client.close()
