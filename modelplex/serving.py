@@ -39,7 +39,10 @@ class JsonErrorProtocol(RequestHandler):
     def handle_error(self, request, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
         plain = super().handle_error(request, status, exc, message)  # logs it; refuses after output
-        reason = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Error"
+        try:
+            reason = HTTPStatus(status).phrase
+        except ValueError:
+            reason = "Error"
         if status >= 500:
             text = "internal error; see the server log"
         else:
