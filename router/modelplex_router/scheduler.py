@@ -188,16 +188,25 @@ class Scheduler:
         now = self.clock()
         tried = 0
         i = 0
+        # Models whose oldest waiter found no place: their younger waiters cannot either, so a
+        # long line for one stuck model (a load that hangs) costs one try, and the waiters
+        # behind it for other models still get the slot.
+        blocked: set[str] = set()
         while i < len(line) and self.table.has_room(now, self.params.max_ongoing):
             waiter = line[i]
             if waiter.future.done():
                 del line[i]
+                continue
+            if not waiter.exclude and waiter.model in blocked:
+                i += 1
                 continue
             lease = self._try_for(waiter, now)
             if lease is not None:
                 waiter.future.set_result(lease)
                 del line[i]
                 continue
+            if not waiter.exclude:
+                blocked.add(waiter.model)
             tried += 1
             if limit is not None and tried >= limit:
                 return

@@ -300,6 +300,26 @@ def test_the_table_tells_its_listener_about_freed_slots_and_changes(clock):
     assert events == [True, False, False, False]
 
 
+async def test_a_long_line_for_a_stuck_model_does_not_keep_a_freed_slot_from_other_models():
+    table, scheduler = make(lambda: asyncio.get_running_loop().time(), "a", max_ongoing=1)
+    table.apply(info("a", models=["x"]), asyncio.get_running_loop().time())
+    hung = await scheduler.acquire("m")  # M's load hangs on "a"; its queue (1) is full
+    held = await scheduler.acquire("x")  # the only slot
+    stuck = [asyncio.create_task(scheduler.acquire("m")) for _ in range(50)]
+    await asyncio.sleep(0)
+    behind = asyncio.create_task(scheduler.acquire("x"))
+    await asyncio.sleep(0)
+    assert scheduler.queued == 51
+    held.release(ok=True)
+    lease = await asyncio.wait_for(behind, 0.5)  # at once, not at its matching timeout
+    assert lease.kind is Kind.HIT
+    for task in stuck:
+        task.cancel()
+    await asyncio.gather(*stuck, return_exceptions=True)
+    hung.release(ok=False)
+    lease.release(ok=True)
+
+
 async def test_a_freed_slot_goes_to_the_oldest_waiter_without_waking_the_whole_line():
     table, scheduler = make(lambda: asyncio.get_running_loop().time(), "a", max_ongoing=1)
     calls = 0
