@@ -476,6 +476,19 @@ def plan_images(root: Path, base: str, replica_variant: str) -> list[ImagePlan]:
     ]
 
 
+def _remove_superseded(env: Mapping[str, str], tag: str) -> None:
+    """Untag the earlier builds of the same image and flavour, so that disk use stays bounded (their
+    layers go unless a current image shares them; the build stages stay as the layer cache)."""
+    repository, _, current = tag.rpartition(":")
+    flavour = current[: -len(current.rsplit("-", 1)[1])]
+    listed = _docker(env, "image", "ls", "--format", "{{.Tag}}", repository).stdout.split()
+    stale = [f"{repository}:{t}" for t in listed
+             if t != current and t.startswith(flavour) and re.fullmatch(r"[0-9a-f]{12}", t[len(flavour):])]
+    if stale:
+        _docker(env, "rmi", *stale, check=False)
+        say(f"removed earlier builds: {' '.join(stale)}")
+
+
 def version_tag(tag: str) -> str:
     """The plain version tag that the chart's defaults and the examples name for a content tag
     (``modelplex/replica:0.1.0-cpu-3383d04f8dff`` -> ``modelplex/replica:0.1.0``); ensure_images
@@ -505,6 +518,7 @@ def ensure_images(*, replica_variant: str | None = None, base: str | None = None
                 say(f"{plan.component}: built {plan.tag} ({image_size(env, plan.tag) / 1e6:.0f} MB) "
                     f"in {time.monotonic() - began:.0f} s")
             _docker(env, "tag", plan.tag, plan.version_tag)
+            _remove_superseded(env, plan.tag)
             tags[plan.component] = plan.tag
     say(f"images ready in {time.monotonic() - started:.1f} s")
     return tags
