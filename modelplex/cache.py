@@ -57,7 +57,7 @@ Policy = Literal["lru", "lfu"]
 
 POLICIES = ("lru", "lfu")
 #: How fast ``lfu`` forgets: a request counts half as much this many seconds later.
-LFU_HALF_LIFE_S = 60.0
+LFU_HALF_LIFE_S = 600.0
 #: Ids whose size and request rate are remembered after they leave the cache.
 REMEMBERED_IDS = 10_000
 

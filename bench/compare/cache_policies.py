@@ -46,7 +46,7 @@ STORE_DELAY_S = 0.1
 WARM_WIDTH = 2048  # a 2048 x 2048 float32 layer: 16 MB per model file
 
 
-def hit_rates(settings, lines: list[str], ray: bool) -> None:
+def hit_rates(settings, lines: list[str], configs: list[str], ray: bool) -> None:
     trace = run.mux_trace(settings)
     slots = run.MUX["replicas"] * MUX_SLOTS
     ceiling = belady.belady_hits(trace, slots) / len(trace)
@@ -57,7 +57,7 @@ def hit_rates(settings, lines: list[str], ray: bool) -> None:
     emit(lines, f"{'system':28s} {'hit rate':>8s} {'of Belady':>9s} {'loads':>6s} {'loads at once':>13s} "
                 f"{'req/s':>7s} {'p50 ms':>7s} {'p99 ms':>7s}")
     with tempfile.TemporaryDirectory(prefix="modelplex-cache-bench-") as tmp:
-        systems = [(f"Modelplex {name}", cache) for name, cache in CONFIGS.items()]
+        systems = [(f"Modelplex {name}", CONFIGS[name]) for name in configs]
         if ray:
             systems.append(("Ray Serve", None))
         for label, cache in systems:
@@ -155,6 +155,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--no-ray", action="store_true", help="leave Ray Serve out of part 1")
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS),
+                        help="the Modelplex cache configurations of part 1")
     parser.add_argument("--reloads", type=int, default=40)
     parser.add_argument("--parts", nargs="+", default=["hit-rate", "warm"], choices=["hit-rate", "warm"])
     parser.add_argument("--out", type=Path, default=run.ROOT / "bench" / "results" / "cache_policies.txt")
@@ -166,7 +168,7 @@ def main() -> int:
              f"load average {os.getloadavg()[0]:.2f} at the start"]
     print(lines[0])
     if "hit-rate" in args.parts:
-        hit_rates(settings, lines, ray=not args.no_ray)
+        hit_rates(settings, lines, args.configs, ray=not args.no_ray)
     if "warm" in args.parts:
         warm_reloads(lines, args.reloads + 2)
     args.out.write_text("\n".join(lines) + "\n")
