@@ -244,16 +244,17 @@ def load_project_images(socket: Path) -> dict[str, str]:
     version tag too (``modelplex/router:0.1.0``: the chart's defaults); returns component -> tag."""
     from modelplex_cluster import images, node
 
-    tags = images.ensure_images()
-    version = images.project_version(images.repo_root())
-    present = node.image_names(socket)
-    missing = [tag for tag in tags.values() if node.normalize(tag) not in present]
-    if missing:
-        t0 = time.monotonic()
-        say(f"==> putting {', '.join(missing)} on the node")
-        with images.docker_engine() as env:
+    # One engine for the build and the save (ensure_images uses the one that answers).
+    with images.docker_engine() as env:
+        tags = images.ensure_images()
+        version = images.project_version(images.repo_root())
+        present = node.image_names(socket)
+        missing = [tag for tag in tags.values() if node.normalize(tag) not in present]
+        if missing:
+            t0 = time.monotonic()
+            say(f"==> putting {', '.join(missing)} on the node")
             node.load_docker_images(socket, missing, env=env)
-        say(f"    loaded in {time.monotonic() - t0:.1f}s")
+            say(f"    loaded in {time.monotonic() - t0:.1f}s")
     for tag in tags.values():
         node.tag_image(socket, tag, f"{tag.rsplit(':', 1)[0]}:{version}")
     say("==> the project's images are on the node: " + ", ".join(f"{tag.rsplit(':', 1)[0]}:{version}"

@@ -3,7 +3,7 @@
 # kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy and
 # kubectl from the k8s.io/kubernetes Go module (one version for all), etcd from
 # go.etcd.io/etcd/server/v3, helm from helm.sh/helm/v3, CoreDNS from
-# github.com/coredns/coredns.
+# github.com/coredns/coredns (with the plugins the node uses: modules/coredns/main.go).
 #
 # Versions are pinned in versions.env beside this script. Binaries land in
 #   ${MODELPLEX_CACHE:-$HOME/.cache/modelplex}/control-plane/<hash>/bin/
@@ -148,7 +148,7 @@ log "==> downloading Go modules ($summary)"
    "k8s.io/kubernetes/cmd/kubectl@v$KUBERNETES_VERSION" >&2) || die "resolving k8s.io/kubernetes failed"
 (cd "$SRC/etcd" && go mod tidy >&2) || die "resolving etcd failed"
 (cd "$SRC/helm" && go get "helm.sh/helm/v3/cmd/helm@v$HELM_VERSION" >&2) || die "resolving helm failed"
-(cd "$SRC/coredns" && go get "github.com/coredns/coredns@v$COREDNS_VERSION" >&2) || die "resolving CoreDNS failed"
+(cd "$SRC/coredns" && go mod tidy >&2) || die "resolving CoreDNS failed"
 log "    modules ready in $(( $(date +%s) - t0 ))s"
 
 # Version stamps, as Kubernetes' own hack/lib/version.sh sets them.
@@ -167,7 +167,7 @@ step kube-proxy "$KUBERNETES_VERSION" "1 min" "$SRC/kubernetes" k8s.io/kubernete
 step kubectl "$KUBERNETES_VERSION" "1 min" "$SRC/kubernetes" k8s.io/kubernetes/cmd/kubectl "$kube_ld"
 step helm "$HELM_VERSION" "2 min" "$SRC/helm" helm.sh/helm/v3/cmd/helm \
   "-X helm.sh/helm/v3/internal/version.version=v$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
-step coredns "$COREDNS_VERSION" "4 min" "$SRC/coredns" github.com/coredns/coredns \
+step coredns "$COREDNS_VERSION" "4 min" "$SRC/coredns" "." \
   "-X github.com/coredns/coredns/coremain.GitCommit=v$COREDNS_VERSION"
 
 rm -rf "$BIN"

@@ -54,14 +54,12 @@ def helm(cp, *args: str, timeout: float = 300):
     return proc
 
 
-def build_e2e_replica_image(replica_tag: str) -> None:
+def build_e2e_replica_image(replica_tag: str, env: dict) -> None:
     """``FROM`` the project's replica image, plus the test handler (docker, offline: the base is local)."""
     import subprocess
     import tempfile
 
-    from modelplex_cluster import images
-
-    with tempfile.TemporaryDirectory() as context, images.docker_engine() as env:
+    with tempfile.TemporaryDirectory() as context:
         (Path(context) / "mxd_handler.py").write_bytes((HERE / "mxd_handler.py").read_bytes())
         dockerfile = f"FROM {replica_tag}\nCOPY mxd_handler.py {E2E_HANDLER_DIR}/mxd_handler.py\n"
         proc = subprocess.run(["docker", "build", "--network", "host", "-t", E2E_REPLICA_IMAGE, "-f", "-", context],
@@ -76,10 +74,11 @@ def project_images(control_plane):
     from modelplex_cluster import images, node
     from modelplex_cluster.command import load_project_images
 
-    tags = load_project_images(control_plane.containerd_socket)
-    build_e2e_replica_image(tags["replica"])
-    with images.docker_engine() as env:
-        node.load_docker_images(control_plane.containerd_socket, [E2E_REPLICA_IMAGE], env=env)
+    socket = control_plane.containerd_socket
+    with images.docker_engine() as env:  # one engine throughout (the calls below use the one that answers)
+        tags = load_project_images(socket)
+        build_e2e_replica_image(tags["replica"], env)
+        node.load_docker_images(socket, [E2E_REPLICA_IMAGE], env=env)
     return tags
 
 
