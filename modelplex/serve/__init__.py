@@ -1,0 +1,23 @@
+"""Ray Serve's application API: ``from modelplex import serve`` where Ray code says ``from ray import serve``.
+
+    @serve.deployment(num_replicas=2, ray_actor_options={"num_gpus": 1})
+    class Upstream:
+        def __init__(self, downstream: DeploymentHandle): ...
+
+    handle = serve.run(Upstream.bind(Downstream.bind()))
+    await handle.remote()
+
+``serve.run`` runs the graph here, as ``modelplex local`` does; ``modelplex build app.py:app``
+writes the same graph as MultiplexedDeployments for a cluster.
+"""
+
+from modelplex.batching import batch
+from modelplex.context import get_multiplexed_model_id
+from modelplex.multiplex import multiplexed
+from modelplex.serve.deployment import Application, Deployment, deployment
+from modelplex.serve.running import get_deployment_handle, run, shutdown
+
+__all__ = [
+    "Application", "Deployment", "batch", "deployment", "get_deployment_handle", "get_multiplexed_model_id",
+    "multiplexed", "run", "shutdown",
+]

@@ -1,0 +1,142 @@
+"""``@serve.deployment``, ``.options()`` and ``.bind()``: a graph of deployments, as in Ray Serve.
+
+Nothing runs here: :func:`deployment` wraps a class (or function) with its options, and
+``.bind(*args, **kwargs)`` records its constructor arguments as an :class:`Application`. A bound
+application among the arguments is an edge of the graph: the constructor receives a
+:class:`~modelplex.handles.DeploymentHandle` to it. :mod:`modelplex.serve.graph` turns an
+application into MultiplexedDeployments; :func:`modelplex.serve.run` runs them here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+#: Ray's default for ``max_ongoing_requests``.
+DEFAULT_MAX_ONGOING_REQUESTS = 5
+
+_WORD_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+_NOT_LABEL = re.compile(r"[^a-z0-9]+")
+
+
+def dns_label(name: str) -> str:
+    """A Ray deployment name as a Kubernetes name: ``SimpleModel`` → ``simple-model``."""
+    label = _NOT_LABEL.sub("-", _WORD_BOUNDARY.sub("-", name).lower()).strip("-")
+    if not label:
+        raise ValueError(f"deployment name {name!r} has no letter or digit to name it by")
+    return label[:50].rstrip("-")
+
+
+@dataclass(frozen=True)
+class DeploymentOptions:
+    """Ray Serve's deployment options that Modelplex honours (the rest are refused by name)."""
+
+    name: str
+    num_replicas: int | str | None = None
+    max_ongoing_requests: int | None = None
+    ray_actor_options: dict[str, Any] = field(default_factory=dict)
+    autoscaling_config: dict[str, Any] | None = None
+    user_config: Any = None
+
+    def replicas(self) -> int:
+        """Replicas to start: ``num_replicas``, else the autoscaling config's initial or minimum."""
+        if isinstance(self.num_replicas, int):
+            return self.num_replicas
+        config = self.autoscaling_config or {}
+        return int(config.get("initial_replicas") or config.get("min_replicas") or 1)
+
+    def resources(self) -> dict[str, Any]:
+        """``ray_actor_options`` as container resources: ``num_cpus`` a CPU request,
+        ``num_gpus`` an ``nvidia.com/gpu`` limit (a fraction asks for a whole GPU: Kubernetes
+        does not share one), ``memory`` (bytes) a memory request."""
+        actor = self.ray_actor_options
+        requests: dict[str, Any] = {}
+        limits: dict[str, Any] = {}
+        if actor.get("num_cpus"):
+            requests["cpu"] = str(actor["num_cpus"])
+        if actor.get("memory"):
+            requests["memory"] = str(int(actor["memory"]))
+        if actor.get("num_gpus"):
+            limits["nvidia.com/gpu"] = max(1, round(actor["num_gpus"]))
+        return {key: value for key, value in (("requests", requests), ("limits", limits)) if value}
+
+
+_OPTIONS = {"name", "num_replicas", "max_ongoing_requests", "ray_actor_options", "autoscaling_config", "user_config"}
+_ACTOR_OPTIONS = {"num_cpus", "num_gpus", "memory", "runtime_env"}
+
+
+def _checked(options: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(options) - _OPTIONS)
+    if unknown:
+        raise TypeError(f"serve.deployment: unsupported option(s) {', '.join(unknown)}; "
+                        f"Modelplex takes {', '.join(sorted(_OPTIONS))}")
+    actor = options.get("ray_actor_options") or {}
+    unknown = sorted(set(actor) - _ACTOR_OPTIONS)
+    if unknown:
+        raise TypeError(f"serve.deployment: unsupported ray_actor_options {', '.join(unknown)}; "
+                        f"Modelplex takes {', '.join(sorted(_ACTOR_OPTIONS))}")
+    replicas = options.get("num_replicas")
+    if replicas is not None and replicas != "auto" and (isinstance(replicas, bool) or not isinstance(replicas, int)
+                                                        or replicas < 0):
+        raise ValueError(f"serve.deployment: num_replicas must be an integer >= 0 or 'auto' (got {replicas!r})")
+    ongoing = options.get("max_ongoing_requests")
+    if ongoing is not None and (isinstance(ongoing, bool) or not isinstance(ongoing, int) or ongoing < 1):
+        raise ValueError(f"serve.deployment: max_ongoing_requests must be an integer >= 1 (got {ongoing!r})")
+    if replicas == "auto":
+        options = {**options, "num_replicas": None, "autoscaling_config": options.get("autoscaling_config") or {}}
+    return {**options, "ray_actor_options": dict(actor)}
+
+
+class Deployment:
+    """A class or function made a deployment by :func:`deployment`; ``.bind()`` it to deploy it."""
+
+    def __init__(self, target: Callable, options: DeploymentOptions):
+        self.func_or_class = target
+        self._options = options
+
+    @property
+    def name(self) -> str:
+        return self._options.name
+
+    @property
+    def deployment_options(self) -> DeploymentOptions:
+        return self._options
+
+    def options(self, **options: Any) -> Deployment:
+        """A copy with these options changed (the same names as :func:`deployment`)."""
+        return Deployment(self.func_or_class, replace(self._options, **_checked(options)))
+
+    def bind(self, *args: Any, **kwargs: Any) -> Application:
+        """This deployment with its constructor arguments: an application to run or build."""
+        return Application(self, args, kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"deployment {self.name!r} cannot be called or constructed directly: "
+                        f"use {self.name}.bind(...) and serve.run(...)")
+
+    def __repr__(self) -> str:
+        return f"Deployment(name={self.name!r})"
+
+
+@dataclass(eq=False)
+class Application:
+    """A bound deployment: the node of a graph whose edges are the applications among ``args``."""
+
+    deployment: Deployment
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+def deployment(_target: Callable | None = None, **options: Any) -> Deployment | Callable[[Callable], Deployment]:
+    """Make a class (or function) a deployment, bare (``@serve.deployment``) or with options
+    (``@serve.deployment(num_replicas=2, max_ongoing_requests=8, ray_actor_options={"num_gpus": 1})``)."""
+
+    checked = _checked(options)
+
+    def wrap(target: Callable) -> Deployment:
+        if not callable(target):
+            raise TypeError(f"@serve.deployment takes a class or a function (got {target!r})")
+        return Deployment(target, DeploymentOptions(**{"name": target.__name__, **checked}))
+
+    return wrap(_target) if _target is not None else wrap

@@ -1,0 +1,110 @@
+"""An application graph as MultiplexedDeployments: pure, shared by ``serve.run`` and ``modelplex build``.
+
+Every bound deployment becomes one node named by its DNS label (``SimpleModel`` →
+``simple-model``); the same bound object used twice is one node, two different bindings of one
+deployment are ``name`` and ``name-1``, as Ray suffixes them. Bound arguments become
+:class:`HandleRef` s, which the replica turns into handles (:mod:`modelplex.serve.hosted`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from modelplex.names import API_GROUP, API_VERSION, KIND
+from modelplex.serve.deployment import Application, DeploymentOptions, dns_label
+
+#: The annotation that lists a deployment's edges: the deployments its handles call.
+ANNOTATION_HANDLES = f"{API_GROUP}/handles"
+
+
+@dataclass(frozen=True)
+class HandleRef:
+    """A constructor argument that is another deployment of the graph."""
+
+    deployment: str
+
+
+@dataclass
+class Node:
+    """One deployment of the graph, its constructor arguments with edges as :class:`HandleRef` s."""
+
+    name: str
+    target: Any
+    options: DeploymentOptions
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+    @property
+    def edges(self) -> list[str]:
+        return sorted({ref.deployment for ref in _refs((self.args, self.kwargs))})
+
+
+def _refs(value: Any):
+    if isinstance(value, HandleRef):
+        yield value
+    elif isinstance(value, (list, tuple, set)):
+        for item in value:
+            yield from _refs(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _refs(item)
+
+
+def walk(app: Application) -> list[Node]:
+    """The nodes of ``app``'s graph, the ingress first, each dependency before its users after it."""
+    if not isinstance(app, Application):
+        raise TypeError(f"expected an application, Deployment.bind(...) (got {type(app).__name__})")
+    nodes: list[Node] = []
+    names: dict[int, str] = {}
+    taken: set[str] = set()
+    visiting: set[int] = set()
+
+    def visit(bound: Application) -> str:
+        if id(bound) in names:
+            return names[id(bound)]
+        if id(bound) in visiting:
+            raise ValueError(f"the application graph has a cycle through {bound.deployment.name!r}")
+        visiting.add(id(bound))
+        base = dns_label(bound.deployment.name)
+        name, suffix = base, 0
+        while name in taken:
+            suffix += 1
+            name = f"{base}-{suffix}"
+        taken.add(name)
+        node = Node(name, bound.deployment.func_or_class, bound.deployment.deployment_options, (), {})
+        nodes.append(node)
+        node.args = tuple(convert(arg) for arg in bound.args)
+        node.kwargs = {key: convert(value) for key, value in bound.kwargs.items()}
+        names[id(bound)] = name
+        visiting.discard(id(bound))
+        return name
+
+    def convert(value: Any) -> Any:
+        if isinstance(value, Application):
+            return HandleRef(visit(value))
+        if isinstance(value, (list, tuple)):
+            return type(value)(convert(item) for item in value)
+        if isinstance(value, dict):
+            return {key: convert(item) for key, item in value.items()}
+        return value
+
+    visit(app)
+    return nodes
+
+
+def manifest(node: Node, *, image: str, handler: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The MultiplexedDeployment of ``node``. Batching and multiplexing come from the handler's
+    decorators at run time (the spec leaves them unset), so they are not repeated here."""
+    spec: dict[str, Any] = {"replicas": node.options.replicas(), "image": image, "handler": handler}
+    if node.options.max_ongoing_requests is not None:
+        spec["maxOngoingRequests"] = node.options.max_ongoing_requests
+    resources = node.options.resources()
+    if resources:
+        spec["resources"] = resources
+    if env:
+        spec["env"] = [{"name": key, "value": value} for key, value in env.items()]
+    metadata: dict[str, Any] = {"name": node.name}
+    if node.edges:
+        metadata["annotations"] = {ANNOTATION_HANDLES: ",".join(node.edges)}
+    return {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND, "metadata": metadata, "spec": spec}

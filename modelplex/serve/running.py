@@ -1,0 +1,151 @@
+"""``serve.run`` and ``serve.shutdown``: an application graph on this machine, as ``modelplex local`` runs it.
+
+``serve.run`` writes one MultiplexedDeployment per deployment (the ingress first, so its router
+takes the HTTP port, 8000 by default as in Ray; ``$MODELPLEX_SERVE_HTTP_PORT`` moves it) and
+starts ``modelplex local`` on them: replicas and cache-aware routers in processes of their own,
+exactly what a manifest gets. It returns once every router has its replicas ready, and gives
+the ingress deployment's handle. Their output comes through on stderr.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+import cloudpickle
+import yaml
+
+from modelplex.handles import DeploymentHandle, handle
+from modelplex.local import _die_with_parent
+from modelplex.names import router_env_name
+from modelplex.serve import graph
+from modelplex.serve.deployment import Application
+from modelplex.serve.hosted import ENV_PAYLOAD, HANDLER
+
+ENV_HTTP_PORT = "MODELPLEX_SERVE_HTTP_PORT"
+DEFAULT_HTTP_PORT = 8000
+#: Several torch imports at once on a small machine: generous.
+START_TIMEOUT_S = 300.0
+STOP_TIMEOUT_S = 60.0
+_READY = re.compile(r"^(\S+) is ready at (http://\S+)")
+
+
+class _Running:
+    """One ``modelplex local`` process and what it serves."""
+
+    def __init__(self, nodes: list[graph.Node], folder: Path, port: int):
+        self.nodes = nodes
+        self.folder = folder
+        self.urls: dict[str, str] = {}
+        self.tail: deque[str] = deque(maxlen=60)
+        self.ready = threading.Event()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "modelplex.cli", "local", str(folder / "app.yaml"), "--port", str(port)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,  # nothing outlives this process, however it ends
+        )
+        self.echo = threading.Thread(target=self._echo, name="modelplex-serve-output", daemon=True)
+        self.echo.start()
+
+    def _echo(self) -> None:
+        for raw in self.proc.stdout:
+            line = raw.decode(errors="replace")
+            sys.stderr.write(line)
+            self.tail.append(line)
+            if match := _READY.match(line):
+                self.urls[match[1]] = match[2]
+            if line.startswith("Press Ctrl-C"):
+                self.ready.set()
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self.ready.wait(0.1):
+            if self.proc.poll() is not None:
+                self.echo.join(5)
+                raise RuntimeError(f"serve.run: modelplex local exited with code {self.proc.returncode}:\n"
+                                   + "".join(self.tail))
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"serve.run: not ready after {timeout_s:g} s:\n" + "".join(self.tail))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()  # local stops the routers, then the replicas, each within its grace
+            try:
+                self.proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.echo.join(5)
+        for node in self.nodes:
+            os.environ.pop(router_env_name(node.name), None)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+_lock = threading.Lock()
+_running: _Running | None = None
+
+
+def run(target: Application, *, name: str = "default", route_prefix: str | None = "/", blocking: bool = False,
+        _port: int | None = None) -> DeploymentHandle:
+    """Run ``target``'s graph on this machine (replacing the one running) and return the ingress
+    deployment's handle. Over HTTP the ingress answers on every path of its router's port."""
+    global _running
+    nodes = graph.walk(target)
+    port = _port or int(os.environ.get(ENV_HTTP_PORT, DEFAULT_HTTP_PORT))
+    with _lock:
+        _shutdown_locked()
+        folder = Path(tempfile.mkdtemp(prefix=f"modelplex-serve-{name}-"))
+        documents = []
+        for node in nodes:
+            payload = folder / f"{node.name}.pkl"
+            payload.write_bytes(cloudpickle.dumps((node.target, node.args, node.kwargs, node.options.user_config)))
+            documents.append(graph.manifest(node, image="local", handler=HANDLER, env={ENV_PAYLOAD: str(payload)}))
+        (folder / "app.yaml").write_text(yaml.safe_dump_all(documents, sort_keys=False))
+        running = _Running(nodes, folder, port)
+        try:
+            running.wait_ready(START_TIMEOUT_S)
+        except BaseException:
+            running.stop()
+            raise
+        _running = running
+        for node in nodes:  # serve.get_deployment_handle and modelplex.handle find them by name
+            os.environ[router_env_name(node.name)] = running.urls[node.name]
+    ingress = handle(nodes[0].name, url=running.urls[nodes[0].name])
+    if blocking:
+        try:
+            running.proc.wait()
+        except KeyboardInterrupt:
+            shutdown()
+    return ingress
+
+
+def get_deployment_handle(deployment_name: str, app_name: str = "default") -> DeploymentHandle:
+    """The handle of a deployment that ``serve.run`` started (Ray's class name or its DNS label)."""
+    from modelplex.serve.deployment import dns_label
+
+    return handle(dns_label(deployment_name))
+
+
+def _shutdown_locked() -> None:
+    global _running
+    if _running is not None:
+        running, _running = _running, None
+        running.stop()
+
+
+def shutdown() -> None:
+    """Stop what ``serve.run`` started (also at interpreter exit)."""
+    with _lock:
+        _shutdown_locked()
+
+
+atexit.register(shutdown)

@@ -1,0 +1,95 @@
+"""The seeds' Ray Serve examples (examples/serve/) run with only their imports changed.
+
+Each runs as a user runs it, ``python example.py``, in a network namespace of its own: the
+examples call ``http://localhost:8000`` as Ray's do, and a namespace gives each run a loopback
+where port 8000 is free, whatever else runs on this machine. ``serve.run`` starts
+``modelplex local`` (replicas and routers as processes); the example's exit stops it.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+EXAMPLES = ROOT / "examples" / "serve"
+RUN_TIMEOUT_S = 400  # a cold start of torch-importing processes on two shared cores
+
+#: Runs an example as ``__main__``, then whatever checks follow (argv[2]) with its globals.
+DRIVER = """
+import runpy, sys
+example = runpy.run_path(sys.argv[1], run_name="__main__")
+exec(sys.argv[2], dict(example))
+"""
+
+
+def run_example(name: str, checks: str = "") -> str:
+    """The example's output (its deployments' too); fails with it when the example fails."""
+    command = [sys.executable, "-c", DRIVER, str(EXAMPLES / name), checks]
+    proc = subprocess.Popen(
+        ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *command],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail(f"{name} did not finish in {RUN_TIMEOUT_S} s:\n{output.decode(errors='replace')[-6000:]}")
+    text = output.decode(errors="replace")
+    assert proc.returncode == 0, f"{name} exited with {proc.returncode}:\n{text[-6000:]}"
+    return text
+
+
+def printed(output: str) -> list[str]:
+    """What the example and its deployments printed, without the servers' logs."""
+    return [line for line in output.splitlines()
+            if line and not re.match(r"\d{4}-\d\d-\d\d |modelplex local|  |\S+ is ready at|Press Ctrl-C", line)]
+
+
+def test_simple_model_answers_a_method_called_by_name():
+    assert "2" in printed(run_example("simple_model.py"))
+
+
+def test_simple_batched_model_answers_eight_calls_in_order_in_batches_of_at_most_four():
+    output = run_example("simple_batched_model.py")
+    batches = [ast.literal_eval(line.split("=", 1)[1]) for line in printed(output)
+               if line.startswith("multiple_samples=")]
+    assert sorted(sample for batch in batches for sample in batch) == list(range(8)), output
+    assert all(1 <= len(batch) <= 4 for batch in batches), batches
+    assert len(batches) < 8, f"eight calls sent at once were not batched: {batches}"
+    assert "all eight answers in order" in printed(output)
+
+
+def test_model_server_evicts_model_v1_for_model_v3_over_the_handle_and_http():
+    checks = """
+import json, urllib.request
+print("REPLICAS " + urllib.request.urlopen("http://127.0.0.1:8000/v1/replicas").read().decode())
+print("AGAIN " + handle.options(multiplexed_model_id="model_v1").remote({"simple": "request"}).result(60))
+"""
+    output = run_example("model_server.py", checks)
+    lines = printed(output)
+    assert [line for line in lines if line.startswith(("loading", "prediction"))] == [
+        "loading model_id='model_v1' from blob store", "prediction from model_v1",
+        "loading model_id='model_v2' from blob store", "prediction from model_v2",
+        "loading model_id='model_v3' from blob store", "prediction from model_v3",
+        "loading model_id='model_v1' from blob store",  # evicted: loaded again
+    ], output
+    table = json.loads(next(line for line in lines if line.startswith("REPLICAS "))[len("REPLICAS "):])
+    # After model_v3, before model_v1 again: the router saw the replica drop model_v1.
+    assert [sorted(replica["models"]) for replica in table["replicas"]] == [["model_v2", "model_v3"]], table
+    assert "AGAIN prediction from model_v1" in lines
+
+
+def test_upstream_calls_its_multiplexed_downstream_through_the_handle_it_was_built_with():
+    output = run_example("composition.py")
+    assert "200 bar" in printed(output), output
