@@ -93,3 +93,7 @@ print("AGAIN " + handle.options(multiplexed_model_id="model_v1").remote({"simple
 def test_upstream_calls_its_multiplexed_downstream_through_the_handle_it_was_built_with():
     output = run_example("composition.py")
     assert "200 bar" in printed(output), output
+
+
+def test_optimized_pipeline_batches_per_model_and_answers_each_request_with_its_own_model():
+    assert "16 answers match their models" in printed(run_example("optimized_pipeline.py"))
