@@ -278,8 +278,8 @@ def _handler_error(error: Exception) -> ModelplexError:
 
 async def _unary(state: ReplicaState, call: Invocation, model_id: str) -> tuple[bytes, str]:
     """The handler's answer, encoded; the call and the encoding run off the server loop."""
-    if call.mode == "sync":  # a blocking handler: a worker thread, not the user loop
-        return await asyncio.to_thread(_call_sync, state, call, model_id)
+    if call.mode == "sync":  # a blocking handler: a worker thread of the user loop, at its priority
+        return await state.user.run(asyncio.to_thread(_call_sync, state, call, model_id))
     return await state.user.run(_call_async(state, call, model_id))
 
 

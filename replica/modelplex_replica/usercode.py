@@ -5,6 +5,12 @@ loop it runs on. On the server's loop that would stall ``/readyz``, ``/v1/models
 ``/metrics`` behind it, and a busy replica would look dead to its router and its kubelet. As in
 Ray Serve, user code gets a thread and an event loop of its own; the server loop only does I/O
 and hands work over: one hop there and one back per request, one hop per streamed chunk.
+
+A thread of its own is not enough on a machine whose cores the model saturates (torch starts
+one compute thread per core): the server thread would wait for a core behind them. So user
+code runs at a lower CPU priority (niceness :data:`USER_CODE_NICENESS`, per thread, inherited
+by the threads it starts, torch's among them): the control path always gets a core first,
+and user code still has every idle cycle.
 """
 
 from __future__ import annotations
@@ -12,12 +18,16 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 import threading
 from typing import Any, AsyncIterator, Awaitable, Callable, Coroutine, TypeVar
 
 log = logging.getLogger("modelplex.replica")
 
 T = TypeVar("T")
+
+#: How much lower than the server loop's the CPU priority of user code is (Linux niceness).
+USER_CODE_NICENESS = 10
 
 #: Chunks a stream's producer may run ahead of the client: enough to keep the user loop busy
 #: while the server loop writes, few enough that backpressure still reaches the generator.
@@ -32,9 +42,17 @@ class UserCodeLoop:
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
 
     def start(self) -> None:
+        """Start the loop; called from the server's thread, which keeps its priority."""
+        server = threading.get_native_id()
+        # Threads that exist already were started by the handler's construction (torch's
+        # compute pool, for one): they are user code too.
+        for thread_id in _thread_ids():
+            if thread_id != server:
+                _lower_priority(thread_id)
         self._thread.start()
 
     def _serve(self) -> None:
+        _lower_priority(threading.get_native_id())  # inherited by every thread user code starts
         asyncio.set_event_loop(self.loop)
         try:
             self.loop.run_forever()
@@ -61,6 +79,21 @@ class UserCodeLoop:
             log.warning("user code did not stop within %g s", timeout)
         self.loop.call_soon_threadsafe(self.loop.stop)
         await asyncio.to_thread(self._thread.join, timeout)
+
+
+def _thread_ids() -> list[int]:
+    try:
+        return [int(entry.name) for entry in os.scandir("/proc/self/task")]
+    except OSError:  # not Linux
+        return []
+
+
+def _lower_priority(thread_id: int) -> None:
+    try:
+        current = os.getpriority(os.PRIO_PROCESS, thread_id)
+        os.setpriority(os.PRIO_PROCESS, thread_id, min(19, current + USER_CODE_NICENESS))
+    except OSError as error:  # a thread that just ended, or no permission: not worth failing for
+        log.debug("could not lower the priority of thread %d: %s", thread_id, error)
 
 
 async def _cancel_all() -> None:

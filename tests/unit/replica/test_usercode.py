@@ -112,3 +112,19 @@ async def test_closing_a_stream_closes_the_generator_on_the_user_loop(user):
             break
         await asyncio.sleep(0.01)
     assert closed_on == ["modelplex-user-code"]
+
+
+async def test_user_code_and_the_threads_it_starts_run_at_a_lower_cpu_priority_than_the_server(user):
+    import os
+
+    from modelplex_replica.usercode import USER_CODE_NICENESS
+
+    def niceness() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    async def user_and_worker() -> tuple[int, int]:
+        return niceness(), await asyncio.to_thread(niceness)
+
+    server = niceness()
+    assert await user.run(user_and_worker()) == (min(19, server + USER_CODE_NICENESS),) * 2
+    assert niceness() == server
