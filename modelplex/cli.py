@@ -17,9 +17,15 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     local = commands.add_parser("local", help="run whole deployments (router + replicas) on this machine")
-    local.add_argument("manifests", nargs="+", metavar="MANIFEST")
+    local.add_argument("manifests", nargs="+", metavar="MANIFEST", help="a manifest, or a Ray Serve app: app.py:app")
     local.add_argument("--port", type=int, default=ROUTER_PORT, help="the first router's port (default %(default)s)")
     local.add_argument("--host", default="127.0.0.1")
+
+    build = commands.add_parser("build", help="write a Ray Serve application's deployments as manifests")
+    build.add_argument("app", metavar="APP", help="app.py:app or package.module:app (an application, X.bind(...))")
+    build.add_argument("--image", required=True, help="the replica image; it holds the application's module")
+    build.add_argument("-o", "--output", default="-", help="the manifests file (default: stdout)")
+    build.add_argument("--namespace", help="metadata.namespace of every manifest")
 
     replica = commands.add_parser("replica", help="run one replica server")
     replica.add_argument("--spec", default=os.environ.get(ENV_SPEC), help=f"manifest file (default: ${ENV_SPEC})")
@@ -65,8 +71,14 @@ def main(argv: list[str] | None = None) -> int:
             return run_router(_deployment(args), host=args.host, port=args.port, replica_urls=args.replica)
         if args.command == "local":
             from modelplex.local import run_local
+            from modelplex.serve.build import local_manifests
 
-            return run_local(args.manifests, host=args.host, port=args.port)
+            with local_manifests(args.manifests) as manifests:
+                return run_local(manifests, host=args.host, port=args.port)
+        if args.command == "build":
+            from modelplex.serve.build import build
+
+            return build(args.app, image=args.image, output=args.output, namespace=args.namespace)
         if args.command == "operator":
             from modelplex_operator.main import run_operator
 

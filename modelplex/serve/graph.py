@@ -8,6 +8,7 @@ deployment are ``name`` and ``name-1``, as Ray suffixes them. Bound arguments be
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,10 +94,27 @@ def walk(app: Application) -> list[Node]:
     return nodes
 
 
+def decorated(target: Any) -> dict[str, Any]:
+    """The spec's ``multiplexing`` and ``batching`` as the class's ``@multiplexed`` and ``@batch``
+    declare them (a value only where every decorated method agrees: the spec's applies to all)."""
+    members = [member for _, member in inspect.getmembers(target)] if inspect.isclass(target) else [target]
+    caches = {declared[1] for member in members if (declared := getattr(member, "__modelplex_multiplexed__", None))}
+    batches = {(member._get_max_batch_size(), member._get_batch_wait_timeout_s())
+               for member in members if callable(getattr(member, "_get_max_batch_size", None))}
+    spec: dict[str, Any] = {}
+    if len(caches) == 1:
+        spec["multiplexing"] = {"maxModelsPerReplica": caches.pop()}
+    if len(batches) == 1:
+        size, wait_s = batches.pop()
+        spec["batching"] = {"maxBatchSize": size, "batchWaitTimeoutMs": round(wait_s * 1000, 3)}
+    return spec
+
+
 def manifest(node: Node, *, image: str, handler: str, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """The MultiplexedDeployment of ``node``. Batching and multiplexing come from the handler's
-    decorators at run time (the spec leaves them unset), so they are not repeated here."""
-    spec: dict[str, Any] = {"replicas": node.options.replicas(), "image": image, "handler": handler}
+    """The MultiplexedDeployment of ``node``: replicas and resources from its options, batching
+    and multiplexing from its decorators, its edges (the deployments it calls) an annotation."""
+    spec: dict[str, Any] = {"replicas": node.options.replicas(), "image": image, "handler": handler,
+                            **decorated(node.target)}
     if node.options.max_ongoing_requests is not None:
         spec["maxOngoingRequests"] = node.options.max_ongoing_requests
     resources = node.options.resources()

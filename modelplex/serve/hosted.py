@@ -10,9 +10,11 @@ deployment bound as an argument, and reconfigured with ``user_config`` as in Ray
 from __future__ import annotations
 
 import asyncio
+import importlib
 import inspect
 import os
 import pickle
+import sys
 from typing import Any
 
 from modelplex.handles import handle
@@ -21,6 +23,11 @@ from modelplex.serve.graph import HandleRef
 #: The file that holds one deployment's pickled (target, args, kwargs, user_config).
 ENV_PAYLOAD = "MODELPLEX_SERVE_PAYLOAD"
 HANDLER = "modelplex.serve.hosted:Hosted"
+#: ``module:attribute`` of the application a built deployment belongs to (``modelplex build``).
+ENV_APP = "MODELPLEX_SERVE_APP"
+#: Where that module is, when it is not on the import path (``modelplex local app.py:app``).
+ENV_APP_DIR = "MODELPLEX_SERVE_APP_DIR"
+APP_HANDLER = "modelplex.serve.hosted:FromApp"
 
 
 def _with_handles(value: Any) -> Any:
@@ -59,3 +66,37 @@ class Hosted:
         with open(path, "rb") as file:
             target, args, kwargs, user_config = pickle.load(file)  # cloudpickle's output is plain pickle
         return construct(target, args, kwargs, user_config)
+
+
+def import_app(target: str) -> Any:
+    """The application ``module:attribute`` names (importing the module, as Ray's ``serve run`` does)."""
+    module_name, _, attribute = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise LookupError(f"cannot import {module_name!r}: {error}") from None
+    try:
+        return getattr(module, attribute)
+    except AttributeError:
+        raise LookupError(f"{module_name!r} has no {attribute!r}") from None
+
+
+class FromApp:
+    """Builds this replica's deployment from the application ``$MODELPLEX_SERVE_APP`` names: the
+    module is imported (it must not call ``serve.run``), its graph walked as ``modelplex build``
+    walked it, and the node named like the deployment constructed."""
+
+    def __new__(cls, deployment: Any) -> Any:
+        from modelplex.serve.graph import walk
+
+        target = os.environ.get(ENV_APP)
+        if not target:
+            raise RuntimeError(f"{deployment.name}: {ENV_APP} is not set; this handler is written by modelplex build")
+        folder = os.environ.get(ENV_APP_DIR)
+        if folder and folder not in sys.path:
+            sys.path.insert(0, folder)
+        nodes = {node.name: node for node in walk(import_app(target))}
+        node = nodes.get(deployment.name)
+        if node is None:
+            raise LookupError(f"{target} has no deployment {deployment.name!r}; it has {', '.join(nodes)}")
+        return construct(node.target, node.args, node.kwargs, node.options.user_config)

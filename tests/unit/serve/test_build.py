@@ -1,0 +1,94 @@
+"""``modelplex build app.py:app``: the manifests a graph becomes, and clear errors for bad targets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from modelplex.cli import main
+from modelplex.handles import DeploymentHandle
+from modelplex.serve.build import documents, is_app_target
+from modelplex.serve.hosted import ENV_APP, ENV_APP_DIR, FromApp
+from modelplex.spec import SpecError, parse_deployment
+
+ROOT = Path(__file__).resolve().parents[3]
+COMPOSITION = f"{ROOT}/examples/serve/composition_app.py:app"
+
+BATCHED_APP = '''
+from modelplex import serve
+
+@serve.deployment(ray_actor_options={"num_gpus": 1})
+class Scorer:
+    @serve.multiplexed(max_num_models_per_replica=7)
+    async def load_model(self, model_id: str):
+        return model_id
+
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.02)
+    async def __call__(self, requests: list) -> list:
+        return requests
+
+app = Scorer.bind()
+not_an_app = Scorer
+'''
+
+
+def test_app_targets_are_told_from_manifests():
+    assert is_app_target("app.py:app") and is_app_target("pkg.module:app") and is_app_target("dir/app:graph")
+    assert not is_app_target("deploy.yaml") and not is_app_target("C.yaml")
+
+
+def test_each_deployment_of_the_graph_is_a_manifest_with_its_edges_and_options():
+    upstream, downstream = documents(COMPOSITION, image="registry.local/app:1", namespace="team")
+    assert upstream["metadata"] == {"name": "upstream", "namespace": "team",
+                                    "annotations": {"modelplex.io/handles": "downstream"}}
+    assert upstream["spec"]["replicas"] == 2 and upstream["spec"]["maxOngoingRequests"] == 16
+    assert upstream["spec"]["resources"] == {"requests": {"cpu": "1"}}
+    assert downstream["metadata"]["name"] == "downstream" and downstream["spec"]["replicas"] == 1
+    for document in (upstream, downstream):
+        assert document["spec"]["image"] == "registry.local/app:1"
+        assert document["spec"]["handler"] == "modelplex.serve.hosted:FromApp"
+        assert document["spec"]["env"] == [{"name": ENV_APP, "value": "composition_app:app"}]
+
+
+def test_batching_and_multiplexing_come_from_the_decorators(tmp_path):
+    (tmp_path / "scorer_app.py").write_text(BATCHED_APP)
+    [scorer] = documents(f"{tmp_path}/scorer_app.py:app", image="img")
+    spec = parse_deployment(scorer).spec
+    assert spec.multiplexing.max_models_per_replica == 7
+    assert (spec.batching.max_batch_size, spec.batching.batch_wait_timeout_ms) == (16, 20)
+    assert spec.resources == {"limits": {"nvidia.com/gpu": 1}}
+
+
+@pytest.mark.parametrize(("target", "message"), [
+    ("missing_file.py:app", "no file"),
+    ("{tmp}/scorer_app.py:nothing", "has no 'nothing'"),
+    ("{tmp}/scorer_app.py:not_an_app", "not an application"),
+])
+def test_a_bad_target_is_a_clear_error(tmp_path, target, message):
+    (tmp_path / "scorer_app.py").write_text(BATCHED_APP)
+    with pytest.raises(SpecError, match=message):
+        documents(target.format(tmp=tmp_path), image="img")
+
+
+def test_the_replica_builds_its_node_of_the_graph_with_a_handle_for_each_edge(monkeypatch):
+    [upstream, _] = documents(COMPOSITION, image="local", local=True)
+    env = {var["name"]: var["value"] for var in upstream["spec"]["env"]}
+    assert env[ENV_APP_DIR] == str(ROOT / "examples" / "serve")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MODELPLEX_ROUTER_DOWNSTREAM", "http://127.0.0.1:8123")
+    instance = FromApp(parse_deployment(upstream))
+    assert type(instance).__name__ == "Upstream"
+    assert isinstance(instance._h, DeploymentHandle) and instance._h.url == "http://127.0.0.1:8123"
+
+
+def test_the_build_command_writes_manifests_that_parse(tmp_path, capsys):
+    output = tmp_path / "app.yaml"
+    assert main(["build", COMPOSITION, "--image", "registry.local/app:1", "-o", str(output)]) == 0
+    names = [parse_deployment(doc).name for doc in yaml.safe_load_all(output.read_text())]
+    assert names == ["upstream", "downstream"]
+    assert "2 deployment(s)" in capsys.readouterr().err
+    assert main(["build", "nowhere.py:app", "--image", "img"]) == 2
+    assert "no file" in capsys.readouterr().err
