@@ -41,7 +41,11 @@ class PodView:
     name: str
     ready: bool = False
     deleting: bool = False
-    models: int = 0  # loaded, from the pod's summary
+    summary: LoadedSummary = LoadedSummary()  # what its replica holds (its annotation)
+
+    @property
+    def models(self) -> int:
+        return self.summary.models
 
 
 @dataclass(frozen=True)
@@ -107,15 +111,24 @@ def _is_true(conditions: Iterable[Mapping[str, Any]] | None, ctype: str) -> bool
     return any(c.get("type") == ctype and c.get("status") == "True" for c in conditions or ())
 
 
-def loaded_models(annotations: Mapping[str, str] | None) -> int:
-    """How many models a replica pod reports; 0 when the annotation is missing or malformed."""
+def loaded_summary(annotations: Mapping[str, str] | None) -> LoadedSummary:
+    """What a replica pod reports holding; nothing when the annotation is missing or malformed."""
     raw = (annotations or {}).get(ANNOTATION_LOADED_MODELS)
     if not raw:
-        return 0
+        return LoadedSummary()
     try:
-        return LoadedSummary.parse(raw).models
+        return LoadedSummary.parse(raw)
     except ValueError:
-        return 0
+        return LoadedSummary()
+
+
+def quantity(nbytes: int) -> str:
+    """Bytes as a Kubernetes binary quantity, rounded down (``1536Mi``, ``12Gi``)."""
+    for suffix, size in (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+        if nbytes >= size:
+            value = nbytes / size
+            return f"{value:.1f}".rstrip("0").rstrip(".") + suffix
+    return str(nbytes)
 
 
 def pod_view(pod: Mapping[str, Any]) -> PodView:
@@ -125,7 +138,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         name=meta.get("name", ""),
         ready=_is_true(status.get("conditions"), "Ready"),
         deleting=bool(meta.get("deletionTimestamp")),
-        models=loaded_models(meta.get("annotations")),
+        summary=loaded_summary(meta.get("annotations")),
     )
 
 
@@ -194,6 +207,8 @@ def compute_status(
     port = _int(router_spec.get("port"), 8000)
     live_pods = [pod for pod in pods if not pod.deleting]
     models = sum(pod.models for pod in live_pods)
+    pool_bytes = sum(pod.summary.bytes for pod in live_pods)
+    pool_capacity = sum(pod.summary.capacity_bytes for pod in live_pods)
 
     if outcome is not None and outcome.uid not in ("", resource.uid):
         outcome = None  # an outcome of an earlier object of the same name
@@ -208,6 +223,9 @@ def compute_status(
         "readyReplicas": replica.ready if replica else 0,
         "updatedReplicas": replica.updated if replica else 0,
         "loadedModels": models,
+        "poolBytes": pool_bytes,
+        # For `kubectl get mxd -o wide`: used / budget of the replicas' model caches.
+        "poolMemory": quantity(pool_bytes) + (f"/{quantity(pool_capacity)}" if pool_capacity else ""),
         "routerService": f"{resource.name}.{resource.namespace}.svc:{port}",
         "selector": selector_string(resource.name),
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from modelplex.loaded import LoadedSummary
 from modelplex.names import ANNOTATION_LOADED_MODELS
 from modelplex_operator.status import (
     INVALID,
@@ -17,9 +18,10 @@ from modelplex_operator.status import (
     compute_status,
     condition,
     deployment_view,
-    loaded_models,
+    loaded_summary,
     merge_conditions,
     pod_view,
+    quantity,
     status_differs,
     transitions,
 )
@@ -53,10 +55,12 @@ def cond(status, ctype):
 
 
 def test_all_ready():
-    pods = [PodView("a", True, False, 2), PodView("b", True, False, 2)]
+    pods = [PodView("a", True, False, LoadedSummary(models=2, bytes=300 << 20, capacity_bytes=1 << 30)),
+            PodView("b", True, False, LoadedSummary(models=2, bytes=212 << 20, capacity_bytes=1 << 30))]
     status = compute_status(resource(), [replica(), router()], pods, ok(), T0)
     assert status["replicas"] == 2 and status["readyReplicas"] == 2 and status["updatedReplicas"] == 2
     assert status["loadedModels"] == 4  # every copy across the pool
+    assert status["poolBytes"] == 512 << 20 and status["poolMemory"] == "512Mi/2Gi"
     assert status["routerService"] == "recs.team-a.svc:8000"
     assert status["observedGeneration"] == 1
     assert status["selector"] == "modelplex.io/deployment=recs,modelplex.io/role=replica"
@@ -69,7 +73,7 @@ def test_all_ready():
 
 
 def test_terminating_pods_do_not_count_models():
-    pods = [PodView("a", True, False, 1), PodView("old", False, True, 5)]
+    pods = [PodView("a", True, False, LoadedSummary(models=1)), PodView("old", False, True, LoadedSummary(models=5))]
     assert compute_status(resource(), [replica(), router()], pods, ok(), T0)["loadedModels"] == 1
 
 
@@ -215,8 +219,8 @@ def test_views_of_api_objects():
             {"version": 4, "models": 2, "loading": 0, "capacity": 3, "bytes": 0, "capacityBytes": 0})}},
         "status": {"conditions": [{"type": "Ready", "status": "True"}]},
     }
-    assert pod_view(pod) == PodView("p", True, False, 2)
-    assert pod_view({"metadata": {"name": "q", "deletionTimestamp": "x"}}) == PodView("q", False, True, 0)
+    assert pod_view(pod) == PodView("p", True, False, LoadedSummary(version=4, models=2, capacity=3))
+    assert pod_view({"metadata": {"name": "q", "deletionTimestamp": "x"}}) == PodView("q", False, True)
     dep = {
         "metadata": {"name": "recs-replica", "generation": 3, "labels": {"modelplex.io/role": "replica"}},
         "spec": {"replicas": 2},
@@ -232,6 +236,10 @@ def test_views_of_api_objects():
 
 def test_malformed_annotations_count_as_nothing():
     for raw in ("", "not json", "[]", '{"models": "m1"}', '{"models": -1}', '{"models": ["m1"]}'):
-        assert loaded_models({ANNOTATION_LOADED_MODELS: raw}) == 0
-    assert loaded_models({ANNOTATION_LOADED_MODELS: '{"models": 3, "version": 9}'}) == 3
-    assert loaded_models(None) == 0
+        assert loaded_summary({ANNOTATION_LOADED_MODELS: raw}) == LoadedSummary()
+    assert loaded_summary({ANNOTATION_LOADED_MODELS: '{"models": 3, "version": 9}'}).models == 3
+    assert loaded_summary(None) == LoadedSummary()
+
+
+def test_pool_memory_reads_as_a_kubernetes_quantity():
+    assert [quantity(n) for n in (0, 512, 1536 << 20, 12 << 30, (3 << 30) // 2)] == ["0", "512", "1.5Gi", "12Gi", "1.5Gi"]
