@@ -28,7 +28,7 @@ from modelplex.handles import DeploymentHandle, handle
 from modelplex.local import _die_with_parent
 from modelplex.names import router_env_name
 from modelplex.serve import graph
-from modelplex.serve.deployment import Application
+from modelplex.serve.deployment import Application, dns_label
 from modelplex.serve.hosted import ENV_PAYLOAD, HANDLER
 
 ENV_HTTP_PORT = "MODELPLEX_SERVE_HTTP_PORT"
@@ -86,7 +86,9 @@ class _Running:
                 self.proc.wait()
         self.echo.join(5)
         for node in self.nodes:
-            os.environ.pop(router_env_name(node.name), None)
+            for name in (node.name, node.options.name):
+                if os.environ.get(router_env_name(name)) == self.urls.get(node.name):
+                    os.environ.pop(router_env_name(name), None)
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
@@ -117,8 +119,9 @@ def run(target: Application, *, name: str = "default", route_prefix: str | None 
             running.stop()
             raise
         _running = running
-        for node in nodes:  # serve.get_deployment_handle and modelplex.handle find them by name
+        for node in nodes:  # modelplex.handle finds them by name, Ray's spelling or the DNS label
             os.environ[router_env_name(node.name)] = running.urls[node.name]
+            os.environ.setdefault(router_env_name(node.options.name), running.urls[node.name])
     ingress = handle(nodes[0].name, url=running.urls[nodes[0].name])
     if blocking:
         try:
@@ -130,8 +133,6 @@ def run(target: Application, *, name: str = "default", route_prefix: str | None 
 
 def get_deployment_handle(deployment_name: str, app_name: str = "default") -> DeploymentHandle:
     """The handle of a deployment that ``serve.run`` started (Ray's class name or its DNS label)."""
-    from modelplex.serve.deployment import dns_label
-
     return handle(dns_label(deployment_name))
 
 
