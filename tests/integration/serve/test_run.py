@@ -1,4 +1,4 @@
-"""``serve.run`` and ``serve.shutdown`` from the calling process: handles by either name, a clear
+"""``serve.run`` and ``serve.shutdown`` from the calling process: handles by either name, streams, a clear
 error when the port is taken, nothing left running after shutdown."""
 
 from __future__ import annotations
@@ -20,6 +20,10 @@ class WordCounter:
     def count(self, text: str) -> str:
         return f"{len(text.split())} {self.unit}"
 
+    def words(self, text: str):
+        for word in text.split():
+            yield word.upper()
+
 
 def _alive(pid: int) -> bool:
     try:
@@ -38,6 +42,7 @@ def test_run_answers_by_either_name_and_shutdown_stops_every_process():
         assert serve.get_deployment_handle("WordCounter").count.remote("a b").result(60) == "2 words"
         assert handle("word-counter").count.remote("a").result(60) == "1 words"
         assert handle("WordCounter").count.remote("").result(60) == "0 words"
+        assert list(ingress.options(stream=True).words.remote("to be or not")) == ["TO", "BE", "OR", "NOT"]
         local = serve.running._running.proc.pid
     finally:
         serve.shutdown()
