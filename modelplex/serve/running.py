@@ -106,12 +106,11 @@ def run(target: Application, *, name: str = "default", route_prefix: str | None 
     with _lock:
         _shutdown_locked()
         folder = Path(tempfile.mkdtemp(prefix=f"modelplex-serve-{name}-"))
-        documents = []
-        for node in nodes:
-            payload = folder / f"{node.name}.pkl"
-            payload.write_bytes(cloudpickle.dumps((node.target, node.args, node.kwargs, node.options.user_config)))
-            documents.append(graph.manifest(node, image="local", handler=HANDLER, env={ENV_PAYLOAD: str(payload)}))
-        (folder / "app.yaml").write_text(yaml.safe_dump_all(documents, sort_keys=False))
+        try:
+            _write(nodes, folder)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
         running = _Running(nodes, folder, port)
         try:
             running.wait_ready(START_TIMEOUT_S)
@@ -129,6 +128,16 @@ def run(target: Application, *, name: str = "default", route_prefix: str | None 
         except KeyboardInterrupt:
             shutdown()
     return ingress
+
+
+def _write(nodes: list[graph.Node], folder: Path) -> None:
+    """Each deployment's pickle and the manifests that name them (``app.yaml``)."""
+    documents = []
+    for node in nodes:
+        payload = folder / f"{node.name}.pkl"
+        payload.write_bytes(cloudpickle.dumps((node.target, node.args, node.kwargs, node.options.user_config)))
+        documents.append(graph.manifest(node, image="local", handler=HANDLER, env={ENV_PAYLOAD: str(payload)}))
+    (folder / "app.yaml").write_text(yaml.safe_dump_all(documents, sort_keys=False))
 
 
 def get_deployment_handle(deployment_name: str, app_name: str = "default") -> DeploymentHandle:
