@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import hashlib
 import io
 import json
@@ -273,55 +274,91 @@ def _pid_alive(pid: int) -> bool:
 
 
 @contextlib.contextmanager
-def docker_engine(directory: Path | None = None) -> Iterator[dict[str, str]]:
-    """An environment for the ``docker`` CLI that reaches a running engine.
+def _locked(path: Path, mode: int = fcntl.LOCK_EX) -> Iterator[None]:
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, mode)
+        yield
+    finally:
+        os.close(fd)
 
-    An engine that already answers (``$DOCKER_HOST`` or the default socket, or ours from an
-    earlier call) is used as it is. Otherwise ``dockerd`` starts with its data, socket and pid
-    file under ``directory`` (default ``~/.cache/modelplex/docker``), touching no host network
-    setting, and is stopped by its pid on exit.
-    """
-    directory = directory or cache_dir() / "docker"
-    ours = dict(os.environ, DOCKER_HOST=f"unix://{directory}/docker.sock")
-    if _docker_answers(os.environ):
-        yield dict(os.environ)
-        return
-    if _docker_answers(ours):
-        yield ours
-        return
+
+def _start_dockerd(directory: Path, env: Mapping[str, str]) -> None:
     if not shutil.which("dockerd"):
         _apt_install(["docker.io"], "no Docker engine runs and dockerd is not installed")
-    directory.mkdir(parents=True, exist_ok=True)
-    pidfile = directory / "dockerd.pid"
-    with contextlib.suppress(OSError, ValueError):
-        stale = int(pidfile.read_text())
-        if _pid_alive(stale):
-            raise ImageError(f"dockerd (pid {stale}, {pidfile}) runs but does not answer; see {directory}/dockerd.log")
     started = time.monotonic()
     with open(directory / "dockerd.log", "ab") as log:
         process = subprocess.Popen(
             ["dockerd", f"--data-root={directory}/data", f"--exec-root={directory}/run",
-             f"--pidfile={pidfile}", f"--host=unix://{directory}/docker.sock",
+             f"--pidfile={directory}/dockerd.pid", f"--host=unix://{directory}/docker.sock",
              "--bridge=none", "--iptables=false", "--ip6tables=false", "--ip-forward=false",
              "--ip-masq=false", "--userland-proxy=false"],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    while not _docker_answers(env):
+        if process.poll() is not None or time.monotonic() - started > ENGINE_START_TIMEOUT_S:
+            if process.poll() is None:
+                process.kill()
+            tail = (directory / "dockerd.log").read_text(errors="replace").splitlines()[-15:]
+            raise ImageError("dockerd did not start:\n  " + "\n  ".join(tail))
+        time.sleep(0.3)
+    say(f"started dockerd (pid {process.pid}, {directory}) in {time.monotonic() - started:.1f} s")
+
+
+def _stop_dockerd(directory: Path) -> None:
+    """Stop the dockerd whose pid file is in ``directory`` (checked against its command line)."""
     try:
-        while not _docker_answers(ours):
-            if process.poll() is not None or time.monotonic() - started > ENGINE_START_TIMEOUT_S:
-                tail = (directory / "dockerd.log").read_text(errors="replace").splitlines()[-15:]
-                raise ImageError("dockerd did not start:\n  " + "\n  ".join(tail))
-            time.sleep(0.3)
-        say(f"started dockerd (pid {process.pid}, {directory}) in {time.monotonic() - started:.1f} s")
+        pid = int((directory / "dockerd.pid").read_text())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except (OSError, ValueError):
+        return
+    if f"--data-root={directory}/data" not in cmdline:
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while _pid_alive(pid):
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:  # our own child: reap it
+                break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+        time.sleep(0.2)
+    say(f"stopped dockerd (pid {pid})")
+
+
+@contextlib.contextmanager
+def docker_engine(directory: Path | None = None) -> Iterator[dict[str, str]]:
+    """An environment for the ``docker`` CLI that reaches a running engine.
+
+    An engine that already answers at ``$DOCKER_HOST`` or the default socket is used as it is.
+    Otherwise the project's own: ``dockerd`` with its data, socket and pid file under
+    ``directory`` (default ``~/.cache/modelplex/docker``), touching no host network setting. Its
+    users hold a shared lock on ``users.lock``; the first one starts it and the last one to leave
+    stops it, by its pid, so that no process stops it under another's build.
+    """
+    if _docker_answers(os.environ):
+        yield dict(os.environ)
+        return
+    directory = directory or cache_dir() / "docker"
+    directory.mkdir(parents=True, exist_ok=True)
+    ours = dict(os.environ, DOCKER_HOST=f"unix://{directory}/docker.sock")
+    users = os.open(directory / "users.lock", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        with _locked(directory / "start.lock"):
+            fcntl.flock(users, fcntl.LOCK_SH)
+            if not _docker_answers(ours):
+                _start_dockerd(directory, ours)
         yield ours
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
+        with _locked(directory / "start.lock"):
+            fcntl.flock(users, fcntl.LOCK_UN)
             try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-            say(f"stopped dockerd (pid {process.pid})")
+                fcntl.flock(users, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pass  # another user still needs it
+            else:
+                _stop_dockerd(directory)
+        os.close(users)
 
 
 def _docker(env: Mapping[str, str], *args: str, timeout: float | None = None,
@@ -505,7 +542,7 @@ def ensure_images(*, replica_variant: str | None = None, base: str | None = None
     variant = replica_variant or default_replica_variant()
     extra_ca = _extra_ca()
     started = time.monotonic()
-    with docker_engine(directory / "docker") as env:
+    with docker_engine(directory / "docker") as env, _locked(directory / "images.lock"):
         base_ref = ensure_base(env, base or os.environ.get("MODELPLEX_BASE_IMAGE"), directory / "images")
         tags = {}
         for plan in plan_images(root, base_ref, variant):
