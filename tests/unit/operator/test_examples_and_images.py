@@ -9,9 +9,11 @@ pods use, torch only in the replica, and sources that exist and that the ignore 
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 
 from modelplex.spec import load_manifests
 from modelplex_cluster.images import is_ignored, parse_dockerignore
@@ -88,10 +90,6 @@ def test_dockerfiles(name):
 def test_the_images_version_tags_are_the_charts_defaults():
     """hack/images/build.sh tags each image `modelplex/<component>:<project version>`: the chart's
     default image tag is its appVersion, and the examples name the replica image so."""
-    import tomllib
-
-    import yaml
-
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     chart = yaml.safe_load((ROOT / "charts/modelplex/Chart.yaml").read_text())
     values = yaml.safe_load((ROOT / "charts/modelplex/values.yaml").read_text())
