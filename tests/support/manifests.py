@@ -1,0 +1,22 @@
+"""Manifests for tests that serve a handler module of their own through real processes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+
+def handler_manifest(folder: Path, module: Path, handler: str, name: str, **spec) -> Path:
+    """A MultiplexedDeployment for ``handler`` (``module.py``'s ``Class``), with ``module`` copied
+    beside it (the replica imports it from the manifest's folder); ``spec`` is merged over it."""
+    shutil.copy(module, folder / module.name)
+    document = {
+        "apiVersion": "modelplex.io/v1alpha1",
+        "kind": "MultiplexedDeployment",
+        "metadata": {"name": name},
+        "spec": {"image": "local", "handler": handler, **spec},
+    }
+    path = folder / f"{name}.yaml"
+    path.write_text(json.dumps(document))  # JSON is YAML
+    return path
