@@ -21,13 +21,15 @@ COPY operator ./operator
 RUN python3 install_deps.py --venv /opt/modelplex --project . --target /opt/app
 
 FROM ${BASE_IMAGE}
-ENV PATH=/opt/app/bin:/opt/modelplex/bin:$PATH PYTHONPATH=/opt/app \
+ENV PATH=/opt/app/bin:/opt/modelplex/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 RUN groupadd --gid 10001 modelplex \
  && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin modelplex
 # Dependencies, then the project: a source change leaves the (large) first layer as it is.
 COPY --from=build /opt/modelplex /opt/modelplex
 COPY --from=build /opt/app /opt/app
+# The project is found without PYTHONPATH, which a pod may set for its own code.
+RUN /opt/modelplex/bin/python -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()['purelib'], 'modelplex-app.pth').write_text('/opt/app\\n')"
 # The operator runs router pods as this user (runAsNonRoot, runAsUser 10001).
 USER 10001:10001
 EXPOSE 8000

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -28,8 +30,17 @@ def cli(env, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout)
 
 
-def test_cluster_up_status_and_down_restores_the_host(exclusive_node, tmp_path):
-    state = tmp_path / "cluster"
+@pytest.fixture
+def short_dir():
+    """A short folder, as the default ~/.cache/modelplex/cluster is: the kubelet puts unix sockets
+    under the cluster's folder, and a socket's path may not pass 107 bytes (pytest's come close)."""
+    folder = Path(tempfile.mkdtemp(prefix="mpx-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_cluster_up_status_and_down_restores_the_host(exclusive_node, tmp_path, short_dir):
+    state = short_dir / "cluster"
     env = dict(os.environ)
     env["MODELPLEX_CLUSTER_DIR"] = str(state)
     env.pop("KUBECONFIG", None)
