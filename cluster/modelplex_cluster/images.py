@@ -323,6 +323,10 @@ def _stop_dockerd(directory: Path) -> None:
             os.kill(pid, signal.SIGKILL)
             deadline = time.monotonic() + 10
         time.sleep(0.2)
+    # dockerd leaves its exec root's network namespace mounted (run/netns/default): nothing of an
+    # engine we started may outlive it.
+    for mount in _mounts_under(directory / "run"):
+        subprocess.run(["umount", "-l", mount], check=False)
     say(f"stopped dockerd (pid {pid})")
 
 
