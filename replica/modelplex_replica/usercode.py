@@ -20,7 +20,7 @@ import collections
 import logging
 import os
 import threading
-from typing import Any, AsyncIterator, Awaitable, Callable, Coroutine, TypeVar
+from typing import Any, AsyncIterator, Callable, Coroutine, TypeVar
 
 log = logging.getLogger("modelplex.replica")
 
@@ -194,12 +194,3 @@ class Stream:
                 await self._space.wait()
             finally:
                 self._producer_waits = False
-
-
-def in_thread(function: Callable[..., T]) -> Callable[..., Awaitable[T]]:
-    """``function`` made awaitable: it runs in the default executor (for blocking handlers)."""
-
-    async def call(*args: Any) -> T:
-        return await asyncio.to_thread(function, *args)
-
-    return call
