@@ -7,15 +7,16 @@ import shutil
 from pathlib import Path
 
 
-def handler_manifest(folder: Path, module: Path, handler: str, name: str, **spec) -> Path:
-    """A MultiplexedDeployment for ``handler`` (``module.py``'s ``Class``), with ``module`` copied
-    beside it (the replica imports it from the manifest's folder); ``spec`` is merged over it."""
+def handler_manifest(folder: Path, module: Path, name: str, **spec) -> Path:
+    """A MultiplexedDeployment named ``name`` whose ``spec`` names a handler in ``module``
+    (``handler: "module:Class"``), with ``module`` copied beside it: the replica imports it from
+    the manifest's folder."""
     shutil.copy(module, folder / module.name)
     document = {
         "apiVersion": "modelplex.io/v1alpha1",
         "kind": "MultiplexedDeployment",
         "metadata": {"name": name},
-        "spec": {"image": "local", "handler": handler, **spec},
+        "spec": {"image": "local", **spec},
     }
     path = folder / f"{name}.yaml"
     path.write_text(json.dumps(document))  # JSON is YAML

@@ -16,6 +16,6 @@ def manifest(tmp_path: Path):
     """Write a manifest for ``spec`` (merged over the Weights handler) and return its path."""
 
     def write(name: str = "weights", **spec) -> Path:
-        return handler_manifest(tmp_path, HERE / "weights.py", "weights:Weights", name, **spec)
+        return handler_manifest(tmp_path, HERE / "weights.py", name, **{"handler": "weights:Weights", **spec})
 
     return write

@@ -16,6 +16,6 @@ def manifest(tmp_path: Path):
     """Write a manifest for ``spec`` (merged over a Probe handler default) and return its path."""
 
     def write(name: str = "probe", **spec) -> Path:
-        return handler_manifest(tmp_path, HERE / "probe.py", "probe:Probe", name, **spec)
+        return handler_manifest(tmp_path, HERE / "probe.py", name, **{"handler": "probe:Probe", **spec})
 
     return write
