@@ -44,6 +44,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from modelplex_cluster.testing import pid_alive
+
 COMPONENTS = ("operator", "router", "replica")
 REPOSITORY = "modelplex"
 DEFAULT_BASE = "python:3.11-slim"
@@ -263,16 +265,6 @@ def _docker_answers(env: Mapping[str, str]) -> bool:
         return False
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 @contextlib.contextmanager
 def _locked(path: Path, mode: int = fcntl.LOCK_EX) -> Iterator[None]:
     fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
@@ -315,7 +307,7 @@ def _stop_dockerd(directory: Path) -> None:
         return
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 60
-    while _pid_alive(pid):
+    while pid_alive(pid):
         with contextlib.suppress(ChildProcessError):
             if os.waitpid(pid, os.WNOHANG)[0] == pid:  # our own child: reap it
                 break
