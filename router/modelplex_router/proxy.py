@@ -141,9 +141,10 @@ class Proxy:
                                      retry_after=_retry_after(upstream))
                     first = await (upstream.read() if target.buffer else upstream.content.readany())
             except _FAILURES as error:
-                if isinstance(error, aiohttp.ClientConnectorError):
-                    # Nothing listens there: take it out of rotation until discovery sees it again.
-                    self.scheduler.table.failed(replica, self.clock())
+                # Refused, or dropped with the request: most likely dead. Out of rotation until
+                # discovery sees it alive again, so that neither this request's retry (once
+                # the replicas that refused it are allowed again) nor any other goes back to it.
+                self.scheduler.table.failed(replica, self.clock())
                 raise _Retry(type(error).__name__, failed=True) from None
             except TimeoutError:
                 # Frozen or stuck: out of rotation until a poll finds it ready again.
