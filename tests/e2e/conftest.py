@@ -19,7 +19,10 @@ to the report ("cluster logs" section).
 
 from __future__ import annotations
 
+import fcntl
+import os
 import shutil
+import sys
 import uuid
 from pathlib import Path
 
@@ -30,33 +33,69 @@ from modelplex_cluster.controlplane import ControlPlane, build_binaries
 from modelplex_cluster.testing import wait_for
 
 
+#: Held while a test session's node runs: two pytest runs on one machine take turns at it.
+NODE_LOCK = Path(os.environ.get("MODELPLEX_CACHE") or Path.home() / ".cache" / "modelplex") / "e2e-node.lock"
+
+
 class SessionCluster:
     """The session's cluster, started on first use; ``pause()`` hands the machine to another node."""
 
     def __init__(self, state_dir: Path):
         self.state_dir = state_dir
         self.cp: ControlPlane | None = None
+        self._lock: int | None = None
 
     def get(self) -> ControlPlane:
         if self.cp is None:
+            self._take_machine()
             shutil.rmtree(self.state_dir, ignore_errors=True)
             self.state_dir.mkdir(parents=True)
             cp = ControlPlane(build_binaries(), state_dir=self.state_dir)
-            cp.start()
             try:
-                cp.import_image(busybox_image())
+                cp.start()
+                try:
+                    cp.import_image(busybox_image())
+                except BaseException:
+                    cp.stop()
+                    raise
             except BaseException:
-                cp.stop()
+                self.release_machine()
                 raise
             self.cp = cp
         return self.cp
 
-    def pause(self) -> bool:
+    def pause(self, *, keep_machine: bool = False) -> bool:
+        """Stop the node; ``keep_machine``: other test sessions still wait (this one needs the
+        machine without its node)."""
+        if keep_machine:
+            self._take_machine()
         if self.cp is None:
             return False
-        self.cp.stop()
-        self.cp = None
+        try:
+            self.cp.stop()
+        finally:
+            self.cp = None
+            if not keep_machine:
+                self.release_machine()
         return True
+
+    def _take_machine(self) -> None:
+        if self._lock is not None:
+            return
+        NODE_LOCK.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = os.open(NODE_LOCK, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another test session's node on this machine ({NODE_LOCK})",
+                  file=sys.stderr, flush=True)
+            fcntl.flock(self._lock, fcntl.LOCK_EX)
+
+    def release_machine(self) -> None:
+        """Let another test session start its node."""
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
 
 
 @pytest.fixture(scope="session")
@@ -66,6 +105,7 @@ def session_cluster(tmp_path_factory):
         yield cluster
     finally:
         cluster.pause()
+        cluster.release_machine()
 
 
 @pytest.fixture(scope="session")
@@ -81,7 +121,7 @@ def control_plane(session_cluster) -> ControlPlane:
 @pytest.fixture
 def exclusive_node(session_cluster):
     """No node of this session runs during the test (one node per machine); restarted on next use."""
-    session_cluster.pause()
+    session_cluster.pause(keep_machine=True)
     yield
 
 
