@@ -24,7 +24,9 @@ Past Ray Serve's cache:
   a once-hot model does not stay forever);
 - an evicted model may go to a warm tier (host memory) and come back from it by a copy; such
   a load needs no load slot and its waiters are never turned away;
-- a failed load is not cached, and every waiter gets the error.
+- a failed load is not cached, and every waiter gets the error; the cache remembers the latest
+  failure of each of the last ids that failed (:attr:`ModelCache.failures`, reported in the
+  replica's loaded-models document, where the operator turns them into Events).
 
 The cache is pure: sizes come from a ``size_of(model_id, model)`` hook the replica gives it.
 """
@@ -42,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Literal, Protocol
 
 from modelplex.errors import ModelLoadError, ModelLoadTimeout, ModelplexError, ModelTooLarge, Overloaded
+from modelplex.loaded import MAX_ERROR_CHARS, MAX_FAILURES, LoadFailure
 
 log = logging.getLogger("modelplex.cache")
 
@@ -195,6 +198,7 @@ class ModelCache:
         warm: WarmTier | None = None,
         listener: Listener | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ):
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1 (got {capacity})")
@@ -218,6 +222,7 @@ class ModelCache:
         self._warm = warm
         self._listener = listener
         self._clock = clock
+        self._wall_clock = wall_clock  # only to date failures for readers
         self._models: OrderedDict[str, _Entry] = OrderedDict()  # least recently used first
         self._loading: dict[str, _Load] = {}
         self._slots = _Slots(max_concurrent_loads)
@@ -227,6 +232,7 @@ class ModelCache:
         self._pins: Counter[str] = Counter()
         self._changed: list[asyncio.Future] = []  # woken when memory or a model frees up
         self._background: set[asyncio.Task] = set()
+        self._failures: OrderedDict[str, LoadFailure] = OrderedDict()  # latest failure per id, oldest first
         self.version = 0
 
     # -- what the replica reports ------------------------------------------------------------
@@ -261,6 +267,11 @@ class ModelCache:
     @property
     def loads_queued(self) -> int:
         return sum(1 for load in self._loading.values() if not load.started)
+
+    @property
+    def failures(self) -> list[LoadFailure]:
+        """The latest failed load of each of the last :data:`MAX_FAILURES` ids that failed, oldest first."""
+        return list(self._failures.values())
 
     def __contains__(self, model_id: str) -> bool:
         return model_id in self._models
@@ -422,12 +433,21 @@ class ModelCache:
             load.future.cancel()
             return
         log.warning("Loading model %r failed after %.3f s: %s", model_id, seconds, error)
-        if isinstance(error, ModelplexError):
-            load.future.set_exception(error)
-        else:
-            load.future.set_exception(ModelLoadError(f"loading model {model_id!r} failed: {error!r}"))
+        if not isinstance(error, ModelplexError):
+            error = ModelLoadError(f"loading model {model_id!r} failed: {error!r}")
+        load.future.set_exception(error)
         load.future.exception()  # mark retrieved: there may be no waiter left
+        self._remember_failure(model_id, str(error))
         self._notify("load_failed", model_id, seconds)
+
+    def _remember_failure(self, model_id: str, message: str) -> None:
+        previous = self._failures.pop(model_id, None)
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self._wall_clock()))
+        self._failures[model_id] = LoadFailure(model_id, message[:MAX_ERROR_CHARS], at,
+                                               previous.count + 1 if previous else 1)
+        while len(self._failures) > MAX_FAILURES:
+            self._failures.popitem(last=False)
+        self.version += 1  # the document changed: readers of the summary fetch it again
 
     def _refuse_if_too_large(self, model_id: str) -> None:
         stats = self._stats.get(model_id)

@@ -3,14 +3,17 @@
 Two shapes, typed once here:
 
 - :class:`LoadedModels`, the full document: every loaded model (least recently used first),
-  the loads in flight, sizes. ``GET /v1/models`` on the replica answers it. It grows with the
-  number of models, so it never rides in a header or an annotation.
+  the loads in flight, sizes, and the latest load failures (:class:`LoadFailure`, at most
+  :data:`MAX_FAILURES` model ids). ``GET /v1/models`` on the replica answers it. It grows with
+  the number of models, so it never rides in a header or an annotation.
 - :class:`LoadedSummary`, a fixed-size digest (counts, bytes, the document's version). It is
   the pod annotation ``modelplex.io/loaded-models`` and the ``X-Modelplex-Loaded-Models``
   header of every replica answer, whatever the number of models or the length of their ids.
   A reader that sees a version newer than the one it holds fetches the document.
 
-``version`` grows with every change of the loaded set, so "newer" is a plain comparison.
+``version`` grows with every change of the document (a load, an eviction, a failed load), so
+"newer" is a plain comparison. Fields are only ever added: a reader ignores what it does not
+know, and a field missing from an older replica's document reads as empty.
 """
 
 from __future__ import annotations
@@ -33,6 +36,12 @@ def _ids(raw: Any, name: str) -> tuple[str, ...]:
     if not isinstance(value, (list, tuple)) or not all(isinstance(m, str) for m in value):
         raise ValueError(f"{name}: expected a list of model ids")
     return tuple(value)
+
+
+#: Load failures a document keeps: the latest failure of each of this many model ids.
+MAX_FAILURES = 20
+#: A failure's error message is cut to this many characters.
+MAX_ERROR_CHARS = 500
 
 
 def _object(raw: Any) -> Mapping[str, Any]:
@@ -68,6 +77,31 @@ class LoadedSummary:
 
 
 @dataclass(frozen=True, slots=True)
+class LoadFailure:
+    """The latest failed load of one model id on a replica."""
+
+    model: str
+    error: str  # the message its waiters got, at most MAX_ERROR_CHARS
+    at: str  # when, RFC 3339 UTC (``2026-01-01T00:00:00Z``)
+    count: int = 1  # failed loads of this id since the replica started
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "error": self.error, "at": self.at, "count": self.count}
+
+    @classmethod
+    def parse(cls, raw: Any) -> LoadFailure:
+        if not isinstance(raw, Mapping):
+            raise ValueError("failures: expected objects")
+        model, error, at = raw.get("model"), raw.get("error", ""), raw.get("at", "")
+        if not isinstance(model, str) or not isinstance(error, str) or not isinstance(at, str):
+            raise ValueError("failures: expected model, error and at as strings")
+        count = _count(raw, "count")
+        if count < 1:
+            raise ValueError("failures: count must be at least 1")
+        return cls(model, error[:MAX_ERROR_CHARS], at, count)
+
+
+@dataclass(frozen=True, slots=True)
 class LoadedModels:
     """Everything a replica's model cache holds (``GET /v1/models``)."""
 
@@ -77,6 +111,7 @@ class LoadedModels:
     loading: tuple[str, ...] = ()
     model_bytes: Mapping[str, int] = field(default_factory=dict)  # measured size per loaded model
     capacity_bytes: int = 0  # 0: no byte budget
+    failures: tuple[LoadFailure, ...] = ()  # the latest failure per model id, oldest first
 
     @property
     def bytes(self) -> int:
@@ -89,7 +124,7 @@ class LoadedModels:
     def to_dict(self) -> dict[str, Any]:
         return {"version": self.version, "capacity": self.capacity, "models": list(self.models),
                 "loading": list(self.loading), "modelBytes": dict(self.model_bytes),
-                "capacityBytes": self.capacity_bytes}
+                "capacityBytes": self.capacity_bytes, "failures": [f.to_dict() for f in self.failures]}
 
     @classmethod
     def parse(cls, raw: str | bytes | Mapping[str, Any]) -> LoadedModels:
@@ -98,5 +133,9 @@ class LoadedModels:
         sizes = document.get("modelBytes") or {}
         if not isinstance(sizes, Mapping) or not all(isinstance(v, int) and v >= 0 for v in sizes.values()):
             raise ValueError("modelBytes: expected sizes in bytes by model id")
+        failures = document.get("failures") or ()
+        if not isinstance(failures, (list, tuple)):
+            raise ValueError("failures: expected a list")
         return cls(_count(document, "version"), _count(document, "capacity"), _ids(document, "models"),
-                   _ids(document, "loading"), dict(sizes), _count(document, "capacityBytes"))
+                   _ids(document, "loading"), dict(sizes), _count(document, "capacityBytes"),
+                   tuple(LoadFailure.parse(f) for f in failures[-MAX_FAILURES:]))

@@ -91,7 +91,7 @@ class ReplicaState:
             self.published = Published.of(LoadedModels(
                 version=cache.version, capacity=cache.capacity, models=tuple(cache.loaded),
                 loading=tuple(cache.loading), model_bytes=cache.model_bytes,
-                capacity_bytes=cache.capacity_bytes or 0))
+                capacity_bytes=cache.capacity_bytes or 0, failures=tuple(cache.failures)))
 
 
 STATE = web.AppKey("state", ReplicaState)

@@ -191,6 +191,27 @@ async def test_failed_load_is_not_cached_and_every_waiter_gets_the_error():
     assert cache.loaded == ["a"]
 
 
+async def test_failures_are_remembered_per_id_counted_dated_and_bounded():
+    from modelplex.loaded import MAX_FAILURES
+
+    store = Store()
+    cache = ModelCache(store.load, 2, listener=store.listener, wall_clock=lambda: 1_767_225_600.0)
+    store.fail.update({"a", "b"})
+    for model_id in ("a", "b", "a"):
+        version = cache.version
+        with pytest.raises(ModelLoadError):
+            await cache.get(model_id)
+        assert cache.version == version + 1  # the document changed: its readers fetch it again
+    assert [(f.model, f.count, f.at) for f in cache.failures] == [
+        ("b", 1, "2026-01-01T00:00:00Z"), ("a", 2, "2026-01-01T00:00:00Z")]  # the latest last
+    assert "weights for a are corrupt" in cache.failures[-1].error
+    for i in range(MAX_FAILURES + 5):
+        store.fail.add(f"m{i}")
+        with pytest.raises(ModelLoadError):
+            await cache.get(f"m{i}")
+    assert len(cache.failures) == MAX_FAILURES and cache.failures[-1].model == f"m{MAX_FAILURES + 4}"
+
+
 async def test_not_found_keeps_its_error_type():
     async def load(model_id):
         raise ModelNotFound(f"no {model_id}")

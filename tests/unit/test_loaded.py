@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from modelplex.loaded import LoadedModels, LoadedSummary
+from modelplex.loaded import MAX_ERROR_CHARS, MAX_FAILURES, LoadedModels, LoadedSummary, LoadFailure
 
 
 def test_the_summary_stays_small_whatever_the_models_and_their_ids():
@@ -26,6 +26,22 @@ def test_the_document_round_trips_through_json():
     assert document.bytes == 30
 
 
+def test_load_failures_round_trip_and_stay_bounded():
+    failures = tuple(LoadFailure(f"m{i}", "boom", "2026-01-01T00:00:00Z", count=i + 1) for i in range(3))
+    document = LoadedModels(version=4, models=("a",), failures=failures)
+    assert LoadedModels.parse(document.to_dict()) == document
+    assert document.summary() == LoadedSummary(4, 1)  # the summary stays fixed-size
+    many = {"failures": [{"model": f"m{i}", "error": "x" * 10_000, "at": "", "count": 1} for i in range(100)]}
+    parsed = LoadedModels.parse(many)
+    assert len(parsed.failures) == MAX_FAILURES and parsed.failures[-1].model == "m99"
+    assert len(parsed.failures[0].error) == MAX_ERROR_CHARS
+
+
+def test_a_document_of_an_older_replica_without_failures_still_parses():
+    old = '{"version": 2, "capacity": 3, "models": ["a"], "loading": [], "modelBytes": {"a": 5}, "capacityBytes": 0}'
+    assert LoadedModels.parse(old) == LoadedModels(2, 3, ("a",), (), {"a": 5})
+
+
 @pytest.mark.parametrize("raw, field", [
     ("[]", "object"),
     ('{"version": -1}', "version"),
@@ -33,6 +49,9 @@ def test_the_document_round_trips_through_json():
     ('{"models": 3}', "models"),
     ('{"models": [1]}', "models"),
     ('{"modelBytes": {"a": -5}}', "modelBytes"),
+    ('{"failures": {"a": 1}}', "failures"),
+    ('{"failures": [{"model": 1}]}', "failures"),
+    ('{"failures": [{"model": "a", "count": 0}]}', "failures"),
 ])
 def test_a_malformed_document_is_refused_with_the_field_named(raw, field):
     with pytest.raises(ValueError, match=field):

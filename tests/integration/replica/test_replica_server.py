@@ -116,6 +116,10 @@ async def test_bad_requests_get_the_right_status_and_a_json_error(processes, man
                 assert response.status == status, what
                 assert body["error"]["code"] == code, what
                 assert body["error"]["message"], what
+        # The failed load is in the loaded-models document, for the operator's Warning Event.
+        async with session.get(replica.url + "/v1/models") as response:
+            (failure,) = (await response.json())["failures"]
+        assert failure["model"] == "broken-1" and failure["count"] == 1 and failure["error"]
         async with session.get(replica.url + "/v1/nowhere") as response:
             assert response.status == 404
             assert (await response.json())["error"]["code"] == "not_found"
