@@ -33,8 +33,9 @@ from modelplex_cluster.controlplane import ControlPlane, build_binaries
 from modelplex_cluster.testing import wait_for
 
 
-#: Held while a test session's node runs: two pytest runs on one machine take turns at it.
-NODE_LOCK = Path(os.environ.get("MODELPLEX_CACHE") or Path.home() / ".cache" / "modelplex") / "e2e-node.lock"
+#: Held while a test session's node runs: two pytest runs on one machine take turns at it (a fixed
+#: path, whatever cache folder each uses: the node's bridges and addresses are the machine's).
+NODE_LOCK = Path("/run/lock" if Path("/run/lock").is_dir() else "/tmp") / "modelplex-e2e-node.lock"
 
 
 class SessionCluster:
