@@ -44,6 +44,13 @@ DEFAULT_ROUTER_REPLICAS = 2
 #: only a replica that stopped answering.
 REQUEST_TIMEOUT_MARGIN_S = 30.0
 EVICTION_POLICIES = ("lru", "lfu")
+#: Ray Serve's ``autoscaling_config`` defaults (``ray.serve.config.AutoscalingConfig``).
+DEFAULT_MIN_REPLICAS = 1
+DEFAULT_MAX_REPLICAS = 1
+DEFAULT_TARGET_ONGOING_REQUESTS = 2.0
+DEFAULT_UPSCALE_DELAY_S = 30.0
+DEFAULT_DOWNSCALE_DELAY_S = 600.0
+DEFAULT_LOOK_BACK_PERIOD_S = 30.0
 
 _QUANTITY = re.compile(r"^\+?(?P<number>[0-9]+(\.[0-9]*)?|\.[0-9]+)(?P<suffix>[KMGTPE]i|[kMGTPE]|[eE]\+?[0-9]+)?$")
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
@@ -174,8 +181,45 @@ class Metrics(_Model):
     model_label: bool = Field(default=False, alias="modelLabel")
 
 
+class Autoscaling(_Model):
+    """Ray Serve's ``autoscaling_config``, with its meanings and defaults.
+
+    The replica count follows the ongoing requests (in the replicas' slots, waiting for a
+    load, or queued in the routers) averaged over ``lookBackPeriodSeconds``: it aims at
+    ``targetOngoingRequests`` per replica, within [minReplicas, maxReplicas]. A change up must
+    be wanted for ``upscaleDelaySeconds`` in a row, a change down for
+    ``downscaleDelaySeconds``; from 0 a queued request starts a replica at once. The decision
+    itself is :class:`modelplex.autoscaling.Autoscaler`.
+    """
+
+    min_replicas: int = Field(default=DEFAULT_MIN_REPLICAS, ge=0, alias="minReplicas")
+    max_replicas: int = Field(default=DEFAULT_MAX_REPLICAS, ge=1, alias="maxReplicas")
+    #: Replicas at creation; unset: minReplicas.
+    initial_replicas: int | None = Field(default=None, ge=0, alias="initialReplicas")
+    target_ongoing_requests: float = Field(default=DEFAULT_TARGET_ONGOING_REQUESTS, gt=0,
+                                           alias="targetOngoingRequests")
+    upscale_delay_seconds: float = Field(default=DEFAULT_UPSCALE_DELAY_S, ge=0, alias="upscaleDelaySeconds")
+    downscale_delay_seconds: float = Field(default=DEFAULT_DOWNSCALE_DELAY_S, ge=0, alias="downscaleDelaySeconds")
+    look_back_period_seconds: float = Field(default=DEFAULT_LOOK_BACK_PERIOD_S, gt=0, alias="lookBackPeriodSeconds")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Autoscaling:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"minReplicas must be <= maxReplicas (got {self.min_replicas} > {self.max_replicas})")
+        if self.initial_replicas is not None and not self.min_replicas <= self.initial_replicas <= self.max_replicas:
+            raise ValueError(f"initialReplicas must be within minReplicas and maxReplicas (got "
+                             f"{self.initial_replicas}, outside {self.min_replicas}..{self.max_replicas})")
+        return self
+
+    @property
+    def starting_replicas(self) -> int:
+        return self.min_replicas if self.initial_replicas is None else self.initial_replicas
+
+
 class DeploymentSpec(_Model):
-    replicas: int = Field(default=1, ge=0)
+    # None: unset — 1 without autoscaling; with autoscaling the autoscaler owns the count.
+    replicas: int | None = Field(default=None, ge=0)
+    autoscaling: Autoscaling | None = None
     image: str = Field(min_length=1)
     handler: str | None = Field(
         default=None,
@@ -205,6 +249,22 @@ class DeploymentSpec(_Model):
         if self.handler is None and self.model_source is None:
             raise ValueError("modelSource is required when no handler is given (the built-in handler reads it)")
         return self
+
+    @model_validator(mode="after")
+    def _replicas_or_autoscaling(self) -> DeploymentSpec:
+        if self.replicas is not None and self.autoscaling is not None:
+            raise ValueError(f"replicas and autoscaling are both set (got replicas: {self.replicas}): with "
+                             "autoscaling the autoscaler owns the replica count; remove replicas and bound it "
+                             "with autoscaling.minReplicas/maxReplicas")
+        return self
+
+    @property
+    def starting_replicas(self) -> int:
+        """Replicas to create: ``replicas``; with autoscaling its initialReplicas (else
+        minReplicas); else 1."""
+        if self.autoscaling is not None:
+            return self.autoscaling.starting_replicas
+        return 1 if self.replicas is None else self.replicas
 
     @property
     def request_timeout_s(self) -> float:

@@ -6,7 +6,8 @@ Public API (README, "Router API"; the OpenAPI document at ``/openapi.json``):
   by the ``serve_multiplexed_model_id`` header (or its dashed spelling, which proxies keep);
 - ``POST /v1/models/{model}/predict``;
 - the Open Inference Protocol v2 under ``/v2`` (:mod:`modelplex_router.oip`);
-- ``GET /healthz``, ``/readyz`` (a replica is ready), ``/metrics``, ``/v1/replicas``, ``/openapi.json``.
+- ``GET /healthz``, ``/readyz`` (a replica is ready), ``/metrics``, ``/v1/replicas``, ``/openapi.json``;
+- ``GET /v1/load``: the load report the autoscaler reads (:mod:`modelplex_router.load`).
 
 The router's own paths are not the handler's: a wrong method there is a 405 with ``Allow``,
 an unknown path under ``/v2`` a 404.
@@ -25,9 +26,10 @@ from typing import AsyncIterator, Callable
 import aiohttp
 from aiohttp import web
 
+from modelplex.autoscaling import LOAD_PATH
 from modelplex.http import error_middleware
 from modelplex.names import DASHED_MODEL_ID_HEADER, MODEL_ID_HEADER
-from modelplex_router import oip
+from modelplex_router import load, oip
 from modelplex_router.config import RouterConfig
 from modelplex_router.discovery.base import Discovery
 from modelplex_router.discovery.documents import DocumentFetcher
@@ -42,7 +44,7 @@ from modelplex_router.table import RoutingTable
 log = logging.getLogger("modelplex.router")
 
 #: The router's own paths; everything else (any method) is the handler's.
-RESERVED = r"(?!(?:healthz|readyz|metrics|openapi\.json|v1/replicas|v2)(?:/|$)|v1/models/[^/]+/predict$)"
+RESERVED = r"(?!(?:healthz|readyz|metrics|openapi\.json|v1/replicas|v1/load|v2)(?:/|$)|v1/models/[^/]+/predict$)"
 
 
 def create_app(config: RouterConfig, discovery: Discovery, *,
@@ -65,6 +67,7 @@ def create_app(config: RouterConfig, discovery: Discovery, *,
         max_queued=config.max_queued,
         clock=clock,
         deployment=config.deployment,
+        hold_at_zero_s=config.hold_at_zero_s,
     )
     app[METRICS].queued.set_function(lambda: scheduler.queued)
     app.cleanup_ctx.append(_client_session)
@@ -75,6 +78,7 @@ def create_app(config: RouterConfig, discovery: Discovery, *,
     routes.add_get("/metrics", metrics)
     routes.add_get("/openapi.json", openapi)
     routes.add_get("/v1/replicas", replicas)
+    routes.add_get(LOAD_PATH, load.load)
     routes.add_post("/v1/models/{model}/predict", predict)
     oip.add_routes(routes, ready=readyz)
     routes.add_route("*", "/{tail:" + RESERVED + ".*}", invoke)

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
+from modelplex.autoscaling import DEFAULT_HOLD_AT_ZERO_S
 from modelplex.spec import Deployment
 from modelplex_router.policy import POLICIES, Params
 
@@ -14,6 +15,7 @@ from modelplex_router.policy import POLICIES, Params
 ENV_POLICY = "MODELPLEX_ROUTING_POLICY"
 ENV_QUEUE_TIMEOUT = "MODELPLEX_ROUTING_QUEUE_TIMEOUT_S"
 ENV_POLL_INTERVAL = "MODELPLEX_ROUTING_POLL_INTERVAL_S"
+ENV_HOLD_AT_ZERO = "MODELPLEX_ROUTING_HOLD_AT_ZERO_S"
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,9 @@ class RouterConfig:
     queue_timeout_s: float = 10.0
     #: How many requests may wait for a slot at once before new ones get a 503 at once.
     max_queued: int = 1000
+    #: An autoscaled deployment's bound for a request that finds no replica ready (it may be at
+    #: zero on purpose, a replica starting for it); None: ``queue_timeout_s``.
+    hold_at_zero_s: float | None = None
     #: Until the first byte of the answer (a model load included) before a 504:
     #: ``spec.router.requestTimeoutSeconds``.
     first_byte_timeout_s: float = 330.0
@@ -54,6 +59,7 @@ class RouterConfig:
             first_byte_timeout_s=spec.request_timeout_s,
             queue_timeout_s=_positive(env, ENV_QUEUE_TIMEOUT, 10.0),
             poll_interval_s=_positive(env, ENV_POLL_INTERVAL, 0.15),
+            hold_at_zero_s=_positive(env, ENV_HOLD_AT_ZERO, DEFAULT_HOLD_AT_ZERO_S) if spec.autoscaling else None,
         )
 
 

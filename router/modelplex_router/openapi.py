@@ -90,6 +90,8 @@ OPERATIONS: dict[tuple[str, str], list[tuple[str, dict]]] = {
                                                   "responses": {"200": _json({"type": "object"}, "OpenAPI 3.")}})],
     ("GET", "/v1/replicas"): [("/v1/replicas", {"summary": "The routing table", "tags": ["operations"],
                                                 "responses": {"200": _json(_ref("Replicas"), "Replicas and models.")}})],
+    ("GET", "/v1/load"): [("/v1/load", {"summary": "The load report the autoscaler reads", "tags": ["operations"],
+                                        "responses": {"200": _json(_ref("LoadReport"), "Load now.")}})],
     ("POST", "/v1/models/{model}/predict"): [("/v1/models/{model}/predict", {
         "summary": "Call the handler for a model named in the path", "tags": ["handler"], "parameters": [_MODEL],
         "requestBody": _HANDLER_BODY, "responses": _HANDLER_ANSWERS})],
@@ -146,6 +148,19 @@ SCHEMAS: dict[str, dict] = {
     "Replicas": {"type": "object", "required": ["deployment", "replicas"], "properties": {
         "deployment": {"type": "string"}, "policy": {"type": "string"}, "queued": {"type": "integer"},
         "replicas": {"type": "array", "items": {"type": "object"}}}},
+    "LoadReport": {"type": "object", "required": ["deployment", "at", "queued", "replicas", "model_rates"],
+                   "description": "modelplex.autoscaling.LoadReport: this router's requests at each replica "
+                                  "(in its slots or waiting for a load), its queue (requests held at zero "
+                                  "replicas included), and each model's requests per second over window_s.",
+                   "properties": {
+        "deployment": {"type": "string"}, "router": {"type": "string"},
+        "at": {"type": "number", "description": "Unix time of the report."},
+        "queued": {"type": "integer", "minimum": 0}, "ongoing": {"type": "integer", "minimum": 0},
+        "window_s": {"type": "number"},
+        "replicas": {"type": "array", "items": {"type": "object", "required": ["name", "ongoing"], "properties": {
+            "name": {"type": "string"}, "ongoing": {"type": "integer", "minimum": 0}, "ready": {"type": "boolean"},
+            "models": {"type": "array", "items": {"type": "string"}}, "capacity": {"type": "integer"}}}},
+        "model_rates": {"type": "object", "additionalProperties": {"type": "number"}}}},
     "ServerMetadata": {"type": "object", "required": ["name", "version", "extensions"], "properties": {
         "name": {"type": "string"}, "version": {"type": "string"},
         "extensions": {"type": "array", "items": {"type": "string"}}}},

@@ -8,6 +8,12 @@ waiter). A waiter also looks for itself when its matching timeout passes. A requ
 finds no ready replica waits in the same line (a replica may be starting, or briefly out of
 rotation): an instant 503 would only make clients resend at once. Past the queue bound a
 request is refused with 503 and Retry-After rather than queued for ever.
+
+An autoscaled deployment may be at zero replicas on purpose: a request that finds none ready
+is held longer (``hold_at_zero_s``, a minute by default), counted in :attr:`Scheduler.queued`,
+which the load report carries to the autoscaler; that starts a replica, and the request goes
+to it once it is ready. The scheduler also counts each request's model (:attr:`Scheduler.demand`)
+for the report's request rates.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Collection
 
 from modelplex.errors import NotReady, Overloaded
+from modelplex_router.demand import RequestRates
 from modelplex_router.policy import POLICIES, Decision, Kind, Params
 from modelplex_router.table import Replica, RoutingTable
 
@@ -70,12 +77,17 @@ class Scheduler:
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         deployment: str = "",
+        hold_at_zero_s: float | None = None,
     ):
         self.table = table
         self.params = params
         self.policy_name = policy
         self._choose = POLICIES[policy]
         self.queue_timeout_s = queue_timeout_s
+        #: The bound for a request that found no replica ready (None: ``queue_timeout_s``).
+        self.hold_at_zero_s = queue_timeout_s if hold_at_zero_s is None else max(hold_at_zero_s, queue_timeout_s)
+        #: Requests per model (first attempts only), for the load report.
+        self.demand = RequestRates()
         self.max_queued = max_queued
         self.clock = clock
         self.rng = rng or random.Random()
@@ -112,12 +124,15 @@ class Scheduler:
         retries share one bound and one matching timeout.
         """
         start = self.clock() if since is None else since
+        if model and not exclude:
+            self.demand.record(model, self.clock())
         lease = self.try_acquire(model, self.clock() - start, exclude or ())
         if lease is not None:
             return lease
         if self.queued >= self.max_queued:
             raise Overloaded(f"{self.queued} requests already wait for a replica of {self.deployment!r}")
         deadline = start + self.queue_timeout_s
+        held_at_zero = False
         match_at = start + self.params.matching_timeout_s
         waiter = _Waiter(model, start, exclude, asyncio.get_running_loop().create_future())
         self._line.append(waiter)
@@ -125,8 +140,12 @@ class Scheduler:
         try:
             while True:
                 now = self.clock()
+                if not held_at_zero and not self.table.usable(now):
+                    # No replica at all (scaled to zero, or all starting): wait for one to start.
+                    held_at_zero = True
+                    deadline = start + self.hold_at_zero_s
                 if now >= deadline:
-                    raise self._gave_up(now)
+                    raise self._gave_up(now, deadline - start)
                 # Wake at the matching timeout too: the policy may then place the request elsewhere.
                 wake = deadline if now >= match_at else min(deadline, match_at)
                 if exclude:
@@ -150,12 +169,12 @@ class Scheduler:
                 waiter.future.cancel()  # the hand-off skips (and drops) it
             self.queued -= 1
 
-    def _gave_up(self, now: float) -> Overloaded | NotReady:
+    def _gave_up(self, now: float, waited_s: float) -> Overloaded | NotReady:
         if not self.table.usable(now):
             return NotReady(f"no replica of deployment {self.deployment!r} became ready within "
-                            f"{self.queue_timeout_s:g} s", retry_after=1.0)
+                            f"{waited_s:g} s", retry_after=1.0)
         return Overloaded(f"every replica of {self.deployment!r} stayed at maxOngoingRequests="
-                          f"{self.params.max_ongoing} for {self.queue_timeout_s:g} s")
+                          f"{self.params.max_ongoing} for {waited_s:g} s")
 
     def _try_for(self, waiter: _Waiter, now: float) -> Lease | None:
         lease = self.try_acquire(waiter.model, now - waiter.start, waiter.exclude or ())

@@ -26,7 +26,8 @@ def document(spec=None, name="recs"):
 
 def test_defaults_follow_ray_serve():
     spec = parse_spec(MINIMAL)
-    assert spec.replicas == 1
+    assert spec.replicas is None and spec.starting_replicas == 1  # unset: 1, as in Ray Serve
+    assert spec.autoscaling is None
     assert spec.multiplexing.matching_timeout_seconds == DEFAULT_MATCHING_TIMEOUT_S == 1.0
     # Unset batching/multiplexing sizes defer to the decorators' arguments.
     assert spec.multiplexing.max_models_per_replica is None

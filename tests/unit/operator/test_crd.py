@@ -11,6 +11,7 @@ from modelplex import names
 from modelplex.spec import (
     DEFAULT_MATCHING_TIMEOUT_S,
     DEFAULT_MAX_ONGOING_REQUESTS,
+    Autoscaling,
     Batching,
     DeploymentSpec,
     Metrics,
@@ -90,6 +91,7 @@ def _aliases(model) -> set[str]:
         (("batching",), Batching),
         (("router",), RouterSpec),
         (("metrics",), Metrics),
+        (("autoscaling",), Autoscaling),
     ],
 )
 def test_every_spec_field_and_only_those(spec_schema, path, model):
@@ -117,7 +119,13 @@ def _default(spec_schema, *path):
 
 def test_defaults_are_the_spec_defaults(spec_schema):
     spec = parse_spec({"image": "x", "handler": "m:C"})
-    assert _default(spec_schema, "replicas") == spec.replicas == 1
+    # No default: unset replicas means 1, or the autoscaler's count (set, they refuse autoscaling).
+    assert _default(spec_schema, "replicas") == "<none>" and spec.replicas is None and spec.starting_replicas == 1
+    autoscaling = parse_spec({"image": "x", "handler": "m:C", "autoscaling": {}}).autoscaling
+    for name, field in Autoscaling.model_fields.items():
+        if field.alias != "initialReplicas":
+            assert _default(spec_schema, "autoscaling", field.alias) == getattr(autoscaling, name), field.alias
+    assert _default(spec_schema, "autoscaling", "initialReplicas") == "<none>"
     assert _default(spec_schema, "maxOngoingRequests") == spec.max_ongoing_requests == DEFAULT_MAX_ONGOING_REQUESTS
     assert _default(spec_schema, "maxRequestBytes") == spec.max_request_bytes
     assert _default(spec_schema, "multiplexing", "matchingTimeoutSeconds") == DEFAULT_MATCHING_TIMEOUT_S
@@ -149,6 +157,11 @@ def _constraint(model, name: str, kind: str):
         (("batching", "batchWaitTimeoutMs"), Batching, "batch_wait_timeout_ms"),
         (("router", "replicas"), RouterSpec, "replicas"),
         (("router", "port"), RouterSpec, "port"),
+        (("autoscaling", "minReplicas"), Autoscaling, "min_replicas"),
+        (("autoscaling", "maxReplicas"), Autoscaling, "max_replicas"),
+        (("autoscaling", "initialReplicas"), Autoscaling, "initial_replicas"),
+        (("autoscaling", "upscaleDelaySeconds"), Autoscaling, "upscale_delay_seconds"),
+        (("autoscaling", "downscaleDelaySeconds"), Autoscaling, "downscale_delay_seconds"),
     ],
 )
 def test_ranges_match(spec_schema, path, model, field):
