@@ -9,16 +9,21 @@ here with the ``kubernetes`` client (in a worker thread, so the event loop never
   Before it, a GET refuses to take over an object that another controller owns.
 - :meth:`Kube.patch_status` writes a MultiplexedDeployment's status subresource.
 
-Errors come out as :class:`KubeError` with ``retryable`` saying whether trying again may help.
+Errors come out as :class:`KubeError` with ``retryable`` saying whether trying again may help:
+an answer of the API server, or no answer at all (the network, a timeout). Anything else the
+client raises (a bad argument, an object it cannot serialize) is a bug and leaves as it is.
 """
 
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import logging
 from dataclasses import dataclass
 from typing import Any
+
+import urllib3.exceptions
 
 from modelplex.names import API_GROUP, API_VERSION, PLURAL
 from modelplex_operator import FIELD_MANAGER
@@ -36,14 +41,28 @@ PLURALS: dict[tuple[str, str], str] = {
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
     (f"{API_GROUP}/{API_VERSION}", "MultiplexedDeployment"): PLURAL,
 }
-#: Statuses after which the same request may succeed later: timeouts, conflicts, throttling,
-#: server trouble, and 403/404 (RBAC being granted, a namespace or CRD appearing).
-RETRYABLE = frozenset({0, 403, 404, 408, 409, 410, 425, 429, 500, 502, 503, 504})
+#: ``status`` of a request the server never answered (the network, a timeout): worth a retry.
+NO_ANSWER = 0
+#: Answers after which the same request may succeed later, besides every 5xx: a conflict with
+#: another writer (409), throttling (429), the server's request timeout (408), and 403, since
+#: RBAC is granted apart from the resource (an administrator fixing the operator's role heals
+#: it). Anything else (400, 404, 422 ...) fails the same way until the spec or the cluster changes.
+RETRYABLE = frozenset({NO_ANSWER, 403, 408, 409, 429})
 REQUEST_TIMEOUT_S = 30
+#: What the ``kubernetes`` client (urllib3 underneath) raises when no answer came back.
+NETWORK_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,  # refused, reset, unreachable, socket timeouts, ssl.SSLError
+    http.client.HTTPException,
+    urllib3.exceptions.MaxRetryError,
+    urllib3.exceptions.ProtocolError,
+    urllib3.exceptions.TimeoutError,  # connect and read timeouts, name resolution
+    urllib3.exceptions.SSLError,
+    urllib3.exceptions.ProxyError,
+)
 
 
 class KubeError(Exception):
-    """A failed API call: ``status`` (0 for no answer), ``reason`` and the server's message."""
+    """A failed API call: ``status`` (:data:`NO_ANSWER` for none), ``reason`` and the server's message."""
 
     def __init__(self, status: int, reason: str, message: str, what: str = ""):
         self.status = status
@@ -55,7 +74,8 @@ class KubeError(Exception):
 
     @property
     def retryable(self) -> bool:
-        return self.status in RETRYABLE
+        """Whether the same request may succeed later (see :data:`RETRYABLE`)."""
+        return self.status in RETRYABLE or self.status >= 500
 
 
 class NotOwned(Exception):
@@ -172,9 +192,9 @@ class Kube:
                 _request_timeout=self.timeout,
             )
         except ApiException as error:
-            raise error_from_api_exception(error, what) from None
-        except Exception as error:  # noqa: BLE001 - urllib3/OSError/SSL: no answer from the server
-            raise KubeError(0, type(error).__name__, str(error), what) from None
+            raise error_from_api_exception(error, what) from error
+        except NETWORK_ERRORS as error:
+            raise KubeError(NO_ANSWER, type(error).__name__, str(error), what) from error
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         """The object, or None when it does not exist."""

@@ -45,9 +45,9 @@ def test_ownership():
 
 
 def test_retryable_errors():
-    for status in (0, 403, 404, 409, 429, 500, 503, 504):
+    for status in (0, 403, 408, 409, 429, 500, 503, 504, 599):
         assert KubeError(status, "r", "m").retryable
-    for status in (400, 401, 422):
+    for status in (400, 401, 404, 410, 422):
         assert not KubeError(status, "r", "m").retryable
 
 
