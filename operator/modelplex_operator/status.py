@@ -4,13 +4,18 @@ Inputs are small views of the owned Deployments and of the replica pods (built f
 objects by :func:`pod_view` and :func:`deployment_view`), the resource itself, and the outcome
 of the last reconcile. The output is the whole ``status``: counts, ``loadedModels`` (models
 loaded across the replica pods, a copy on each of two replicas counted twice: the pods'
-``modelplex.io/loaded-models`` annotations carry a fixed-size summary, not lists), ``routerService``,
-``observedGeneration``, the scale subresource's ``selector`` and three conditions:
+``modelplex.io/loaded-models`` annotations carry a fixed-size summary, not lists), the pool's
+bytes and byte budget, ``models`` (per model: its copies, the replicas holding it and its size,
+merged from the replicas' ``GET /v1/models`` documents the keeper read, at most
+:data:`MAX_STATUS_MODELS` of them), ``routerService``, ``observedGeneration``, the scale
+subresource's ``selector`` and four conditions:
 
 - ``Ready``: every wanted replica and router pod is ready on the current spec;
 - ``Progressing``: the operator or a rollout is still getting there;
 - ``Degraded``: something needs a person (an invalid spec, an object the API refused,
-  a Deployment that cannot create its pods or is past its progress deadline).
+  a Deployment that cannot create its pods or is past its progress deadline);
+- ``ModelsReported``: the operator could read every ready replica's models (False names the
+  replicas it could not read; their last known models stay in ``models``).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from modelplex.loaded import LoadedSummary
+from modelplex.loaded import LoadedModels, LoadedSummary
 from modelplex.names import ANNOTATION_LOADED_MODELS, LABEL_ROLE, ROLE_REPLICA, ROLE_ROUTER
 from modelplex.spec import DEFAULT_ROUTER_REPLICAS
 from modelplex_operator.builders import selector_string
@@ -26,7 +31,15 @@ from modelplex_operator.builders import selector_string
 READY = "Ready"
 PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
-CONDITION_TYPES = (READY, PROGRESSING, DEGRADED)
+MODELS_REPORTED = "ModelsReported"
+CONDITION_TYPES = (READY, PROGRESSING, DEGRADED, MODELS_REPORTED)
+
+#: ``status.models`` lists at most this many models, most copies first, then the largest;
+#: ``status.modelsOmitted`` counts the others. It keeps the resource small (etcd objects are
+#: bounded) and ``kubectl get -o yaml`` readable; ``GET /v1/models`` on a replica has them all.
+MAX_STATUS_MODELS = 50
+#: Replica pods named per model in ``status.models[].replicas`` (``copies`` counts them all).
+MAX_STATUS_HOLDERS = 10
 
 # Outcome states of a reconcile.
 OK = "ok"
@@ -42,6 +55,7 @@ class PodView:
     ready: bool = False
     deleting: bool = False
     summary: LoadedSummary = LoadedSummary()  # what its replica holds (its annotation)
+    ip: str = ""  # where the operator reads its GET /v1/models
 
     @property
     def models(self) -> int:
@@ -139,6 +153,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         ready=_is_true(status.get("conditions"), "Ready"),
         deleting=bool(meta.get("deletionTimestamp")),
         summary=loaded_summary(meta.get("annotations")),
+        ip=status.get("podIP") or "",
     )
 
 
@@ -189,14 +204,49 @@ def _deployment_problem(view: DeploymentView | None) -> tuple[str, str] | None:
     return None
 
 
+def model_entries(
+    documents: Mapping[str, LoadedModels], limit: int = MAX_STATUS_MODELS
+) -> tuple[list[dict[str, Any]], int]:
+    """``status.models`` from each replica pod's document (pod name -> document), and how many
+    models were left out. A model's ``bytes`` is one copy's measured size (0: unknown)."""
+    holders: dict[str, list[str]] = {}
+    sizes: dict[str, int] = {}
+    for pod in sorted(documents):
+        document = documents[pod]
+        for model in document.models:
+            holders.setdefault(model, []).append(pod)
+            sizes[model] = max(sizes.get(model, 0), document.model_bytes.get(model, 0))
+    ranked = sorted(holders, key=lambda model: (-len(holders[model]), -sizes[model], model))
+    entries = [{"name": model, "copies": len(holders[model]), "bytes": sizes[model],
+                "replicas": holders[model][:MAX_STATUS_HOLDERS]} for model in ranked[:limit]]
+    return entries, len(ranked) - len(entries)
+
+
+def _models_reported(unreported: Mapping[str, str], generation: int) -> dict[str, Any]:
+    if not unreported:
+        return _condition(MODELS_REPORTED, True, "Reported", "", generation)
+    named = sorted(unreported)
+    message = "; ".join(f"{pod}: {unreported[pod]}" for pod in named[:3])
+    if len(named) > 3:
+        message += f"; and {len(named) - 3} more"
+    return _condition(MODELS_REPORTED, False, "ReplicaUnreachable",
+                      f"GET /v1/models failed on {message} (their last known models are shown)", generation)
+
+
 def compute_status(
     resource: Resource,
     deployments: Iterable[DeploymentView],
     pods: Iterable[PodView],
     outcome: Outcome | None,
     now: str,
+    documents: Mapping[str, LoadedModels] | None = None,
+    unreported: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The whole status of ``resource``; conditions keep their ``lastTransitionTime`` unless they flip."""
+    """The whole status of ``resource``; conditions keep their ``lastTransitionTime`` unless they flip.
+
+    ``documents`` are the last known loaded-models documents by replica pod name, ``unreported``
+    the pods whose latest read failed, with why (both from :mod:`modelplex_operator.documents`).
+    """
     spec = resource.spec or {}
     current = dict(resource.status or {})
     by_role = {view.role: view for view in deployments}
@@ -206,9 +256,12 @@ def compute_status(
     want_routers = _int(router_spec.get("replicas"), DEFAULT_ROUTER_REPLICAS)
     port = _int(router_spec.get("port"), 8000)
     live_pods = [pod for pod in pods if not pod.deleting]
-    models = sum(pod.models for pod in live_pods)
+    copies = sum(pod.models for pod in live_pods)
     pool_bytes = sum(pod.summary.bytes for pod in live_pods)
     pool_capacity = sum(pod.summary.capacity_bytes for pod in live_pods)
+    live = {pod.name for pod in live_pods}
+    models, omitted = model_entries({pod: doc for pod, doc in (documents or {}).items() if pod in live})
+    unreported = {pod: why for pod, why in (unreported or {}).items() if pod in live}
 
     if outcome is not None and outcome.uid not in ("", resource.uid):
         outcome = None  # an outcome of an earlier object of the same name
@@ -222,10 +275,13 @@ def compute_status(
         "replicas": replica.status_replicas if replica else 0,
         "readyReplicas": replica.ready if replica else 0,
         "updatedReplicas": replica.updated if replica else 0,
-        "loadedModels": models,
+        "loadedModels": copies,
         "poolBytes": pool_bytes,
+        "poolCapacityBytes": pool_capacity,
         # For `kubectl get mxd -o wide`: used / budget of the replicas' model caches.
         "poolMemory": quantity(pool_bytes) + (f"/{quantity(pool_capacity)}" if pool_capacity else ""),
+        "models": models,
+        "modelsOmitted": omitted,
         "routerService": f"{resource.name}.{resource.namespace}.svc:{port}",
         "selector": selector_string(resource.name),
     }
@@ -258,7 +314,7 @@ def compute_status(
         ready_reason, ready_message = _readiness(caught_up, want, want_routers, replica, router, problem)
         ready = _condition(READY, ready_reason == "AllReplicasReady", ready_reason, ready_message, gen)
 
-    status["conditions"] = merge_conditions(current.get("conditions") or [], [ready, progressing, degraded], now)
+    status["conditions"] = merge_conditions(current.get("conditions") or [], [ready, progressing, degraded, _models_reported(unreported, gen)], now)
     return status
 
 

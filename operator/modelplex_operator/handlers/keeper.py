@@ -4,7 +4,9 @@ Handlers *poke* it with a resource's key whenever something that status depends 
 (the resource, one of its Deployments, one of its replica pods). A single task takes the poked
 keys after a short pause (so a burst of annotation patches makes one write), computes the
 status from the indexes (:func:`modelplex_operator.status.compute_status`), and patches it
-when it differs. It posts Events when Ready flips or a Deployment reports trouble.
+when it differs. It posts Events when Ready flips or a Deployment reports trouble. Before
+computing, it reads the replicas' loaded-models documents whose summaries changed
+(:mod:`modelplex_operator.documents`: per-model status, ModelLoadFailed Events).
 
 It also repairs: a poke with ``repair=True`` (an owned Deployment was deleted, or the
 periodic resync) applies the desired objects again.
@@ -20,6 +22,7 @@ from typing import Any, Callable
 import kopf
 
 from modelplex.spec import SpecError
+from modelplex_operator.documents import ReplicaDocuments
 from modelplex_operator.handlers import reconcile
 from modelplex_operator.handlers.context import Key, OperatorContext
 from modelplex_operator.handlers.observe import Indexes, resource_of
@@ -45,11 +48,13 @@ class StatusKeeper:
         debounce_s: float = DEBOUNCE_S,
         resync_s: float | None = None,
         clock: Callable[[], str] = utc_now,
+        documents: ReplicaDocuments | None = None,
     ):
         self.ctx = ctx
         self.debounce_s = debounce_s
         self.resync_s = resync_s if resync_s is not None else ctx.config.resync_seconds
         self.clock = clock
+        self.documents = documents or ReplicaDocuments()
         self.indexes: Indexes | None = None
         self._dirty: dict[Key, bool] = {}
         self._wake: asyncio.Event | None = None
@@ -88,6 +93,7 @@ class StatusKeeper:
             except (asyncio.CancelledError, Exception):  # noqa: BLE001 - stopping
                 pass
         self._tasks = []
+        await self.documents.close()
 
     @property
     def alive(self) -> bool:
@@ -135,6 +141,7 @@ class StatusKeeper:
         if view is None:  # deleted: forget it
             self._written.pop(key, None)
             self.ctx.forget(key)
+            self.documents.forget(key)
             return None
         meta = view["metadata"]
         if meta.get("deletionTimestamp"):
@@ -153,12 +160,20 @@ class StatusKeeper:
         if stale:
             base = {**base, **written}  # the index has not caught up with our last write yet
         resource = resource_of({**view, "status": base}, problem)
+        pods = self.indexes.pods_of(key)
+        reading = await self.documents.read(key, pods)
+        for etype, reason, message in reading.events:
+            kopf.event(view, type=etype, reason=reason, message=message[:1000])
+        if reading.retry_in is not None:  # a read failed: try it again then, even if nothing else changes
+            asyncio.get_running_loop().call_later(reading.retry_in + 0.1, self._poke_later, key, False)
         desired = compute_status(
             resource,
             self.indexes.deployments_of(key),
-            self.indexes.pods_of(key),
+            pods,
             self.ctx.outcomes.get(key),
             self.clock(),
+            reading.documents,
+            reading.unreported,
         )
         if not status_differs(base, desired):
             return None

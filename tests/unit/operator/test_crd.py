@@ -187,3 +187,18 @@ def test_status_schema_holds_what_the_operator_writes(version):
             "observedGeneration", "conditions"} <= set(status)
     cond = status["conditions"]
     assert cond["x-kubernetes-list-type"] == "map" and cond["x-kubernetes-list-map-keys"] == ["type"]
+
+
+def test_status_schema_holds_every_field_of_a_computed_status(version):
+    from modelplex.loaded import LoadedModels, LoadedSummary
+    from modelplex_operator.status import MAX_STATUS_HOLDERS, MAX_STATUS_MODELS, PodView, Resource, compute_status
+
+    schema = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    pods = [PodView("p", True, False, LoadedSummary(models=1, bytes=5, capacity_bytes=10))]
+    status = compute_status(Resource("recs", "team-a"), [], pods, None, "2026-01-01T00:00:00Z",
+                            {"p": LoadedModels(models=("m",), model_bytes={"m": 5})}, {"p": "timeout"})
+    assert set(status) <= set(schema), set(status) - set(schema)
+    item = schema["models"]["items"]["properties"]
+    assert set(status["models"][0]) == set(item)
+    assert str(MAX_STATUS_MODELS) in schema["models"]["description"]
+    assert f"first {MAX_STATUS_HOLDERS}" in item["replicas"]["description"]

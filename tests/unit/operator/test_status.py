@@ -1,4 +1,4 @@
-"""Status computation: counts, loadedModels from the annotations, the three conditions."""
+"""Status computation: counts, loadedModels from the annotations, models from the documents, the conditions."""
 
 from __future__ import annotations
 
@@ -217,9 +217,9 @@ def test_views_of_api_objects():
     pod = {
         "metadata": {"name": "p", "annotations": {ANNOTATION_LOADED_MODELS: json.dumps(
             {"version": 4, "models": 2, "loading": 0, "capacity": 3, "bytes": 0, "capacityBytes": 0})}},
-        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}], "podIP": "10.244.0.7"},
     }
-    assert pod_view(pod) == PodView("p", True, False, LoadedSummary(version=4, models=2, capacity=3))
+    assert pod_view(pod) == PodView("p", True, False, LoadedSummary(version=4, models=2, capacity=3), "10.244.0.7")
     assert pod_view({"metadata": {"name": "q", "deletionTimestamp": "x"}}) == PodView("q", False, True)
     dep = {
         "metadata": {"name": "recs-replica", "generation": 3, "labels": {"modelplex.io/role": "replica"}},
@@ -243,3 +243,70 @@ def test_malformed_annotations_count_as_nothing():
 
 def test_pool_memory_reads_as_a_kubernetes_quantity():
     assert [quantity(n) for n in (0, 512, 1536 << 20, 12 << 30, (3 << 30) // 2)] == ["0", "512", "1.5Gi", "12Gi", "1.5Gi"]
+
+
+# -- per-model state: status.models from the replicas' documents ------------------------------
+
+
+def test_models_list_copies_holders_and_bytes_most_copies_then_largest_first():
+    from modelplex.loaded import LoadedModels
+    from modelplex_operator.status import model_entries
+
+    documents = {
+        "recs-replica-b": LoadedModels(models=("small", "big", "shared"),
+                                       model_bytes={"small": 10, "big": 900, "shared": 50}),
+        "recs-replica-a": LoadedModels(models=("shared", "unsized")),
+    }
+    entries, omitted = model_entries(documents)
+    assert entries == [
+        {"name": "shared", "copies": 2, "bytes": 50, "replicas": ["recs-replica-a", "recs-replica-b"]},
+        {"name": "big", "copies": 1, "bytes": 900, "replicas": ["recs-replica-b"]},
+        {"name": "small", "copies": 1, "bytes": 10, "replicas": ["recs-replica-b"]},
+        {"name": "unsized", "copies": 1, "bytes": 0, "replicas": ["recs-replica-a"]},
+    ]
+    assert omitted == 0
+    assert model_entries(documents, limit=2) == (entries[:2], 2)
+
+
+def test_status_models_are_bounded_and_say_how_many_were_left_out():
+    from modelplex.loaded import LoadedModels
+    from modelplex_operator.status import MAX_STATUS_HOLDERS, MAX_STATUS_MODELS
+
+    names = [f"recs-replica-{i:02}" for i in range(MAX_STATUS_HOLDERS + 2)]
+    documents = {name: LoadedModels(models=tuple(f"m{j}" for j in range(MAX_STATUS_MODELS + 7)),
+                                    model_bytes={"m3": 1 << 20}) for name in names}
+    pods = [PodView(name, True, False, LoadedSummary(models=MAX_STATUS_MODELS + 7)) for name in names]
+    status = compute_status(resource(), [replica(), router()], pods, ok(), T0, documents)
+    assert len(status["models"]) == MAX_STATUS_MODELS and status["modelsOmitted"] == 7
+    first = status["models"][0]
+    assert first["name"] == "m3" and first["copies"] == len(names) and first["bytes"] == 1 << 20
+    assert first["replicas"] == names[:MAX_STATUS_HOLDERS]
+    assert len(json.dumps(status)) < 64_000  # whatever the pool, the status stays small
+
+
+def test_terminating_pods_and_pods_gone_do_not_list_models():
+    from modelplex.loaded import LoadedModels
+
+    documents = {"a": LoadedModels(models=("m1",)), "old": LoadedModels(models=("m2",)),
+                 "gone": LoadedModels(models=("m3",))}
+    pods = [PodView("a", True, False), PodView("old", False, True)]
+    status = compute_status(resource(), [replica(), router()], pods, ok(), T0, documents)
+    assert [m["name"] for m in status["models"]] == ["m1"]
+
+
+def test_pool_capacity_and_the_models_reported_condition():
+    pods = [PodView("a", True, False, LoadedSummary(bytes=1, capacity_bytes=1 << 30)),
+            PodView("b", True, False, LoadedSummary(bytes=2, capacity_bytes=1 << 30))]
+    status = compute_status(resource(), [replica(), router()], pods, ok(), T0)
+    assert status["poolCapacityBytes"] == 2 << 30 and status["models"] == [] and status["modelsOmitted"] == 0
+    reported = cond(status, "ModelsReported")
+    assert reported["status"] == "True" and reported["reason"] == "Reported"
+    status = compute_status(resource(status=status), [replica(), router()], pods, ok(), T1,
+                            unreported={"b": "no answer within 3 s", "gone": "refused"})
+    reported = cond(status, "ModelsReported")
+    assert reported["status"] == "False" and reported["reason"] == "ReplicaUnreachable"
+    assert reported["message"] == ("GET /v1/models failed on b: no answer within 3 s "
+                                   "(their last known models are shown)")
+    assert reported["lastTransitionTime"] == T1
+    assert cond(status, "Ready")["status"] == "True"  # serving is another matter
+    assert transitions({}, status) == [("Normal", "Ready", "2/2 replicas and 1/1 routers ready")]

@@ -1,0 +1,259 @@
+"""The replicas' loaded-models documents, as the operator reads them for status and Events.
+
+A replica pod's annotation carries only a fixed-size summary with a ``version``
+(:class:`modelplex.loaded.LoadedSummary`); the full document (every model, its size, the
+latest load failures) is the replica's ``GET /v1/models``. :class:`ReplicaDocuments` reads it
+from a ready pod's IP only when the pod's summary announces a version newer than the one
+last read (or an older one: the replica restarted), so a quiet pool costs no requests.
+
+Bounded: each read times out after :data:`FETCH_TIMEOUT_S`, at most
+:data:`MAX_CONCURRENT_FETCHES` run at once, a document over :data:`MAX_DOCUMENT_BYTES` is
+refused. Failures are tolerated: the pod's last known document stays in use, the failure is
+logged and reported (status condition ``ModelsReported``), and the pod is read again after a
+growing pause (:data:`RETRY_S`).
+
+Load failures a document reports become Warning Events ``ModelLoadFailed`` naming the model,
+at most one per model and resource every :data:`FAILURE_EVENT_INTERVAL_S` (5 minutes); an
+Event posted after a quiet spell says how many failures were held back since the last one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import aiohttp
+
+from modelplex.loaded import LoadedModels, LoadFailure
+from modelplex.names import REPLICA_PORT
+from modelplex_operator.status import PodView
+
+log = logging.getLogger("modelplex.operator.documents")
+
+Key = tuple[str, str]  # (namespace, name) of a MultiplexedDeployment
+
+FETCH_TIMEOUT_S = 3.0
+MAX_CONCURRENT_FETCHES = 8
+MAX_DOCUMENT_BYTES = 16 << 20
+#: Pauses before reading a pod again after 1, 2, 3, ... failed reads in a row.
+RETRY_S = (2.0, 5.0, 10.0, 30.0, 60.0)
+#: At most one ModelLoadFailed Event per model and resource in this many seconds.
+FAILURE_EVENT_INTERVAL_S = 300.0
+EVENT_REASON = "ModelLoadFailed"
+
+
+@dataclass
+class _Known:
+    """What the operator knows of one replica pod."""
+
+    document: LoadedModels | None = None
+    summary_version: int = -1  # the summary's version when the document was read
+    error: str = ""  # why the latest read failed; "" after a good one
+    failed_reads: int = 0
+    retry_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class NewFailure:
+    """A load failure first seen in this reading: ``times`` new failed loads of ``failure.model``."""
+
+    pod: str
+    failure: LoadFailure
+    times: int = 1
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What :meth:`ReplicaDocuments.read` knows after a round."""
+
+    documents: dict[str, LoadedModels] = field(default_factory=dict)  # pod name -> last known
+    unreported: dict[str, str] = field(default_factory=dict)  # pod name -> why its latest read failed
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message) to post
+    retry_in: float | None = None  # seconds until a read that failed in this round is due again
+
+
+# --------------------------------------------------------------------------- pure decisions
+
+
+def wants_read(pod: PodView, known: _Known | None, now: float) -> bool:
+    """Whether ``pod``'s document should be fetched now."""
+    if not pod.ready or pod.deleting or not pod.ip:
+        return False
+    if known is None:
+        return True
+    if now < known.retry_at:
+        return False
+    if known.document is None:
+        return True
+    announced = pod.summary.version
+    return announced > max(known.summary_version, known.document.version) or announced < known.summary_version
+
+
+def new_failures(before: LoadedModels | None, after: LoadedModels, not_before: str) -> list[tuple[LoadFailure, int]]:
+    """Failures in ``after`` that ``before`` did not have, with how many times each failed since.
+
+    With no ``before`` (a pod read for the first time, or restarted), only failures at or after
+    ``not_before`` (RFC 3339, UTC) count: an operator restart does not repeat old news.
+    """
+    if before is not None and after.version < before.version:
+        before = None  # the replica restarted: its counts started again
+    seen = {failure.model: failure.count for failure in before.failures} if before is not None else {}
+    fresh = []
+    for failure in after.failures:
+        if before is None and failure.at < not_before:
+            continue
+        times = failure.count - seen.get(failure.model, 0)
+        if times > 0:
+            fresh.append((failure, times))
+    return fresh
+
+
+class EventLimiter:
+    """At most one Event per (resource, model) every ``interval_s``; held-back ones are counted."""
+
+    def __init__(self, interval_s: float = FAILURE_EVENT_INTERVAL_S):
+        self.interval_s = interval_s
+        self._posted: dict[tuple[Key, str], tuple[float, int]] = {}  # -> (posted at, failures held back since)
+
+    def admit(self, key: Key, model: str, now: float, times: int = 1) -> int | None:
+        """None: hold this one back; else how many failures were held back since the last Event."""
+        posted = self._posted.get((key, model))
+        if posted is not None and now - posted[0] < self.interval_s:
+            self._posted[(key, model)] = (posted[0], posted[1] + times)
+            return None
+        self._posted[(key, model)] = (now, 0)
+        self._prune(now)
+        return posted[1] if posted is not None else 0
+
+    def _prune(self, now: float) -> None:
+        for entry, (posted_at, _) in list(self._posted.items()):
+            if now - posted_at >= 2 * self.interval_s:
+                del self._posted[entry]
+
+    def forget(self, key: Key) -> None:
+        for entry in [entry for entry in self._posted if entry[0] == key]:
+            del self._posted[entry]
+
+
+def failure_message(failure: NewFailure, held_back: int) -> str:
+    message = f"model {failure.failure.model!r} failed to load on replica {failure.pod}: {failure.failure.error}"
+    if failure.times > 1:
+        message += f" ({failure.times} failed loads)"
+    if held_back:
+        message += f"; {held_back} more failed loads of it since the last Event"
+    return message
+
+
+def _utc(seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
+# --------------------------------------------------------------------------- the reader
+
+
+class ReplicaDocuments:
+    """The operator's reader of replica documents, keyed by resource and pod name."""
+
+    def __init__(
+        self,
+        *,
+        port: int = REPLICA_PORT,
+        timeout_s: float = FETCH_TIMEOUT_S,
+        concurrency: int = MAX_CONCURRENT_FETCHES,
+        limiter: EventLimiter | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ):
+        self.port = port
+        self.timeout_s = timeout_s
+        self.limiter = limiter or EventLimiter()
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._known: dict[Key, dict[str, _Known]] = {}
+        self._slots = asyncio.Semaphore(concurrency)
+        self._session: aiohttp.ClientSession | None = None
+        self.fetches = 0
+
+    async def read(self, key: Key, pods: Iterable[PodView]) -> Reading:
+        """Bring the documents of ``key``'s replica pods up to date where their summaries say so."""
+        live = {pod.name: pod for pod in pods if not pod.deleting}
+        known = self._known.setdefault(key, {})
+        for gone in set(known) - set(live):
+            del known[gone]
+        now = self._clock()
+        due = [pod for pod in live.values() if wants_read(pod, known.get(pod.name), now)]
+        results = await asyncio.gather(*(self._fetch(pod) for pod in due))
+        not_before = _utc(self._wall_clock() - self.limiter.interval_s)
+        events: list[tuple[str, str, str]] = []
+        retry_in: float | None = None
+        for pod, result in zip(due, results):
+            entry = known.setdefault(pod.name, _Known())
+            if isinstance(result, LoadedModels):
+                for failure, times in new_failures(entry.document, result, not_before):
+                    events.extend(self._event(key, NewFailure(pod.name, failure, times)))
+                if entry.error:
+                    log.info("%s/%s: read the models of replica %s again", *key, pod.name)
+                entry.document, entry.summary_version = result, pod.summary.version
+                entry.error, entry.failed_reads, entry.retry_at = "", 0, 0.0
+            else:
+                pause = RETRY_S[min(entry.failed_reads, len(RETRY_S) - 1)]
+                entry.error, entry.failed_reads, entry.retry_at = result, entry.failed_reads + 1, now + pause
+                retry_in = pause if retry_in is None else min(retry_in, pause)
+                log.warning("%s/%s: GET /v1/models of replica %s failed (%s); keeping its last known models, "
+                            "trying again in %.0f s", *key, pod.name, result, pause)
+        return Reading(
+            documents={name: entry.document for name, entry in known.items() if entry.document is not None},
+            unreported={name: entry.error for name, entry in known.items() if entry.error},
+            events=events,
+            retry_in=retry_in,
+        )
+
+    def _event(self, key: Key, failure: NewFailure) -> list[tuple[str, str, str]]:
+        held_back = self.limiter.admit(key, failure.failure.model, self._clock(), failure.times)
+        if held_back is None:
+            log.info("%s/%s: model %r failed to load on %s again (Event held back: at most one per %.0f s)",
+                     *key, failure.failure.model, failure.pod, self.limiter.interval_s)
+            return []
+        return [("Warning", EVENT_REASON, failure_message(failure, held_back))]
+
+    async def _fetch(self, pod: PodView) -> LoadedModels | str:
+        """The pod's document, or why it could not be read."""
+        host = f"[{pod.ip}]" if ":" in pod.ip else pod.ip
+        url = f"http://{host}:{self.port}/v1/models"
+        async with self._slots:
+            self.fetches += 1
+            try:
+                async with self._client().get(url) as response:
+                    if response.status != 200:
+                        return f"answered HTTP {response.status}"
+                    if (response.content_length or 0) > MAX_DOCUMENT_BYTES:
+                        return f"its document is over {MAX_DOCUMENT_BYTES} bytes"
+                    return LoadedModels.parse(await response.read())
+            except asyncio.TimeoutError:
+                return f"no answer within {self.timeout_s:g} s"
+            except (aiohttp.ClientError, OSError) as error:
+                return str(error) or type(error).__name__
+            except ValueError as error:
+                return f"malformed document: {error}"
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                cookie_jar=aiohttp.DummyCookieJar(),
+                trust_env=False,  # straight to the pod, never through a proxy
+            )
+        return self._session
+
+    def forget(self, key: Key) -> None:
+        """The resource is gone."""
+        self._known.pop(key, None)
+        self.limiter.forget(key)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
