@@ -31,6 +31,8 @@ ENV_SPEC = "MODELPLEX_SPEC"
 ENV_POD_NAME = "POD_NAME"
 ENV_POD_NAMESPACE = "POD_NAMESPACE"
 ENV_POD_IP = "POD_IP"
+#: Where the CPU warm tier keeps its disk copies of fetched models (an emptyDir in pods).
+ENV_WARM_DIR = "MODELPLEX_WARM_DIR"
 
 REPLICA_PORT = 9000
 ROUTER_PORT = 8000

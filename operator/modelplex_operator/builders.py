@@ -32,6 +32,7 @@ from modelplex.names import (
     ENV_POD_NAME,
     ENV_POD_NAMESPACE,
     ENV_SPEC,
+    ENV_WARM_DIR,
     KIND,
     LABEL_DEPLOYMENT,
     LABEL_ROLE,
@@ -39,7 +40,7 @@ from modelplex.names import (
     ROLE_REPLICA,
     ROLE_ROUTER,
 )
-from modelplex.spec import Deployment, to_manifest
+from modelplex.spec import Deployment, Multiplexing, to_manifest
 from modelplex_operator import MANAGED_BY
 from modelplex_operator.config import DEFAULT_ROUTER_IMAGE
 
@@ -56,6 +57,9 @@ PRE_STOP_S = 5
 #: Past the drain, for the process to cancel what is left and exit before the kubelet's SIGKILL.
 EXIT_MARGIN_S = 5
 COMPONENT_SPEC = "spec"
+#: The CPU warm tier's disk copies of fetched models (``spec.multiplexing.hostCacheBytes``).
+WARM_VOLUME = "warm-models"
+WARM_MOUNT = "/var/cache/modelplex/warm"
 
 
 @dataclass(frozen=True)
@@ -292,6 +296,20 @@ def _pod_template(
     }
 
 
+def warm_tier_volume(multiplexing: Multiplexing) -> dict[str, Any] | None:
+    """The replica pod's emptyDir for the warm tier's disk copies; None when the tier is off.
+
+    The tier keeps at most ``hostCacheBytes``, but each load in flight may write one more copy
+    (up to ``hostCacheBytes``) before the oldest are removed, and the kubelet evicts a pod whose
+    emptyDir outgrows ``sizeLimit``: the limit is ``hostCacheBytes`` times ``maxConcurrentLoads``
+    (at least once). Beside a GPU the tier is host memory and the volume stays empty.
+    """
+    if not multiplexing.host_cache_bytes:
+        return None
+    size = multiplexing.host_cache_bytes * max(1, multiplexing.max_concurrent_loads)
+    return {"name": WARM_VOLUME, "emptyDir": {"sizeLimit": str(size)}}
+
+
 def _deployment_object(
     deployment: Deployment, owner: dict[str, Any], role: str, replicas: int, template: dict[str, Any]
 ) -> dict[str, Any]:
@@ -335,8 +353,14 @@ def replica_deployment(deployment: Deployment, owner: dict[str, Any], settings: 
         container["resources"] = json.loads(json.dumps(spec.resources))
     if settings.image_pull_policy:
         container["imagePullPolicy"] = settings.image_pull_policy
+    warm = warm_tier_volume(spec.multiplexing)
+    if warm is not None:
+        container["env"].append({"name": ENV_WARM_DIR, "value": WARM_MOUNT})
+        container["volumeMounts"].append({"name": WARM_VOLUME, "mountPath": WARM_MOUNT})
     # The replica image (docker/replica.Dockerfile, and images built FROM it) runs as user 10001.
     template = _pod_template(deployment, ROLE_REPLICA, container, pod_security=_NON_ROOT)
+    if warm is not None:
+        template["spec"]["volumes"].append(warm)
     return _deployment_object(deployment, owner, ROLE_REPLICA, spec.replicas, template)
 
 

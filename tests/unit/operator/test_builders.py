@@ -218,3 +218,17 @@ def test_nothing_is_built_from_the_annotation_contract():
     for obj in build():
         text = yaml.safe_dump(obj)
         assert ANNOTATION_LOADED_MODELS not in text
+
+
+def test_the_warm_tier_gets_an_empty_dir_sized_from_host_cache_bytes():
+    multiplexing = {"maxModelsPerReplica": 3, "hostCacheBytes": "2Gi", "maxConcurrentLoads": 3}
+    dep = by_kind_name(build(body(multiplexing=multiplexing)))["Deployment", "recs-replica"]
+    c = container(dep)
+    assert env_of(c)["MODELPLEX_WARM_DIR"] == {"name": "MODELPLEX_WARM_DIR", "value": "/var/cache/modelplex/warm"}
+    assert {"name": "warm-models", "mountPath": "/var/cache/modelplex/warm"} in c["volumeMounts"]
+    # At most hostCacheBytes kept, plus one copy being written per load in flight.
+    assert {"name": "warm-models", "emptyDir": {"sizeLimit": str(3 * (2 << 30))}} in dep["spec"]["template"]["spec"]["volumes"]
+    # Off (the default): no volume, no variable.
+    plain = by_kind_name(build())["Deployment", "recs-replica"]
+    assert "MODELPLEX_WARM_DIR" not in env_of(container(plain))
+    assert all(v["name"] != "warm-models" for v in plain["spec"]["template"]["spec"]["volumes"])
