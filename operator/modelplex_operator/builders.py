@@ -7,6 +7,9 @@ For a resource named N (DESIGN.md, "What the operator makes"), all owned by it a
 - Roles and RoleBindings ``N-replica`` (pods get/patch: a replica patches its own annotation)
   and ``N-router`` (pods get/list/watch: the router watches the replica pods);
 - ConfigMap ``N-spec`` holding the spec the pods read (``spec.yaml``);
+- with ``spec.autoscaling``, ConfigMap ``N-hot-models`` (the models a new replica pre-loads),
+  made and kept current by the autoscaler (:mod:`modelplex_operator.handlers.autoscale`), not
+  by the reconcile: the replica pods mount it as an optional volume;
 - Service ``N`` in front of the router pods;
 - Deployments ``N-replica`` (``modelplex replica``) and ``N-router`` (``modelplex router``);
 - PodDisruptionBudgets ``N-replica`` and ``N-router`` (a drain takes one pod of each at a time).
@@ -21,10 +24,11 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import yaml
 
+from modelplex.autoscaling import ENV_PRELOAD_FILE, HOT_MODELS_KEY, format_hot_models
 from modelplex.names import (
     API_GROUP,
     API_VERSION,
@@ -60,6 +64,12 @@ COMPONENT_SPEC = "spec"
 #: The CPU warm tier's disk copies of fetched models (``spec.multiplexing.hostCacheBytes``).
 WARM_VOLUME = "warm-models"
 WARM_MOUNT = "/var/cache/modelplex/warm"
+#: The hot-models ConfigMap: one file, the model ids a starting replica loads before it is ready.
+COMPONENT_HOT_MODELS = "hot-models"
+HOT_MODELS_VOLUME = "hot-models"
+HOT_MODELS_MOUNT = "/etc/modelplex-hot-models"
+HOT_MODELS_FILE = HOT_MODELS_KEY
+HOT_MODELS_PATH = f"{HOT_MODELS_MOUNT}/{HOT_MODELS_FILE}"
 
 
 @dataclass(frozen=True)
@@ -83,6 +93,10 @@ def router_name(name: str) -> str:
 
 def config_map_name(name: str) -> str:
     return f"{name}-{COMPONENT_SPEC}"
+
+
+def hot_models_config_map_name(name: str) -> str:
+    return f"{name}-{COMPONENT_HOT_MODELS}"
 
 
 def service_name(name: str) -> str:
@@ -141,10 +155,13 @@ def spec_document(deployment: Deployment) -> str:
 
 
 def spec_hash(deployment: Deployment) -> str:
-    """A hash of everything a pod reads, but not of the replica counts: scaling rolls nothing."""
+    """A hash of everything a pod reads, but not of the replica counts or the autoscaling
+    settings: scaling, and tuning how it scales, roll nothing. (Turning autoscaling on or off
+    does: the replica pods gain or lose the hot-models volume.)"""
     manifest = to_manifest(deployment)
     spec = dict(manifest["spec"])
     spec.pop("replicas", None)
+    spec.pop("autoscaling", None)
     spec["router"] = {k: v for k, v in dict(spec.get("router") or {}).items() if k != "replicas"}
     canonical = json.dumps({"metadata": manifest["metadata"], "spec": spec}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
@@ -208,6 +225,27 @@ def config_map(deployment: Deployment, owner: dict[str, Any]) -> dict[str, Any]:
         "metadata": _metadata(config_map_name(name), ns, labels(name, COMPONENT_SPEC), owner),
         "data": {SPEC_FILE: spec_document(deployment)},
     }
+
+
+def hot_models_config_map(deployment: Deployment, owner: dict[str, Any], models: Sequence[str]) -> dict[str, Any]:
+    """ConfigMap ``N-hot-models``: the models a new replica pre-loads before it reports Ready."""
+    name, ns = deployment.name, deployment.namespace
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(hot_models_config_map_name(name), ns, labels(name, COMPONENT_HOT_MODELS), owner),
+        "data": {HOT_MODELS_FILE: format_hot_models(models)},
+    }
+
+
+def replica_count(deployment: Deployment, current: int | None = None) -> int:
+    """The replica Deployment's ``replicas``. Without autoscaling, ``spec.replicas`` (unset: 1).
+    With it the autoscaler owns the count: ``current`` (what it last wrote, kept as it is so an
+    apply never undoes a scaling decision) within the bounds, else its starting point."""
+    bounds = deployment.spec.autoscaling
+    if bounds is None or current is None:
+        return deployment.spec.starting_replicas
+    return min(max(current, bounds.min_replicas), bounds.max_replicas)
 
 
 def service(deployment: Deployment, owner: dict[str, Any]) -> dict[str, Any]:
@@ -330,7 +368,10 @@ def _deployment_object(
     }
 
 
-def replica_deployment(deployment: Deployment, owner: dict[str, Any], settings: BuildSettings) -> dict[str, Any]:
+def replica_deployment(
+    deployment: Deployment, owner: dict[str, Any], settings: BuildSettings, replicas: int | None = None
+) -> dict[str, Any]:
+    """The replica Deployment; ``replicas``: the count the autoscaler keeps (see :func:`replica_count`)."""
     spec = deployment.spec
     container: dict[str, Any] = {
         "name": ROLE_REPLICA,
@@ -353,6 +394,12 @@ def replica_deployment(deployment: Deployment, owner: dict[str, Any], settings: 
         container["resources"] = json.loads(json.dumps(spec.resources))
     if settings.image_pull_policy:
         container["imagePullPolicy"] = settings.image_pull_policy
+    if spec.autoscaling is not None:
+        # The hottest models, for a replica started by a scale-up to load before it is ready. A
+        # ConfigMap volume (not subPath) follows the map's updates; optional: the autoscaler makes
+        # the map on its first round, and a pod that finds none pre-loads nothing.
+        container["env"].append({"name": ENV_PRELOAD_FILE, "value": HOT_MODELS_PATH})
+        container["volumeMounts"].append({"name": HOT_MODELS_VOLUME, "mountPath": HOT_MODELS_MOUNT, "readOnly": True})
     warm = warm_tier_volume(spec.multiplexing)
     if warm is not None:
         container["env"].append({"name": ENV_WARM_DIR, "value": WARM_MOUNT})
@@ -361,7 +408,12 @@ def replica_deployment(deployment: Deployment, owner: dict[str, Any], settings: 
     template = _pod_template(deployment, ROLE_REPLICA, container, pod_security=_NON_ROOT)
     if warm is not None:
         template["spec"]["volumes"].append(warm)
-    return _deployment_object(deployment, owner, ROLE_REPLICA, spec.replicas, template)
+    if spec.autoscaling is not None:
+        template["spec"]["volumes"].append({
+            "name": HOT_MODELS_VOLUME,
+            "configMap": {"name": hot_models_config_map_name(deployment.name), "optional": True},
+        })
+    return _deployment_object(deployment, owner, ROLE_REPLICA, replica_count(deployment, replicas), template)
 
 
 def router_deployment(deployment: Deployment, owner: dict[str, Any], settings: BuildSettings) -> dict[str, Any]:
@@ -411,16 +463,20 @@ def disruption_budgets(deployment: Deployment, owner: dict[str, Any]) -> list[di
 
 
 def desired_objects(
-    deployment: Deployment, owner: dict[str, Any], settings: BuildSettings = BuildSettings()
+    deployment: Deployment,
+    owner: dict[str, Any],
+    settings: BuildSettings = BuildSettings(),
+    replicas: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Every object for ``deployment``, in apply order (what a pod needs comes first)."""
+    """Every object for ``deployment``, in apply order (what a pod needs comes first);
+    ``replicas``: with autoscaling, the replica count the autoscaler keeps."""
     return [
         *service_accounts(deployment, owner),
         *roles(deployment, owner),
         *role_bindings(deployment, owner),
         config_map(deployment, owner),
         service(deployment, owner),
-        replica_deployment(deployment, owner, settings),
+        replica_deployment(deployment, owner, settings, replicas),
         router_deployment(deployment, owner, settings),
         *disruption_budgets(deployment, owner),
     ]

@@ -32,6 +32,7 @@ log = logging.getLogger("modelplex.operator.kube")
 
 #: (apiVersion, kind) -> plural of the namespaced kinds the operator writes.
 PLURALS: dict[tuple[str, str], str] = {
+    ("v1", "Pod"): "pods",
     ("v1", "ServiceAccount"): "serviceaccounts",
     ("v1", "ConfigMap"): "configmaps",
     ("v1", "Service"): "services",
@@ -237,7 +238,36 @@ class Kube:
         return self._call("PATCH", path, body=body, content_type="application/merge-patch+json",
                           what=f"status of MultiplexedDeployment {name}")
 
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        """The pods matching ``label_selector`` in ``namespace``."""
+        document = self._call("GET", object_path("v1", "Pod", namespace), query=[("labelSelector", label_selector)],
+                              what=f"list pods {label_selector}")
+        return list(document.get("items") or ())
+
+    def scale(self, namespace: str, name: str, replicas: int) -> dict[str, Any]:
+        """Set a Deployment's ``replicas`` through its scale subresource."""
+        path = object_path("apps/v1", "Deployment", namespace, name, "scale")
+        return self._call("PATCH", path, body={"spec": {"replicas": replicas}},
+                          content_type="application/merge-patch+json",
+                          query=[("fieldManager", self.field_manager)], what=f"scale Deployment {name}")
+
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str | None]) -> dict[str, Any]:
+        """Merge ``annotations`` into a pod's (``None`` removes one)."""
+        return self._call("PATCH", object_path("v1", "Pod", namespace, name),
+                          body={"metadata": {"annotations": annotations}},
+                          content_type="application/merge-patch+json",
+                          query=[("fieldManager", self.field_manager)], what=f"annotate pod {name}")
+
     # ------------------------------------------------------------------ async (worker thread)
+
+    async def alist_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(self.list_pods, namespace, label_selector)
+
+    async def ascale(self, namespace: str, name: str, replicas: int) -> dict[str, Any]:
+        return await asyncio.to_thread(self.scale, namespace, name, replicas)
+
+    async def aannotate_pod(self, namespace: str, name: str, annotations: dict[str, str | None]) -> dict[str, Any]:
+        return await asyncio.to_thread(self.annotate_pod, namespace, name, annotations)
 
     async def aapply(self, obj: dict[str, Any], owner_uid: str) -> ApplyResult:
         return await asyncio.to_thread(self.apply, obj, owner_uid)

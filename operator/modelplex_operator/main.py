@@ -11,6 +11,9 @@ MultiplexedDeployment created/updated,      :func:`handlers.reconcile.reconcile`
 and every one seen at operator start        apply the owned objects, post Events
 any event on a MultiplexedDeployment,       the status keeper recomputes its status
 its replica pods or its Deployments         (:mod:`handlers.keeper`)
+every 2 s, each one with spec.autoscaling   :mod:`handlers.autoscale` reads its routers'
+                                            load, scales the replicas, keeps the pods'
+                                            deletion costs and the hot-models list current
 an owned Deployment deleted                 the keeper applies the objects again
 ==========================================  ===============================================
 
@@ -101,7 +104,10 @@ async def reconcile_resource(body: kopf.Body, memo: kopf.Memo, retry: int, **kwa
 
 @kopf.on.event(*CR)
 async def on_resource_event(namespace: str, name: str, memo: kopf.Memo, **kwargs: Any) -> None:
-    context_of(memo).keeper.poke((namespace, name), _indexes(kwargs))
+    ctx = context_of(memo)
+    ctx.keeper.poke((namespace, name), _indexes(kwargs))
+    if ctx.autoscaler is not None:
+        ctx.autoscaler.start()  # here, where kopf's Event poster is reachable (the task copies the context)
 
 
 @kopf.on.event(*PODS, labels=REPLICA_PODS)

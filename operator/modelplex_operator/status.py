@@ -252,6 +252,9 @@ def compute_status(
     by_role = {view.role: view for view in deployments}
     replica, router = by_role.get(ROLE_REPLICA), by_role.get(ROLE_ROUTER)
     want = _int(spec.get("replicas"), 1)
+    autoscaled = spec.get("autoscaling") is not None
+    if autoscaled:  # the autoscaler owns the count: the replica Deployment has it
+        want = replica.replicas if replica else _int((spec.get("autoscaling") or {}).get("minReplicas"), 1)
     router_spec = spec.get("router") or {}
     want_routers = _int(router_spec.get("replicas"), DEFAULT_ROUTER_REPLICAS)
     port = _int(router_spec.get("port"), 8000)
@@ -312,6 +315,8 @@ def compute_status(
                                  progress_reason or "RolloutComplete",
                                  progress_message or _counts(want, want_routers, replica, router), gen)
         ready_reason, ready_message = _readiness(caught_up, want, want_routers, replica, router, problem)
+        if autoscaled and ready_reason == "ScaledToZero":
+            ready_message = "the autoscaler scaled the pool to zero: the next request starts a replica"
         ready = _condition(READY, ready_reason == "AllReplicasReady", ready_reason, ready_message, gen)
 
     status["conditions"] = merge_conditions(current.get("conditions") or [], [ready, progressing, degraded, _models_reported(unreported, gen)], now)

@@ -160,10 +160,13 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Ready while at least one replica is: a router with none can only answer 503."""
+    """Ready while at least one replica is: a router with none can only answer 503. An
+    autoscaled deployment's router is ready at zero replicas too: it holds the request that
+    makes the autoscaler start one, so it must stay in its Service."""
     app = request.app
     ready = len(app[TABLE].usable(app[CLOCK]()))
-    body = {"ready": ready > 0, "replicas": len(app[TABLE]), "ready_replicas": ready}
+    holds = app[CONFIG].hold_at_zero_s is not None
+    body = {"ready": ready > 0 or holds, "replicas": len(app[TABLE]), "ready_replicas": ready}
     if app[DRAINING].is_set():
         body["ready"] = False
         body["draining"] = True

@@ -6,5 +6,7 @@
 - :mod:`.reconcile`: validate the spec, apply the desired objects, report the outcome;
 - :mod:`.observe`: the indexes of resources, replica pods and owned Deployments, and the
   events that poke the status keeper;
-- :mod:`.keeper`: the status keeper (debounced status writes, drift repair, resync).
+- :mod:`.keeper`: the status keeper (debounced status writes, drift repair, resync);
+- :mod:`.autoscale`: the autoscaler (routers' load reports in, replica counts, pod deletion
+  costs and the hot-models list out).
 """

@@ -6,11 +6,13 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from modelplex.names import ROLE_REPLICA
 from modelplex_operator.builders import BuildSettings
 from modelplex_operator.config import OperatorConfig
 from modelplex_operator.status import Outcome
 
 if TYPE_CHECKING:  # pragma: no cover
+    from modelplex_operator.handlers.autoscale import AutoscaleLoop
     from modelplex_operator.handlers.keeper import StatusKeeper
     from modelplex_operator.kube import Kube
 
@@ -24,7 +26,12 @@ class OperatorContext:
     config: OperatorConfig
     kube: Kube
     keeper: StatusKeeper | None = None
+    autoscaler: AutoscaleLoop | None = None
     outcomes: dict[Key, Outcome] = field(default_factory=dict)
+    #: The replica count the autoscaler last wrote, per autoscaled resource.
+    scaled: dict[Key, int] = field(default_factory=dict)
+    #: What the autoscaler adds to a resource's status: ``{"status": block, "condition": cond}``.
+    autoscaling: dict[Key, dict[str, Any]] = field(default_factory=dict)
     _locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
 
     @property
@@ -38,11 +45,24 @@ class OperatorContext:
             lock = self._locks[key] = asyncio.Lock()
         return lock
 
+    def autoscaled_replicas(self, key: Key) -> int | None:
+        """The replica count an apply must keep for an autoscaled resource: the autoscaler's
+        last, else (after a restart) the replica Deployment's, else None (not created yet)."""
+        if key in self.scaled:
+            return self.scaled[key]
+        indexes = self.keeper.indexes if self.keeper is not None else None
+        for view in indexes.deployments_of(key) if indexes is not None else ():
+            if view.role == ROLE_REPLICA:
+                return view.replicas
+        return None
+
     def record(self, key: Key, outcome: Outcome) -> None:
         self.outcomes[key] = outcome
 
     def forget(self, key: Key) -> None:
         self.outcomes.pop(key, None)
+        self.scaled.pop(key, None)
+        self.autoscaling.pop(key, None)
         lock = self._locks.get(key)
         if lock is not None and not lock.locked():
             del self._locks[key]

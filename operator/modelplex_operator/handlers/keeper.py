@@ -175,6 +175,12 @@ class StatusKeeper:
             reading.documents,
             reading.unreported,
         )
+        autoscaling = self.ctx.autoscaling.get(key) if resource.spec.get("autoscaling") is not None else None
+        if autoscaling is not None:  # the autoscaler's block and condition (handlers.autoscale)
+            desired["autoscaling"] = autoscaling["status"]
+            desired["conditions"].append(autoscaling["condition"])
+        elif base.get("autoscaling") is not None:
+            desired["autoscaling"] = None  # autoscaling turned off: a merge patch drops the block
         if not status_differs(base, desired):
             return None
         try:

@@ -10,6 +10,7 @@ import kopf
 from modelplex_operator import MANAGED_BY
 from modelplex_operator.config import OperatorConfig
 from modelplex_operator.handlers.context import MEMO_KEY, OperatorContext, context_of
+from modelplex_operator.handlers.autoscale import AutoscaleLoop
 from modelplex_operator.handlers.keeper import StatusKeeper
 from modelplex_operator.kube import Kube
 
@@ -52,6 +53,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, logger: logging.Lo
     config: OperatorConfig = memo.get("config") or OperatorConfig.from_env()
     ctx = OperatorContext(config=config, kube=Kube.from_environment())
     ctx.keeper = StatusKeeper(ctx)
+    ctx.autoscaler = AutoscaleLoop(ctx)
     memo[MEMO_KEY] = ctx
     where = ", ".join(config.namespaces) if config.namespaces else "all namespaces"
     logger.info("modelplex operator watching %s; router image %s", where, config.router_image)
@@ -61,6 +63,8 @@ async def cleanup(memo: Any, logger: logging.Logger) -> None:
     ctx = context_of(memo)
     if ctx.keeper is not None:
         await ctx.keeper.stop()
+    if ctx.autoscaler is not None:
+        await ctx.autoscaler.stop()
     ctx.kube.close()
     logger.info("modelplex operator stopped")
 
@@ -71,4 +75,6 @@ def probe(memo: Any) -> dict[str, Any]:
     keeper = ctx.keeper
     if keeper is not None and not keeper.alive:
         raise RuntimeError("the status keeper stopped")
+    if ctx.autoscaler is not None and not ctx.autoscaler.alive:
+        raise RuntimeError("the autoscaler stopped")
     return {"resources": len(ctx.outcomes), "status_writes": keeper.writes if keeper else 0}

@@ -45,9 +45,11 @@ async def apply_all(ctx: OperatorContext, body: Mapping[str, Any], deployment: D
     """Apply every desired object in order; stops at the first error (the next run resumes)."""
     meta = body["metadata"]
     owner = builders.owner_reference({"metadata": dict(meta)})
-    objects = builders.desired_objects(deployment, owner, ctx.build_settings)
     results = []
     async with ctx.lock(key_of(body)):
+        # Under the lock the autoscaler takes to scale: the count an apply keeps is its latest.
+        objects = builders.desired_objects(deployment, owner, ctx.build_settings,
+                                           replicas=ctx.autoscaled_replicas(key_of(body)))
         for obj in objects:
             results.append((obj, await ctx.kube.aapply(obj, meta["uid"])))
     return results
