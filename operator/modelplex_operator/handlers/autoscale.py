@@ -43,6 +43,7 @@ from modelplex.autoscaling import (
     deletion_costs,
     hottest_models,
     merge,
+    parse_hot_models,
 )
 from modelplex.names import LABEL_DEPLOYMENT, LABEL_ROLE, REPLICA_PORT, ROLE_REPLICA, ROLE_ROUTER
 from modelplex.spec import Autoscaling, Deployment, SpecError
@@ -201,10 +202,17 @@ class AutoscaleLoop:
         if decision.changed:
             if decision.direction == "down":
                 await self._move_hot_models(key, report, replicas, costs, current - decision.desired)
-            await self._scale(key, view, deployment, state, decision, heard)
+            try:
+                await self._scale(key, view, deployment, state, decision, heard)
+            except KubeError as error:
+                why = f"could not scale to {decision.desired} replicas ({error}): keeping {current}"
+                log.warning("autoscaling %s/%s: %s", *key, why)
+                self._publish(key, view, state, decision.desired, current, decision, heard, replicas, costs, why,
+                              healthy=False, reason="ScaleFailed", report=report)
+                return decision
         await self._keep_hot_models(view, deployment, state, report)
-        self._publish(key, view, state, decision.desired, current, decision, heard, replicas, costs,
-                      decision.reason, healthy=True, reason="ReadingLoad", report=report)
+        self._publish(key, view, state, decision.desired, self.ctx.scaled.get(key, current), decision, heard,
+                      replicas, costs, decision.reason, healthy=True, reason="ReadingLoad", report=report)
         return decision
 
     async def _read_reports(self, deployment: Deployment, routers: list[dict[str, Any]]) -> list[LoadReport]:
@@ -256,8 +264,8 @@ class AutoscaleLoop:
     async def _scale(self, key: Key, view: dict[str, Any], deployment: Deployment, state: ScaleState,
                      decision: ScaleDecision, heard: str) -> None:
         async with self.ctx.lock(key):  # the reconcile's applies keep this count from now on
-            self.ctx.scaled[key] = decision.desired
             await self.ctx.kube.ascale(deployment.namespace, builders.replica_name(deployment.name), decision.desired)
+            self.ctx.scaled[key] = decision.desired
         state.last_scale = scaling.LastScale(self.wall(), decision.reason)
         event = scaling.scale_event(decision, heard)
         post(view, [event])
@@ -267,6 +275,12 @@ class AutoscaleLoop:
                                report: LoadReport) -> None:
         limit = deployment.spec.multiplexing.max_models_per_replica or DEFAULT_HOT_MODELS
         hot = tuple(hottest_models(report, limit))
+        if state.hot is None and not hot:  # first round (or after a restart), nothing hot now
+            existing = await asyncio.to_thread(self.ctx.kube.get, "v1", "ConfigMap", deployment.namespace,
+                                               builders.hot_models_config_map_name(deployment.name))
+            if existing is not None:
+                state.hot = tuple(parse_hot_models((existing.get("data") or {}).get(builders.HOT_MODELS_FILE, "")))
+                return
         # An idle pool has no rates: keep what was hot, so a replica started from zero
         # pre-loads the models its users asked for last.
         if state.hot is not None and (hot == state.hot or not hot):
