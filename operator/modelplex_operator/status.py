@@ -315,9 +315,13 @@ def compute_status(
                                  progress_reason or "RolloutComplete",
                                  progress_message or _counts(want, want_routers, replica, router), gen)
         ready_reason, ready_message = _readiness(caught_up, want, want_routers, replica, router, problem)
+        serving = ready_reason == "AllReplicasReady"
         if autoscaled and ready_reason == "ScaledToZero":
-            ready_message = "the autoscaler scaled the pool to zero: the next request starts a replica"
-        ready = _condition(READY, ready_reason == "AllReplicasReady", ready_reason, ready_message, gen)
+            # An autoscaled pool at zero serves: its routers hold a request while a replica starts.
+            serving = router is not None and router.ready >= want_routers > 0
+            ready_message = ("the autoscaler scaled the pool to zero: the next request starts a replica"
+                             if serving else _counts(want, want_routers, replica, router))
+        ready = _condition(READY, serving, ready_reason, ready_message, gen)
 
     status["conditions"] = merge_conditions(current.get("conditions") or [], [ready, progressing, degraded, _models_reported(unreported, gen)], now)
     return status
