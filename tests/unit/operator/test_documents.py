@@ -230,3 +230,43 @@ async def test_a_replica_answering_nonsense_is_reported_not_trusted(pool):
     reading = await reader.read(KEY, views(replicas))
     assert "malformed document" in reading.unreported["recs-replica-a"]
     assert set(reading.documents) == {"recs-replica-b"}
+
+
+async def test_the_status_keeper_writes_the_models_and_posts_the_failure_event(pool, monkeypatch):
+    from modelplex_operator.config import OperatorConfig
+    from modelplex_operator.handlers import keeper as keeper_module
+    from modelplex_operator.handlers.context import OperatorContext
+    from modelplex_operator.handlers.observe import Indexes, resource_view
+    from unit.operator.objects import body
+
+    class StatusWrites:
+        """The one API call the keeper makes here, recorded (the e2e suite has the real API)."""
+
+        def __init__(self):
+            self.written = []
+
+        async def apatch_status(self, namespace, name, uid, status):
+            self.written.append(status)
+
+    posted = []
+    monkeypatch.setattr(keeper_module.kopf, "event", lambda obj, type, reason, message: posted.append(
+        (obj["metadata"]["name"], type, reason, message)))
+    replicas, reader, _ = pool
+    replicas["recs-replica-b"].document = LoadedModels(version=1, models=("m1",), model_bytes={"m1": 100},
+                                                       failures=(failure("broken"),))
+    ctx = OperatorContext(config=OperatorConfig(), kube=StatusWrites())
+    keeper = keeper_module.StatusKeeper(ctx, documents=reader)
+    keeper.indexes = Indexes(resources={KEY: [resource_view(body())]}, pods={KEY: views(replicas)}, deployments={})
+
+    status = await keeper.refresh(KEY)
+    assert ctx.kube.written == [status]
+    assert status["models"] == [
+        {"name": "m1", "copies": 2, "bytes": 100, "replicas": ["recs-replica-a", "recs-replica-b"]},
+        {"name": "m2", "copies": 1, "bytes": 300, "replicas": ["recs-replica-a"]},
+    ]
+    assert posted == [("recs", "Warning", "ModelLoadFailed",
+                       "model 'broken' failed to load on replica recs-replica-b: weights are corrupt")]
+    # Nothing changed: no fetch, no write, no Event.
+    assert await keeper.refresh(KEY) is None
+    assert [r.requests for r in replicas.values()] == [1, 1] and len(posted) == 1
+    await keeper.stop()
