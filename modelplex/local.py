@@ -12,6 +12,14 @@ supervisor, which then stops them in order) and get SIGTERM should the superviso
 growing delay, as a Kubernetes Deployment would, and the delay starts over once a child has
 run for a while. Stopping gives routers, then replicas, ``spec.gracefulShutdownTimeoutSeconds``
 to finish what they serve, as a pod's termination grace would.
+
+A deployment with ``spec.autoscaling`` gets a port for each of its ``maxReplicas`` replicas
+(its router polls them all; those not running are out of rotation) and starts
+``initialReplicas`` (else ``minReplicas``) of them. Every second the supervisor reads the
+router's load report (``GET /v1/load``), asks its :class:`~modelplex.autoscaling.Autoscaler`,
+and starts replicas (after writing the hottest models to the file the new replicas pre-load)
+or stops them, the coldest cache first, as the operator does with pods. At ``minReplicas: 0``
+the router runs alone while idle and holds the first request until a replica is ready.
 """
 
 from __future__ import annotations
@@ -22,8 +30,10 @@ import logging
 import os
 import signal
 import socket
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -31,8 +41,10 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from modelplex.autoscaling import (DEFAULT_TICK_S, ENV_PRELOAD_FILE, LOAD_PATH, Autoscaler, LoadReport, coldest_first,
+                                   format_hot_models, hottest_models)
 from modelplex.names import MODEL_ID_HEADER, router_env_name
-from modelplex.spec import Deployment, SpecError, load_manifests
+from modelplex.spec import DEFAULT_MAX_MODELS_PER_REPLICA, Deployment, SpecError, load_manifests
 
 #: Past a child's own grace (``spec.gracefulShutdownTimeoutSeconds``), before SIGKILL.
 STOP_MARGIN_S = 5.0
@@ -51,6 +63,7 @@ class Plan:
     manifest: Path
     router_host: str
     router_port: int
+    #: One per replica: spec.replicas of them, or autoscaling.maxReplicas.
     replica_ports: list[int]
 
     @property
@@ -62,6 +75,10 @@ class Plan:
 
     def replica_url(self, index: int) -> str:
         return f"http://127.0.0.1:{self.replica_ports[index]}"
+
+    @property
+    def starting_replicas(self) -> int:
+        return self.deployment.spec.starting_replicas
 
 
 @dataclass(eq=False)
@@ -81,6 +98,30 @@ class Child:
     env: dict | None = None  # None: the supervisor's own environment
     #: Between SIGTERM and SIGKILL: the deployment's gracefulShutdownTimeoutSeconds and a margin.
     stop_grace_s: float = 20.0 + STOP_MARGIN_S
+    #: Should run (restarted if it exits). An autoscaled replica scaled away is not wanted.
+    wanted: bool = True
+    #: A replica scaled away: SIGKILL if it still runs then.
+    kill_at: float | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+@dataclass(eq=False)
+class Scaler:
+    """Local mode's autoscaler for one deployment: its replica slots and the decision."""
+
+    plan: Plan
+    autoscaler: Autoscaler
+    slots: list[Child]
+    hot_models_file: Path
+    next_tick: float = 0.0
+    unreadable: bool = False  # the router's report could not be read last time (said once)
+
+    @property
+    def current(self) -> int:
+        return sum(1 for child in self.slots if child.wanted)
 
 
 def restart_delay(restarts: int, ran_s: float) -> tuple[float, int]:
@@ -107,7 +148,9 @@ def plan(manifest_paths: list[str], *, host: str, port: int) -> list[Plan]:
         if not _port_free(host, router_port):
             raise SpecError([f"port {router_port} on {host} is in use (router of {deployment.name!r}); "
                              "pass --port to pick another"])
-        plans.append(Plan(deployment, manifest, host, router_port, free_ports(deployment.spec.replicas)))
+        spec = deployment.spec
+        slots = spec.autoscaling.max_replicas if spec.autoscaling else spec.starting_replicas
+        plans.append(Plan(deployment, manifest, host, router_port, free_ports(slots)))
     return plans
 
 
@@ -166,28 +209,43 @@ class LocalRun:
             self.env[router_env_name(p.deployment.name)] = p.router_url
         self.replicas: list[Child] = []
         self.routers: list[Child] = []
+        self.scalers: list[Scaler] = []
+        #: Local mode's own files (the hot-models lists), removed at shutdown.
+        self.state_dir = Path(tempfile.mkdtemp(prefix="modelplex-local-"))
         for p in plans:
             name = p.deployment.name
             base = [sys.executable, "-m", "modelplex.cli", "--log-level", self.log_level]
             replica_env = {**self.env, **_spec_env(p.deployment, self.say)}
+            autoscaling = p.deployment.spec.autoscaling
+            hot_models_file = self.state_dir / f"{name}.hot-models"
+            if autoscaling is not None:
+                replica_env[ENV_PRELOAD_FILE] = str(hot_models_file)
             grace = p.deployment.spec.graceful_shutdown_timeout_seconds + STOP_MARGIN_S
+            slots = []
             for i, replica_port in enumerate(p.replica_ports):
-                self.replicas.append(Child(
+                slots.append(Child(
                     name=p.replica_name(i),
                     argv=[*base, "replica", "--spec", str(p.manifest), "--name", name,
                           "--host", "127.0.0.1", "--port", str(replica_port)],
                     ready_url=p.replica_url(i) + "/readyz",
                     env=replica_env,
                     stop_grace_s=grace,
+                    wanted=i < p.starting_replicas,
                 ))
+            self.replicas.extend(slots)
+            if autoscaling is not None:
+                self.scalers.append(Scaler(p, Autoscaler(autoscaling, time.monotonic), slots, hot_models_file))
             if not p.replica_ports:
                 continue  # spec.replicas: 0 — nothing to route to (said so at start)
             router_argv = [*base, "router", "--spec", str(p.manifest), "--name", name,
                            "--host", p.router_host, "--port", str(p.router_port)]
             for i in range(len(p.replica_ports)):
                 router_argv += ["--replica", f"{p.replica_name(i)}={p.replica_url(i)}"]
-            self.routers.append(Child(name=f"{name} router", argv=router_argv, ready_url=p.router_url + "/readyz",
-                                      expected_replicas=len(p.replica_ports), stop_grace_s=grace))
+            # Ready once it has the replicas started with it; at zero, once it serves.
+            starting = p.starting_replicas
+            self.routers.append(Child(name=f"{name} router", argv=router_argv,
+                                      ready_url=p.router_url + ("/readyz" if starting else "/healthz"),
+                                      expected_replicas=starting or None, stop_grace_s=grace))
 
     @property
     def children(self) -> list[Child]:
@@ -203,13 +261,19 @@ class LocalRun:
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             for p in self.plans:
-                if p.replica_ports:
+                scaling = p.deployment.spec.autoscaling
+                if scaling is not None:
+                    self.say(f"modelplex local: {p.deployment.name}: autoscaling {scaling.min_replicas}.."
+                             f"{scaling.max_replicas} replicas, {p.starting_replicas} to start, "
+                             f"router on {p.router_url}")
+                elif p.replica_ports:
                     self.say(f"modelplex local: {p.deployment.name}: {len(p.replica_ports)} replica(s), "
                              f"router on {p.router_url}")
                 else:
                     self.say(f"modelplex local: {p.deployment.name}: spec.replicas is 0; not started")
             for child in self.children:
-                self._start(child)
+                if child.wanted:
+                    self._start(child)
             if not self._wait_ready():
                 return 0 if self.stop.is_set() else 1
             self._print_ready()
@@ -242,6 +306,8 @@ class LocalRun:
         last_note = started
         while not self.stop.is_set():
             for child in self.children:
+                if not child.wanted:
+                    continue
                 code = child.proc.poll() if child.proc else None
                 if code is not None:
                     self.say(f"modelplex local: {child.name} exited with code {code} while starting "
@@ -250,11 +316,11 @@ class LocalRun:
                 if not child.ready and self._probe(child):
                     child.ready = True
                     self.say(f"  {child.name} ready ({time.monotonic() - started:.1f} s)")
-            if all(child.ready for child in self.children):
+            if all(child.ready for child in self.children if child.wanted):
                 return True
             now = time.monotonic()
             if now - last_note >= 10:
-                waiting = ", ".join(c.name for c in self.children if not c.ready)
+                waiting = ", ".join(c.name for c in self.children if c.wanted and not c.ready)
                 self.say(f"  still starting after {now - started:.0f} s: {waiting}")
                 last_note = now
             self.stop.wait(0.1)
@@ -282,6 +348,8 @@ class LocalRun:
                 continue
             spec = p.deployment.spec
             self.say(f"{p.deployment.name} is ready at {p.router_url}  ({router_env_name(p.deployment.name)})")
+            if p.deployment.spec.autoscaling is not None and not p.starting_replicas:
+                self.say("  (scaled to zero: the first request starts a replica and waits for it)")
             model = f" -H '{MODEL_ID_HEADER}: {spec.multiplexing.prewarm[0]}'" if spec.multiplexing.prewarm else ""
             body = p.deployment.example_request or "<request body>"
             self.say(f"  curl -s --json '{body}'{model} {p.router_url}/")
@@ -291,7 +359,19 @@ class LocalRun:
     def _supervise(self) -> None:
         while not self.stop.wait(0.2):
             now = time.monotonic()
+            for scaler in self.scalers:
+                if now >= scaler.next_tick:
+                    scaler.next_tick = now + DEFAULT_TICK_S
+                    self._scale(scaler)
+            now = time.monotonic()
             for child in self.children:
+                if not child.wanted:
+                    if child.kill_at is not None and now >= child.kill_at and child.running:
+                        self.say(f"modelplex local: {child.name} did not stop in {child.stop_grace_s:.0f} s; "
+                                 "killing it")
+                        _signal_group(child.proc, signal.SIGKILL)
+                        child.kill_at = None
+                    continue
                 if child.restart_at is not None:
                     if now >= child.restart_at:
                         self.say(f"modelplex local: restarting {child.name}")
@@ -303,6 +383,64 @@ class LocalRun:
                 delay, child.restarts = restart_delay(child.restarts, now - child.started_at)
                 child.restart_at = now + delay
                 self.say(f"modelplex local: {child.name} exited with code {code}; restarting in {delay:.0f} s")
+
+    # -- autoscaling -------------------------------------------------------------------------
+
+    def _scale(self, scaler: Scaler) -> None:
+        """One round: the router's report, the decision, and replicas started or stopped."""
+        name = scaler.plan.deployment.name
+        report = self._read_load(scaler.plan)
+        if report is None:
+            if not scaler.unreadable:
+                self.say(f"modelplex local: {name}: cannot read the router's load report; not scaling")
+            scaler.unreadable = True
+            return
+        scaler.unreadable = False
+        scaler.autoscaler.observe_report(report)
+        current = scaler.current
+        decision = scaler.autoscaler.decide(current)
+        if decision.desired > current:
+            free = [c for c in scaler.slots if not c.wanted and not c.running]
+            starting = free[:decision.desired - current]
+            if not starting:
+                return  # every other slot is still stopping: next round
+            self._write_hot_models(scaler, report)
+            self.say(f"modelplex local: {name}: {current} -> {current + len(starting)} replica(s) "
+                     f"({decision.reason}): starting {', '.join(c.name for c in starting)}")
+            for child in starting:
+                child.wanted = True
+                child.restarts = 0
+                self._start(child)
+        elif decision.desired < current:
+            running = [c.name for c in scaler.slots if c.wanted]
+            leaving = set(coldest_first(report, running)[:current - decision.desired])
+            self.say(f"modelplex local: {name}: {current} -> {decision.desired} replica(s) ({decision.reason}): "
+                     f"stopping {', '.join(sorted(leaving))} (coldest cache first)")
+            now = time.monotonic()
+            for child in scaler.slots:
+                if child.name in leaving:
+                    child.wanted = False
+                    child.ready = False
+                    child.restart_at = None
+                    if child.running:
+                        _signal_group(child.proc, signal.SIGTERM)  # it drains, as a pod would
+                        child.kill_at = now + child.stop_grace_s
+
+    def _read_load(self, plan: Plan) -> LoadReport | None:
+        try:
+            with urllib.request.urlopen(plan.router_url + LOAD_PATH, timeout=1.0) as response:
+                return LoadReport.from_json(response.read())
+        except (OSError, urllib.error.URLError, ValueError):
+            return None
+
+    def _write_hot_models(self, scaler: Scaler, report: LoadReport) -> None:
+        """The models a new replica pre-loads: the hottest ones, as many as a replica holds."""
+        capacity = max((r.capacity for r in report.replicas), default=0) or (
+            scaler.plan.deployment.spec.multiplexing.max_models_per_replica or DEFAULT_MAX_MODELS_PER_REPLICA)
+        text = format_hot_models(hottest_models(report, limit=capacity))
+        partial = scaler.hot_models_file.with_suffix(".partial")
+        partial.write_text(text)
+        partial.replace(scaler.hot_models_file)  # a replica starting now reads all of it or none
 
     def shutdown(self) -> None:
         """Stop the routers, then the replicas: SIGTERM each process group, wait for it within its
@@ -328,6 +466,7 @@ class LocalRun:
                     child.proc.wait(timeout=5)
                 except subprocess.TimeoutExpired:
                     pass
+        shutil.rmtree(self.state_dir, ignore_errors=True)
 
 
 def _spec_env(deployment: Deployment, say) -> dict[str, str]:

@@ -15,6 +15,19 @@ from typing import Any, Callable
 
 #: Ray's default for ``max_ongoing_requests``.
 DEFAULT_MAX_ONGOING_REQUESTS = 5
+#: Ray Serve's ``autoscaling_config`` keys and their ``spec.autoscaling`` names.
+AUTOSCALING_FIELDS = {
+    "min_replicas": "minReplicas", "max_replicas": "maxReplicas", "initial_replicas": "initialReplicas",
+    "target_ongoing_requests": "targetOngoingRequests", "target_num_ongoing_requests_per_replica":
+    "targetOngoingRequests", "upscale_delay_s": "upscaleDelaySeconds", "downscale_delay_s": "downscaleDelaySeconds",
+    "look_back_period_s": "lookBackPeriodSeconds",
+}
+#: Ray's tuning of its own control loop: accepted, without effect (Modelplex decides every second).
+AUTOSCALING_IGNORED = {"metrics_interval_s", "smoothing_factor", "upscale_smoothing_factor",
+                       "downscale_smoothing_factor", "upscaling_factor", "downscaling_factor",
+                       "downscale_to_zero_delay_s", "aggregation_function"}
+#: ``num_replicas="auto"``: Ray's defaults then allow up to 100 replicas.
+AUTO_MAX_REPLICAS = 100
 
 _WORD_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 _NOT_LABEL = re.compile(r"[^a-z0-9]+")
@@ -45,6 +58,17 @@ class DeploymentOptions:
             return self.num_replicas
         config = self.autoscaling_config or {}
         return int(config.get("initial_replicas") or config.get("min_replicas") or 1)
+
+    def replica_spec(self) -> dict[str, Any]:
+        """``{"replicas": N}``, or ``{"autoscaling": {...}}`` from ``autoscaling_config`` (Ray's keys
+        as ``spec.autoscaling``'s; ``num_replicas="auto"`` allows up to 100 replicas, as Ray does)."""
+        if self.autoscaling_config is None:
+            return {"replicas": self.replicas()}
+        scaling = {AUTOSCALING_FIELDS[key]: value for key, value in self.autoscaling_config.items()
+                   if key in AUTOSCALING_FIELDS}
+        if self.num_replicas == "auto":
+            scaling.setdefault("maxReplicas", max(AUTO_MAX_REPLICAS, scaling.get("minReplicas", 1)))
+        return {"autoscaling": scaling}
 
     def resources(self) -> dict[str, Any]:
         """``ray_actor_options`` as container resources: ``num_cpus`` a CPU request,
@@ -83,8 +107,21 @@ def _checked(options: dict[str, Any]) -> dict[str, Any]:
     ongoing = options.get("max_ongoing_requests")
     if ongoing is not None and (isinstance(ongoing, bool) or not isinstance(ongoing, int) or ongoing < 1):
         raise ValueError(f"serve.deployment: max_ongoing_requests must be an integer >= 1 (got {ongoing!r})")
+    scaling = options.get("autoscaling_config")
+    if scaling is not None:
+        if not isinstance(scaling, dict):
+            raise TypeError(f"serve.deployment: autoscaling_config must be a dict (got {type(scaling).__name__})")
+        if isinstance(replicas, int):
+            raise ValueError("serve.deployment: num_replicas and autoscaling_config both set: give one "
+                             "(num_replicas='auto' autoscales)")
+        unknown = sorted(set(scaling) - set(AUTOSCALING_FIELDS) - AUTOSCALING_IGNORED)
+        if unknown:
+            raise TypeError(f"serve.deployment: unsupported autoscaling_config key(s) {', '.join(unknown)}; "
+                            f"Modelplex takes {', '.join(sorted(AUTOSCALING_FIELDS))}")
     if replicas == "auto":
-        options = {**options, "num_replicas": None, "autoscaling_config": options.get("autoscaling_config") or {}}
+        options = {**options, "autoscaling_config": scaling or {}}
+    elif isinstance(replicas, int) and "autoscaling_config" not in options:
+        options = {**options, "autoscaling_config": None}  # .options(num_replicas=N) stops autoscaling
     return {**options, "ray_actor_options": dict(actor)}
 
 

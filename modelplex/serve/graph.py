@@ -113,7 +113,7 @@ def decorated(target: Any) -> dict[str, Any]:
 def manifest(node: Node, *, image: str, handler: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     """The MultiplexedDeployment of ``node``: replicas and resources from its options, batching
     and multiplexing from its decorators, its edges (the deployments it calls) an annotation."""
-    spec: dict[str, Any] = {"replicas": node.options.replicas(), "image": image, "handler": handler,
+    spec: dict[str, Any] = {**node.options.replica_spec(), "image": image, "handler": handler,
                             **decorated(node.target)}
     if node.options.max_ongoing_requests is not None:
         spec["maxOngoingRequests"] = node.options.max_ongoing_requests

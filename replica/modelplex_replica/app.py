@@ -32,6 +32,7 @@ from modelplex.runtime import runtime
 from modelplex.spec import Deployment, SpecError
 from modelplex_replica import oip
 from modelplex_replica.metrics import ReplicaMetrics
+from modelplex_replica.preload import preload_hot_models
 from modelplex_replica.reporter import AnnotationReporter, Patch
 from modelplex_replica.usercode import UserCodeLoop
 
@@ -175,6 +176,7 @@ async def _prewarm(state: ReplicaState) -> None:
                 state.prewarm_errors[model_id] = str(result)
                 log.error("prewarming model %r failed: %s", model_id, result)
         log.info("prewarm done: %d model(s) in %.3f s", len(model_ids), time.monotonic() - started)
+    await preload_hot_models(state.cache, state.user.run)  # the autoscaler's hot models, room permitting
     state.ready = True
 
 

@@ -261,3 +261,39 @@ def test_bad_autoscaling_is_named(spec, message):
     with pytest.raises(SpecError) as error:
         parse_spec({**BASE, **spec})
     assert message in str(error.value)
+
+
+# -- serve.deployment(autoscaling_config=...) -------------------------------------------------
+
+
+def test_ray_autoscaling_config_becomes_spec_autoscaling():
+    from modelplex import serve
+    from modelplex.serve.graph import manifest, walk
+
+    @serve.deployment(autoscaling_config={"min_replicas": 0, "max_replicas": 3, "target_ongoing_requests": 2,
+                                          "upscale_delay_s": 5, "downscale_delay_s": 60, "metrics_interval_s": 2})
+    class Scaled:
+        def __call__(self, body):
+            return body
+
+    document = manifest(walk(Scaled.bind())[0], image="img", handler="app:Scaled")
+    assert "replicas" not in document["spec"]
+    assert document["spec"]["autoscaling"] == {"minReplicas": 0, "maxReplicas": 3, "targetOngoingRequests": 2,
+                                               "upscaleDelaySeconds": 5, "downscaleDelaySeconds": 60}
+    scaling = parse_spec(document["spec"]).autoscaling  # what the operator accepts
+    assert (scaling.min_replicas, scaling.max_replicas, scaling.downscale_delay_seconds) == (0, 3, 60)
+
+    auto = manifest(walk(Scaled.options(num_replicas="auto", autoscaling_config=None).bind())[0],
+                    image="img", handler="app:Scaled")
+    assert auto["spec"]["autoscaling"] == {"maxReplicas": 100}
+    fixed = manifest(walk(Scaled.options(num_replicas=2).bind())[0], image="img", handler="app:Scaled")
+    assert fixed["spec"]["replicas"] == 2 and "autoscaling" not in fixed["spec"]
+
+
+def test_bad_autoscaling_config_is_named():
+    from modelplex import serve
+
+    with pytest.raises(TypeError, match="unsupported autoscaling_config key.*max_replica\\b"):
+        serve.deployment(autoscaling_config={"max_replica": 3})
+    with pytest.raises(ValueError, match="num_replicas and autoscaling_config both set"):
+        serve.deployment(num_replicas=2, autoscaling_config={"max_replicas": 3})
