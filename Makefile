@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 TORCH_WHEEL := $(firstword $(wildcard /opt/wheels/torch-*.whl))
 TORCH_REQ   := $(if $(TORCH_WHEEL),torch==$(word 2,$(subst -, ,$(notdir $(TORCH_WHEEL)))),torch)
 
-.PHONY: run test venv tools unit integration e2e lint control-plane bench bench-components clean
+.PHONY: run test venv tools unit integration e2e lint node-packages control-plane images cluster-prereqs bench-venv bench bench-components clean
 
 $(STAMP): pyproject.toml
 	@echo "==> creating $(VENV) and installing modelplex with its dev and replica extras"
@@ -35,11 +35,23 @@ run: venv
 	$(PY) examples/zoo/build_zoo.py
 	$(VENV)/bin/modelplex local examples/zoo/deployment.yaml --port 8000
 
-# The local cluster: Debian's packages for the node (installed where missing), then the
-# Kubernetes, etcd, helm and CoreDNS binaries (built once from their Go modules, cached).
-control-plane:
+# Debian's packages for the node and for building images (installed where missing).
+node-packages:
 	bash hack/control-plane/node-packages.sh
+
+# The local cluster's Kubernetes, etcd, helm and CoreDNS binaries (built once from their Go
+# modules, cached).
+control-plane: node-packages
 	bash hack/control-plane/build.sh
+
+# The operator, router and replica images (cached by content hash: a warm run builds none).
+images: node-packages
+	bash hack/images/build.sh
+
+# The two slow steps of a cold run side by side: the Go build keeps the CPU busy while the image
+# builds mostly wait on downloads.
+cluster-prereqs:
+	$(MAKE) --no-print-directory -j2 -Oline control-plane images
 
 lint: venv
 	$(VENV)/bin/lint-imports
@@ -50,24 +62,37 @@ unit: venv
 integration: venv tools
 	$(PY) -m pytest tests/integration
 
-e2e: venv control-plane
+e2e: venv cluster-prereqs
 	$(PY) -m pytest tests/e2e
 
 # pytest exits 5 when it collected no test: that fails here, as any non-zero exit does.
-test: venv tools lint control-plane
+test: venv tools lint cluster-prereqs
 	$(PY) -m pytest tests
 
+# The benchmarks' own venv (bench/.venv): Ray Serve with the protobuf it needs, apart from the
+# dev extra's tools, which pin another (Ray 2.60's grpc_reflection refuses protobuf 6.33).
+BENCH_VENV  := bench/.venv
+BENCH_PY    := $(BENCH_VENV)/bin/python
+BENCH_STAMP := $(BENCH_VENV)/.installed
+
+$(BENCH_STAMP): pyproject.toml
+	@echo "==> creating $(BENCH_VENV) and installing modelplex with its replica and bench extras"
+	test -x $(BENCH_PY) || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_PY) -m pip install -q --upgrade pip
+	$(BENCH_PY) -m pip install -q '$(TORCH_REQ)' -e '.[replica,bench]' py-spy
+	touch $(BENCH_STAMP)
+
+bench-venv: $(BENCH_STAMP)
+
 # Modelplex against Ray Serve, side by side (bench/results/); BENCH_ARGS=--quick for a smoke run.
-bench: venv
-	$(PY) -m pip install -q -e '.[bench]'
-	$(PY) bench/compare/run.py $(BENCH_ARGS)
+bench: bench-venv
+	$(BENCH_PY) bench/compare/run.py $(BENCH_ARGS)
 
 # The per-component benchmarks: replica alone, router policies, the streaming pipeline.
-bench-components: venv
-	$(PY) -m pip install -q -e '.[bench]'
-	$(PY) bench/replica/bench_replica.py
-	$(PY) bench/router/bench_router.py
-	$(PY) bench/pipeline/bench_pipeline.py
+bench-components: bench-venv
+	$(BENCH_PY) bench/replica/bench_replica.py
+	$(BENCH_PY) bench/router/bench_router.py
+	$(BENCH_PY) bench/pipeline/bench_pipeline.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info examples/zoo/models

@@ -1,10 +1,13 @@
 """Build-stage installer for the images in docker/: a virtual environment with Modelplex in it.
 
-    python3 install_deps.py --venv /opt/modelplex [--extra replica]   # dependencies (a cached layer)
+    python3 install_deps.py --venv /opt/modelplex --requirements replica.txt  # dependencies (a cached layer)
     python3 install_deps.py --venv /opt/modelplex --project /src --target /opt/app  # the project
+    python3 docker/install_deps.py --write-requirements   # after a change to pyproject's dependencies
 
-The dependencies come from pyproject.toml, so the images never drift from it, and they go in
-before the sources are copied: a source change does not download torch again. The project goes
+The dependencies are the lists in docker/requirements/, written from pyproject.toml by
+--write-requirements (a unit test fails while they differ), so the images never drift from it. They
+go in before the sources are copied, and only they: a source change, or an edit to pyproject.toml
+that leaves the dependencies as they are, does not download torch again. The project goes
 into a folder of its own (on PYTHONPATH in the image), so that the final stage copies the large
 virtual environment as a layer that a source change leaves as it is.
 
@@ -36,6 +39,11 @@ SYSTEM_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 GPU_ONLY = ("triton", "nvidia-cusolver", "nvidia-nvtx", "cuda-bindings", "cuda-pathfinder")
 
 
+#: The lists in docker/requirements/: the image dependencies they hold, as pyproject's extras.
+REQUIREMENTS = {"base": [], "replica": ["replica"]}
+REQUIREMENTS_DIR = Path(__file__).resolve().parent / "requirements"
+
+
 def requirements(pyproject: dict, extras: list[str]) -> list[str]:
     """The project's dependencies plus those of the named extras, in the order pyproject gives."""
     project = pyproject["project"]
@@ -44,6 +52,30 @@ def requirements(pyproject: dict, extras: list[str]) -> list[str]:
     if unknown:
         raise SystemExit(f"install_deps: no extra {unknown[0]!r} in pyproject.toml (has {sorted(optional)})")
     return list(project.get("dependencies", [])) + [r for e in extras for r in optional[e]]
+
+
+def requirements_file(pyproject: dict, extras: list[str]) -> str:
+    """The text of a docker/requirements/ file: one requirement per line, after a header."""
+    named = f" with the {', '.join(extras)} extra" if extras else ""
+    header = (f"# pyproject.toml's dependencies{named}: written by `python3 docker/install_deps.py "
+              "--write-requirements`; edit pyproject.toml, not this file.\n")
+    return header + "".join(f"{r}\n" for r in requirements(pyproject, extras))
+
+
+def read_requirements(path: Path) -> list[str]:
+    lines = (line.strip() for line in path.read_text().splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def write_requirements(pyproject_path: Path, directory: Path = REQUIREMENTS_DIR) -> list[Path]:
+    pyproject = tomllib.loads(pyproject_path.read_text())
+    directory.mkdir(exist_ok=True)
+    written = []
+    for name, extras in REQUIREMENTS.items():
+        path = directory / f"{name}.txt"
+        path.write_text(requirements_file(pyproject, extras))
+        written.append(path)
+    return written
 
 
 def is_torch(requirement: str) -> bool:
@@ -67,13 +99,20 @@ def ca_bundle(ca_dir: Path, directory: Path, system: Path = SYSTEM_CA_BUNDLE) ->
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--venv", type=Path, required=True)
-    parser.add_argument("--extra", action="append", default=[])
+    parser.add_argument("--venv", type=Path)
+    parser.add_argument("--requirements", type=Path, help="install these dependencies (a docker/requirements/ file)")
     parser.add_argument("--project", type=Path, help="install this source tree (its dependencies must be in)")
     parser.add_argument("--target", type=Path, help="with --project: install it into this folder")
-    parser.add_argument("--pyproject", type=Path, default=Path("pyproject.toml"))
     parser.add_argument("--ca-dir", type=Path, default=Path("ca"), help="extra PEM certificates for pip")
+    parser.add_argument("--write-requirements", action="store_true",
+                        help="write docker/requirements/ from pyproject.toml and exit")
     args = parser.parse_args(argv)
+    if args.write_requirements:
+        for path in write_requirements(REQUIREMENTS_DIR.parent.parent / "pyproject.toml"):
+            print(f"wrote {path}")
+        return
+    if args.venv is None or (args.requirements is None) == (args.project is None):
+        parser.error("give --venv and one of --requirements or --project")
 
     variant = os.environ.get("TORCH_VARIANT", "cuda")
     if variant not in ("cuda", "cpu"):
@@ -96,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.project:
             pip("install", "--no-deps", *(["--target", str(args.target)] if args.target else []), str(args.project))
             return
-        wanted = requirements(tomllib.loads(args.pyproject.read_text()), args.extra)
+        wanted = read_requirements(args.requirements)
         torch = [r for r in wanted if is_torch(r)]
         if torch and variant == "cpu" and index_url:
             pip("install", "--index-url", index_url, *torch)

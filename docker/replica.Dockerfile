@@ -17,10 +17,10 @@ FROM ${BASE_IMAGE} AS build
 ARG TORCH_VARIANT=cuda
 ARG TORCH_INDEX_URL=""
 WORKDIR /src
-COPY docker/install_deps.py pyproject.toml ./
+COPY docker/install_deps.py docker/requirements/replica.txt ./
 COPY docker/ca/ ./ca/
-RUN python3 install_deps.py --venv /opt/modelplex --extra replica
-COPY README.md ./
+RUN python3 install_deps.py --venv /opt/modelplex --requirements replica.txt
+COPY pyproject.toml README.md ./
 COPY modelplex ./modelplex
 COPY replica ./replica
 COPY router ./router

@@ -203,6 +203,13 @@ class ImagePlan:
     build_args: dict[str, str]
     files: tuple[str, ...]
 
+    @property
+    def stage_tag(self) -> str:
+        """The tag kept on the build stage: the layer cache of the next build (dependencies
+        installed), which an untagged stage would lose to a prune."""
+        repository, _, flavour_hash = self.tag.rpartition(":")
+        return f"{repository}-build:{flavour_hash}"
+
 
 def plan_image(root: Path, component: str, *, version: str, base: str,
                build_args: Mapping[str, str] | None = None, variant: str = "") -> ImagePlan:
@@ -457,13 +464,16 @@ def _builder_env(env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
     return dict(env, DOCKER_BUILDKIT="0"), []
 
 
-def build_image(env: Mapping[str, str], root: Path, plan: ImagePlan, extra_ca: bytes | None) -> None:
-    """``docker build`` of ``plan`` with its exact context on stdin; output lines go to stderr.
+def build_image(env: Mapping[str, str], root: Path, plan: ImagePlan, extra_ca: bytes | None,
+                *, stage: str | None = None) -> None:
+    """``docker build`` of ``plan`` (or of its ``stage``, tagged ``plan.stage_tag``) with its exact
+    context on stdin; output lines go to stderr.
 
     The extra CA certificates ride in the context, not in the content hash: they change how pip
     connects, not what it installs (and a bundle outgrows a build argument's 128 KiB)."""
     build_env, flags = _builder_env(env)
-    command = ["docker", "build", "--network=host", *flags, "-f", plan.dockerfile, "-t", plan.tag]
+    target = ["--target", stage, "-t", plan.stage_tag] if stage else ["-t", plan.tag]
+    command = ["docker", "build", "--network=host", *flags, "-f", plan.dockerfile, *target]
     for name, value in plan.build_args.items():
         command += ["--build-arg", f"{name}={value}"]
     archive = context_archive(root, plan.dockerfile, list(plan.files),
@@ -510,8 +520,8 @@ def plan_images(root: Path, base: str, replica_variant: str) -> list[ImagePlan]:
 
 
 def _remove_superseded(env: Mapping[str, str], tag: str) -> None:
-    """Untag the earlier builds of the same image and flavour, so that disk use stays bounded (their
-    layers go unless a current image shares them; the build stages stay as the layer cache)."""
+    """Untag the earlier builds of the same image (or build stage) and flavour, so that disk use
+    stays bounded: their layers go with the next prune unless a current image shares them."""
     repository, _, current = tag.rpartition(":")
     flavour = current[: -len(current.rsplit("-", 1)[1])]
     listed = _docker(env, "image", "ls", "--format", "{{.Tag}}", repository).stdout.split()
@@ -544,15 +554,25 @@ def ensure_images(*, replica_variant: str | None = None, base: str | None = None
         for plan in plan_images(root, base_ref, variant):
             if image_exists(env, plan.tag):
                 say(f"{plan.component}: {plan.tag} is up to date")
+                if not image_exists(env, plan.stage_tag):  # built before stages were tagged
+                    build_image(env, root, plan, extra_ca, stage="build")
             else:
                 say(f"{plan.component}: building {plan.tag} on {base_ref}")
                 began = time.monotonic()
-                build_image(env, root, plan, extra_ca)
+                build_image(env, root, plan, extra_ca, stage="build")
+                build_image(env, root, plan, extra_ca)  # the build stage comes from the cache
                 say(f"{plan.component}: built {plan.tag} ({image_size(env, plan.tag) / 1e6:.0f} MB) "
                     f"in {time.monotonic() - began:.0f} s")
             _docker(env, "tag", plan.tag, plan.version_tag)
             _remove_superseded(env, plan.tag)
+            _remove_superseded(env, plan.stage_tag)
             tags[plan.component] = plan.tag
+        if env.get("DOCKER_HOST", "").startswith(f"unix://{directory / 'docker'}"):
+            # Our own engine: what no tag holds any more is a superseded build. (A user's engine
+            # is left as it is.)
+            pruned = _docker(env, "image", "prune", "--force", check=False).stdout.strip().splitlines()
+            if pruned and pruned[-1].startswith("Total reclaimed space"):
+                say(f"pruned superseded builds: {pruned[-1].split(':', 1)[1].strip()} reclaimed")
     say(f"images ready in {time.monotonic() - started:.1f} s")
     return tags
 

@@ -116,6 +116,7 @@ def test_plans_tag_each_image_by_content_and_by_the_projects_version(checkout):
         flavour = f"{version}-cpu" if component == "replica" else version
         assert re.fullmatch(rf"modelplex/{component}:{re.escape(flavour)}-[0-9a-f]{{12}}", plan.tag)
         assert plan.version_tag == f"modelplex/{component}:{version}"
+        assert plan.stage_tag == plan.tag.replace(f"/{component}:", f"/{component}-build:")
         assert plan.build_args["BASE_IMAGE"] == "modelplex/base:x"
         names = plan.files
         assert "modelplex/spec.py" in names and "docker/install_deps.py" in names and "docker/ca/README.md" in names

@@ -25,6 +25,26 @@ def test_requirements_are_the_projects_dependencies_plus_the_named_extras():
     assert [r for r in replica if install_deps.is_torch(r)] == ["torch>=2.2"]
 
 
+def test_the_images_requirement_lists_are_pyprojects_as_it_is_now(tmp_path):
+    written = install_deps.write_requirements(ROOT / "pyproject.toml", tmp_path)
+    for path in written:
+        committed = ROOT / "docker" / "requirements" / path.name
+        assert committed.read_text() == path.read_text(), (
+            f"docker/requirements/{path.name} differs from pyproject.toml: run "
+            "`python3 docker/install_deps.py --write-requirements` and commit the result")
+    replica = install_deps.read_requirements(tmp_path / "replica.txt")
+    assert replica == install_deps.requirements(PYPROJECT, ["replica"])
+
+
+def test_the_dockerfiles_install_the_lists_before_the_sources_and_pyproject():
+    for component, listed in (("router", "base"), ("operator", "base"), ("replica", "replica")):
+        lines = (ROOT / "docker" / f"{component}.Dockerfile").read_text().splitlines()
+        copies = [i for i, line in enumerate(lines) if line.startswith("COPY ")]
+        first = lines[copies[0]]
+        assert f"docker/requirements/{listed}.txt" in first and "pyproject" not in first, first
+        assert any("pyproject.toml" in lines[i] for i in copies[1:]), component
+
+
 def test_an_unknown_extra_is_an_error_that_names_it():
     with pytest.raises(SystemExit, match="'gpu'"):
         install_deps.requirements(PYPROJECT, ["gpu"])
