@@ -158,13 +158,20 @@ class _Started:
 
 
 def resolve(deployment: str) -> str:
-    """The router URL of ``deployment``: local mode's variable, else its in-cluster Service."""
-    url = os.environ.get(router_env_name(deployment))
+    """The router URL of ``deployment`` (its name, or Ray's class name: ``SimpleModel`` is
+    ``simple-model``): local mode's variable, else its in-cluster Service."""
+    from modelplex.serve.deployment import dns_label  # modelplex.serve imports this module
+
+    try:
+        label = dns_label(deployment)
+    except ValueError:
+        label = deployment
+    url = os.environ.get(router_env_name(deployment)) or os.environ.get(router_env_name(label))
     if url:
         return url.rstrip("/")
     namespace = os.environ.get(ENV_POD_NAMESPACE)
     if namespace:
-        return f"http://{deployment}.{namespace}.svc:{ROUTER_PORT}"
+        return f"http://{label}.{namespace}.svc:{ROUTER_PORT}"
     raise LookupError(
         f"cannot find deployment {deployment!r}: set {router_env_name(deployment)} to its router's URL, "
         "run it with `modelplex local`, or run in a cluster (POD_NAMESPACE)"
@@ -199,6 +206,31 @@ class DeploymentResponse:
     def cancel(self) -> None:
         """Give up on the answer: the request is aborted and the work upstream cancelled."""
         self._started.cancel()
+
+    async def _to_object_ref(self) -> ObjectRef:
+        """Ray's private API for a reference to the answer, to pass to other calls: here the answer."""
+        return ObjectRef(await self)
+
+    def _to_object_ref_sync(self, timeout_s: float | None = None) -> ObjectRef:
+        return ObjectRef(self.result(timeout_s))
+
+
+class ObjectRef:
+    """What Ray's ``_to_object_ref()`` and ``_to_object_ref_gen()`` give: a value to pass to
+    another handle call (it arrives there as the value) or to await. Modelplex has no object
+    store: the value passed through the caller on its way."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: Any):
+        self._value = value
+
+    def __await__(self):
+        yield from ()
+        return self._value
+
+    def __repr__(self) -> str:
+        return f"ObjectRef({type(self._value).__name__})"
 
 
 _END = object()
@@ -273,6 +305,16 @@ class DeploymentResponseGenerator:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    async def _to_object_ref_gen(self) -> AsyncIterator[ObjectRef]:
+        """Ray's private API that the seeds' streaming pipeline uses: the items as references
+        to pass to other calls (``handle.run.remote(ref)`` receives the item)."""
+        return _references(self)
+
+
+async def _references(items: DeploymentResponseGenerator) -> AsyncIterator[ObjectRef]:
+    async for item in items:
+        yield ObjectRef(item)
+
 
 async def _next_or_end(records: AsyncIterator[Any]) -> Any:
     try:
@@ -338,6 +380,9 @@ class DeploymentHandle:
 
     def remote(self, *args: Any, **kwargs: Any) -> DeploymentResponse | DeploymentResponseGenerator:
         """Call the deployment now: an awaitable response, or (``stream=True``) an async iterator."""
+        if any(isinstance(value, ObjectRef) for value in (*args, *kwargs.values())):
+            args = tuple(_dereferenced(arg) for arg in args)
+            kwargs = {key: _dereferenced(value) for key, value in kwargs.items()}
         call = Call(self.method_name, args, kwargs, self.stream)
         # Encoding here makes an argument that cannot travel fail in the caller, at once;
         # a call that takes another call's response encodes once that has arrived.
@@ -398,6 +443,10 @@ class DeploymentHandle:
 
 
 _RESPONSES = (DeploymentResponse,)
+
+
+def _dereferenced(value: Any) -> Any:
+    return value._value if isinstance(value, ObjectRef) else value
 
 
 async def _resolved(call: Call) -> Call:

@@ -15,9 +15,10 @@ from modelplex.batching import batch
 from modelplex.context import get_multiplexed_model_id
 from modelplex.multiplex import multiplexed
 from modelplex.serve.deployment import Application, Deployment, deployment
+from modelplex.serve.ingress import ingress
 from modelplex.serve.running import get_deployment_handle, run, shutdown
 
 __all__ = [
     "Application", "Deployment", "batch", "deployment", "get_deployment_handle", "get_multiplexed_model_id",
-    "multiplexed", "run", "shutdown",
+    "ingress", "multiplexed", "run", "shutdown",
 ]

@@ -10,6 +10,8 @@ the ingress deployment's handle. Their output comes through on stderr.
 from __future__ import annotations
 
 import atexit
+import collections
+import io
 import os
 import re
 import shutil
@@ -24,6 +26,7 @@ from pathlib import Path
 import cloudpickle
 import yaml
 
+from modelplex.forwarded import ENV_ROUTE_PREFIX, check_route_prefix
 from modelplex.handles import DeploymentHandle, handle
 from modelplex.local import _die_with_parent
 from modelplex.names import router_env_name
@@ -51,6 +54,7 @@ class _Running:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "modelplex.cli", "local", str(folder / "app.yaml"), "--port", str(port)],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": import_path()},
             preexec_fn=_die_with_parent,  # nothing outlives this process, however it ends
         )
         self.echo = threading.Thread(target=self._echo, name="modelplex-serve-output", daemon=True)
@@ -92,6 +96,18 @@ class _Running:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+def import_path() -> str:
+    """This process's import path for the replicas, as ``PYTHONPATH``: what a deployment's code
+    imports by reference (a helper module beside the script) imports there too. The
+    interpreter's own folders are on their path already."""
+    prefixes = tuple(os.path.join(os.path.realpath(p), "") for p in {sys.prefix, sys.base_prefix, sys.exec_prefix})
+    entries = [os.path.realpath(entry or os.curdir) for entry in sys.path]
+    entries = [entry for entry in entries if not os.path.join(entry, "").startswith(prefixes)]
+    if os.environ.get("PYTHONPATH"):
+        entries.append(os.environ["PYTHONPATH"])
+    return os.pathsep.join(dict.fromkeys(entries))
+
+
 _lock = threading.Lock()
 _running: _Running | None = None
 
@@ -99,15 +115,17 @@ _running: _Running | None = None
 def run(target: Application, *, name: str = "default", route_prefix: str | None = "/", blocking: bool = False,
         _port: int | None = None) -> DeploymentHandle:
     """Run ``target``'s graph on this machine (replacing the one running) and return the ingress
-    deployment's handle. Over HTTP the ingress answers on every path of its router's port."""
+    deployment's handle. Over HTTP the ingress answers on its router's port, at ``route_prefix``
+    and every path below it (None: no HTTP route, handles only)."""
     global _running
+    prefix = check_route_prefix(route_prefix)
     nodes = graph.walk(target)
     port = _port or int(os.environ.get(ENV_HTTP_PORT, DEFAULT_HTTP_PORT))
     with _lock:
         _shutdown_locked()
         folder = Path(tempfile.mkdtemp(prefix=f"modelplex-serve-{name}-"))
         try:
-            _write(nodes, folder)
+            _write(nodes, folder, prefix)
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
@@ -130,13 +148,39 @@ def run(target: Application, *, name: str = "default", route_prefix: str | None 
     return ingress
 
 
-def _write(nodes: list[graph.Node], folder: Path) -> None:
-    """Each deployment's pickle and the manifests that name them (``app.yaml``)."""
+class _Pickler(cloudpickle.CloudPickler):
+    """cloudpickle, and what a live app holds that pickle refuses: its locks are shipped new
+    (nothing holds them while it is pickled), Starlette's ``State`` (a FastAPI app's) as its dict."""
+
+    dispatch_table = collections.ChainMap({
+        type(threading.Lock()): lambda lock: (threading.Lock, ()),
+        type(threading.RLock()): lambda lock: (threading.RLock, ()),
+    }, cloudpickle.CloudPickler.dispatch_table)
+
+    def reducer_override(self, obj):
+        starlette = sys.modules.get("starlette.datastructures")
+        if starlette is not None and type(obj) is starlette.State:
+            return starlette.State, (dict(obj._state),)
+        return super().reducer_override(obj)
+
+
+def _dumps(value: object) -> bytes:
+    buffer = io.BytesIO()
+    _Pickler(buffer).dump(value)
+    return buffer.getvalue()
+
+
+def _write(nodes: list[graph.Node], folder: Path, route_prefix: str = "/") -> None:
+    """Each deployment's pickle and the manifests that name them (``app.yaml``); the ingress
+    (the first) answers HTTP at ``route_prefix``."""
     documents = []
     for node in nodes:
         payload = folder / f"{node.name}.pkl"
-        payload.write_bytes(cloudpickle.dumps((node.target, node.args, node.kwargs, node.options.user_config)))
-        documents.append(graph.manifest(node, image="local", handler=HANDLER, env={ENV_PAYLOAD: str(payload)}))
+        payload.write_bytes(_dumps((node.target, node.args, node.kwargs, node.options.user_config)))
+        env = {ENV_PAYLOAD: str(payload)}
+        if node is nodes[0] and route_prefix != "/":
+            env[ENV_ROUTE_PREFIX] = route_prefix
+        documents.append(graph.manifest(node, image="local", handler=HANDLER, env=env))
     (folder / "app.yaml").write_text(yaml.safe_dump_all(documents, sort_keys=False))
 
 

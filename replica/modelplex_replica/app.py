@@ -31,6 +31,7 @@ from modelplex.names import DASHED_MODEL_ID_HEADER, LOADED_MODELS_HEADER, MODEL_
 from modelplex.runtime import runtime
 from modelplex.spec import Deployment, SpecError
 from modelplex_replica import oip
+from modelplex_replica.asgi import HttpIngress, ingress_for
 from modelplex_replica.metrics import ReplicaMetrics
 from modelplex_replica.preload import preload_hot_models
 from modelplex_replica.reporter import AnnotationReporter, Patch
@@ -77,6 +78,8 @@ class ReplicaState:
     reporter: AnnotationReporter | None = None
     prewarm_errors: dict[str, str] = field(default_factory=dict)
     server_loop: asyncio.AbstractEventLoop | None = None
+    #: A serve.ingress app or a route prefix (None: every path reaches ``__call__``).
+    ingress: HttpIngress | None = None
     #: What the cache holds, replaced whole by the user loop on every cache change, so the
     #: server loop reads it without a lock.
     published: Published = Published.of(LoadedModels())
@@ -113,6 +116,7 @@ def create_app(deployment: Deployment, handler: Any, *, patch_pod: Patch | None 
         handler=handler,
         cache=find_cache(handler),
         metrics=metrics,
+        ingress=ingress_for(handler),
     )
     app = web.Application(middlewares=[error_middleware], client_max_size=spec.max_request_bytes)
     app[STATE] = state
@@ -133,6 +137,8 @@ def _lifecycle(patch_pod: Patch | None):
         state = app[STATE]
         state.server_loop = asyncio.get_running_loop()
         state.user.start()
+        if state.ingress is not None:
+            await state.user.run(state.ingress.startup())
         runtime.batch_observers.append(state.metrics.on_batch)
         runtime.cache_observers.append(state.metrics.on_cache_event)
         runtime.cache_observers.append(lambda *_: _cache_changed(state))
@@ -148,6 +154,8 @@ def _lifecycle(patch_pod: Patch | None):
             await state.reporter.stop()
         if state.cache is not None:
             await state.user.run(state.cache.close())
+        if state.ingress is not None:
+            await state.user.run(state.ingress.shutdown())
         await state.user.run(close_handles())
         await state.user.stop()
         runtime.batch_observers.clear()
@@ -216,6 +224,9 @@ async def invoke(request: web.Request) -> web.StreamResponse:
     if state.draining:
         state.metrics.observe_request(model_id, 503, 0.0)
         raise NotReady("replica is shutting down", retry_after=1)
+    ingress = state.ingress if request.content_type != CALL_CONTENT_TYPE else None
+    if ingress is not None:
+        ingress.check(request.headers, request.method)  # 404 outside the route prefix
     # A request whose model is not loaded waits for the load outside the slots: a load that
     # hangs must stall only its own model (the cache bounds its waiters at maxOngoingRequests).
     loads = bool(model_id) and state.cache is not None and model_id not in state.cache
@@ -234,6 +245,10 @@ async def invoke(request: web.Request) -> web.StreamResponse:
         state.inflight += 1
         in_slot = True
         state.metrics.inflight.labels(state.deployment.name).inc()
+        if ingress is not None and ingress.app is not None:
+            response = await ingress.respond(request, state.user, model_id, state.models_header)
+            status = 500 if response.get(STREAM_FAILED) else response.status
+            return response
         call = await _read_call(request, state.handler, model_id)
         if call.streams:
             response = await _stream(request, state, call, model_id)

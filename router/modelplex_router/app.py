@@ -27,6 +27,7 @@ import aiohttp
 from aiohttp import web
 
 from modelplex.autoscaling import LOAD_PATH
+from modelplex.forwarded import forwarded_headers
 from modelplex.http import error_middleware
 from modelplex.names import DASHED_MODEL_ID_HEADER, MODEL_ID_HEADER
 from modelplex_router import load, oip
@@ -37,7 +38,7 @@ from modelplex_router.keys import (CLOCK, CONFIG, DISCOVERY, DRAINING, METRICS, 
                                    TABLE, measured)
 from modelplex_router.metrics import CONTENT_TYPE, RouterMetrics
 from modelplex_router.openapi import openapi_document
-from modelplex_router.proxy import Proxy
+from modelplex_router.proxy import FORWARDED_REQUEST_HEADERS, Proxy
 from modelplex_router.scheduler import Scheduler
 from modelplex_router.table import RoutingTable
 
@@ -138,7 +139,9 @@ async def invoke(request: web.Request) -> web.StreamResponse:
     As in Ray Serve, a GET (a browser, ``EventSource``, Ray's docs' ``requests.get``) reaches
     the handler too, with an empty body."""
     model = model_id_header(request)
-    return await measured(request, model, lambda: _forward(request, model))
+    # The method, path and headers as sent: for a replica's serve.ingress app and route prefix.
+    sent = forwarded_headers(request.method, request.raw_path, request.headers.items(), FORWARDED_REQUEST_HEADERS)
+    return await measured(request, model, lambda: _forward(request, model, sent))
 
 
 async def predict(request: web.Request) -> web.StreamResponse:
@@ -147,9 +150,9 @@ async def predict(request: web.Request) -> web.StreamResponse:
     return await measured(request, model, lambda: _forward(request, model))
 
 
-async def _forward(request: web.Request, model: str) -> web.StreamResponse:
+async def _forward(request: web.Request, model: str, headers: dict[str, str] | None = None) -> web.StreamResponse:
     body = await request.read()
-    return await request.app[PROXY].forward(request, model, body)
+    return await request.app[PROXY].forward(request, model, body, headers=headers)
 
 
 # -- operations ------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ where port 8000 is free, whatever else runs on this machine. ``serve.run`` start
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import os
 import re
@@ -23,9 +24,11 @@ ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "examples" / "serve"
 RUN_TIMEOUT_S = 400  # a cold start of torch-importing processes on two shared cores
 
-#: Runs an example as ``__main__``, then whatever checks follow (argv[2]) with its globals.
+#: Runs an example as ``__main__`` (its folder first on the path, as ``python example.py`` has
+#: it), then whatever checks follow (argv[2]) with its globals.
 DRIVER = """
-import runpy, sys
+import os, runpy, sys
+sys.path.insert(0, os.path.dirname(sys.argv[1]))
 example = runpy.run_path(sys.argv[1], run_name="__main__")
 exec(sys.argv[2], dict(example))
 """
@@ -97,3 +100,36 @@ def test_upstream_calls_its_multiplexed_downstream_through_the_handle_it_was_bui
 
 def test_optimized_pipeline_batches_per_model_and_answers_each_request_with_its_own_model():
     assert "16 answers match their models" in printed(run_example("optimized_pipeline.py"))
+
+
+def expected_video_digest(tmp_path: Path) -> str:
+    """The digest of the boxed video, computed here with the stages' own functions."""
+    spec = importlib.util.spec_from_file_location("video_stages_here", EXAMPLES / "video_stages.py")
+    stages = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stages)
+    stages.make_video(tmp_path / "input.video", frames=60)
+    frames = stages.read_frames(tmp_path / "input.video", 0, 60)
+    return stages.digest(stages.draw_boxes(frames, stages.FaceDetector()(frames)))
+
+
+def _video(output: str) -> tuple[str, str]:
+    lines = printed(output)
+    summary = next((line for line in lines if " frames in " in line), None)
+    video = next((line for line in lines if line.startswith("video digest ")), None)
+    assert summary and video, output
+    return summary, video
+
+
+def test_the_naive_video_orchestrator_decodes_then_detects_and_encodes_the_whole_video_in_one_call(tmp_path):
+    summary, video = _video(run_example("video_naive.py"))
+    assert summary == "60 frames in 1 chunk(s), 60 with a box on the face"
+    assert video == "video digest " + expected_video_digest(tmp_path)
+
+
+def test_the_streaming_orchestrator_sends_each_decoded_batch_on_as_a_reference_and_gets_the_same_video(tmp_path):
+    output = run_example("video_streaming.py")
+    summary, video = _video(output)
+    assert summary == "60 frames in 3 chunk(s), 60 with a box on the face"  # one per batch of 20
+    assert [line for line in printed(output) if line.startswith("decoded frames")] == [
+        "decoded frames 0-19", "decoded frames 20-39", "decoded frames 40-59"]
+    assert video == "video digest " + expected_video_digest(tmp_path)
