@@ -35,7 +35,6 @@ import os
 import platform
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -49,6 +48,8 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
 import aiohttp  # noqa: E402
+
+from modelplex.processes import free_port  # noqa: E402
 
 import belady  # noqa: E402
 import loadgen  # noqa: E402
@@ -65,12 +66,6 @@ product_root = ROOT
 
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def load_average() -> tuple[float, float, float]:

@@ -24,8 +24,6 @@ import asyncio
 import os
 import re
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,49 +36,12 @@ from pathlib import Path
 import aiohttp
 import yaml
 
+from modelplex.processes import consecutive_free_ports, descendants, running, spawn, stop, wait_for
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "pipeline"
 MODEL_ID_HEADER = "serve_multiplexed_model_id"
 CHUNK_FRAMES = 8
-
-
-def consecutive_free_ports(count: int) -> int:
-    """A port P with P .. P+count-1 free (local mode puts the routers on consecutive ports)."""
-    for _ in range(100):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            first = probe.getsockname()[1]
-        held = []
-        try:
-            for port in range(first, first + count):
-                sock = socket.socket()
-                held.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return first
-        except OSError:
-            continue
-        finally:
-            for sock in held:
-                sock.close()
-    raise RuntimeError(f"no {count} consecutive free ports")
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (the replicas and routers of a ``modelplex local``)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), ()):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def rss_bytes(pids: list[int]) -> int:
@@ -131,23 +92,15 @@ class LocalStack:
         manifest = self.folder / "pipeline.yaml"
         deployments = sum(1 for doc in yaml.safe_load_all(manifest.read_text()) if doc)
         port = consecutive_free_ports(deployments)
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "modelplex.cli", "--log-level", "warning", "local", str(manifest),
-                 "--port", str(port)],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env,
-                start_new_session=True)
+        self.log.write_bytes(b"")
+        self.proc = spawn([sys.executable, "-m", "modelplex.cli", "--log-level", "warning", "local", str(manifest),
+                           "--port", str(port)], log=self.log, env=self.env)
         try:
-            deadline = time.monotonic() + self.timeout_s
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"modelplex local exited; see {self.log}")
-                output = self.log.read_text(errors="replace")
-                if "Press Ctrl-C" in output:
-                    self.urls = dict(re.findall(r"^(\S+) is ready at (http://\S+)", output, flags=re.M))
-                    return self
-                time.sleep(0.2)
-            raise RuntimeError(f"not ready after {self.timeout_s:g} s; see {self.log}")
+            output = wait_for(lambda: "Press Ctrl-C" in (text := self.log.read_text(errors="replace")) and text,
+                              self.timeout_s, 0.2, f"modelplex local ready (see {self.log})",
+                              guard=lambda: running(self.proc, "modelplex local", self.log))
+            self.urls = dict(re.findall(r"^(\S+) is ready at (http://\S+)", output, flags=re.M))
+            return self
         except BaseException:
             self.__exit__()
             raise
@@ -159,16 +112,7 @@ class LocalStack:
         if self.proc is None:
             return
         # SIGTERM to local mode stops its children (each in a group of its own) in order.
-        for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-            try:
-                self.proc.wait(timeout=wait_s)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        stop(self.proc, grace=30)
 
 
 @dataclass

@@ -13,8 +13,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +22,8 @@ from pathlib import Path
 
 import aiohttp
 import torch
+
+from modelplex.processes import free_port, spawn, stop
 
 warnings.filterwarnings("ignore", category=FutureWarning)  # TorchScript's deprecation notice
 
@@ -54,12 +54,6 @@ def compute_bound(path: Path, batch_sizes: list[int], seconds: float = 1.0) -> d
                 count += 1
             rates[size] = count * size / (time.perf_counter() - started)
     return rates
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def write_manifest(folder: Path, batch_size: int, wait_ms: float, max_ongoing: int) -> Path:
@@ -122,22 +116,9 @@ async def closed_loop(url: str, concurrency: int, seconds: float) -> dict:
 
 def start_replica(manifest: Path, port: int, log: Path) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "LOG_LEVEL": "warning"}
-    with log.open("wb") as handle:
-        return subprocess.Popen(
-            [sys.executable, "-m", "modelplex.cli", "replica", "--spec", str(manifest), "--port", str(port)],
-            stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-        )
-
-
-def stop(process: subprocess.Popen) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=20)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    log.write_bytes(b"")
+    return spawn([sys.executable, "-m", "modelplex.cli", "replica", "--spec", str(manifest), "--port", str(port)],
+                 log=log, env=env)
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -159,7 +140,7 @@ async def run(args: argparse.Namespace) -> int:
                     result = await closed_loop(f"http://127.0.0.1:{port}", concurrency, args.seconds)
                     rows.append((label, concurrency, result))
             finally:
-                stop(process)
+                stop(process, grace=20)
         print("\n| mode | concurrency | req/s | p50 ms | p99 ms | errors | share of compute bound |")
         print("|---|---:|---:|---:|---:|---:|---:|")
         for label, concurrency, r in rows:

@@ -18,7 +18,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,14 +27,10 @@ from pathlib import Path
 
 import aiohttp
 
+from modelplex.processes import free_port, signal_group, spawn, stop
+
 HERE = Path(__file__).resolve().parent
 MODEL_ID_HEADER = "serve_multiplexed_model_id"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def zipf_trace(n: int, models: int, s: float, seed: int) -> list[str]:
@@ -68,9 +63,8 @@ class Stack:
         self.router_url = ""
 
     def _start(self, argv: list[str], env: dict, log: Path) -> None:
-        with log.open("wb") as out:
-            self.procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                               stdin=subprocess.DEVNULL, start_new_session=True))
+        log.write_bytes(b"")
+        self.procs.append(spawn(argv, log=log, env=env))
 
     def __enter__(self) -> Stack:
         cli = [sys.executable, "-m", "modelplex.cli", "--log-level", "warning"]
@@ -111,21 +105,9 @@ class Stack:
 
     def __exit__(self, *exc) -> None:
         for proc in self.procs:
-            _killpg(proc, signal.SIGTERM)
+            signal_group(proc.pid, signal.SIGTERM)  # all at once, then each within its grace
         for proc in self.procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-            _killpg(proc, signal.SIGKILL)
-            proc.wait()
-
-
-def _killpg(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+            stop(proc, grace=10)
 
 
 async def metric(session: aiohttp.ClientSession, url: str, name: str) -> float:

@@ -14,12 +14,11 @@ import json
 import os
 import shlex
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from modelplex_cluster.testing import pid_alive
+from modelplex.processes import ProcessExited, WaitTimeout, log_tail, pid_alive, running, signal_group, spawn, wait_for
 
 STATE_ENTRIES = ("pki", "etcd", "logs", "kubelet", "containerd", "pids", "kubeconfig", "ready", "endpoints.json",
                  "supervisor.pid", "supervisor.log", "Corefile", "kube-proxy.yaml")
@@ -108,7 +107,7 @@ def cmd_build(args) -> int:
 
 
 def cmd_up(args) -> int:
-    from modelplex_cluster.controlplane import ControlPlaneError, build_binaries, restore_node_host, tail
+    from modelplex_cluster.controlplane import ControlPlaneError, build_binaries, restore_node_host
 
     state = cluster_dir()
     pid = _supervisor_pid(state)
@@ -144,23 +143,20 @@ def cmd_up(args) -> int:
     env.pop("KUBECONFIG", None)
     argv = [sys.executable, "-m", "modelplex_cluster", "_serve", f"--bin-dir={bin_dir}", f"--state-dir={state}"]
     say(f"==> starting the control plane and the node (state and logs in {state})")
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                env=env, cwd=str(state), start_new_session=True)
+    # The supervisor outlives this command (death_signal=None): `cluster down` stops it.
+    proc = spawn(argv, log=log_path, env=env, cwd=state, death_signal=None)
     (state / "supervisor.pid").write_text(f"{proc.pid}\n")
-    deadline = time.monotonic() + args.timeout
     t0 = time.monotonic()
-    while time.monotonic() < deadline:
-        if (state / "ready").exists():
-            break
-        if proc.poll() is not None:
-            say(f"error: the control plane failed to start (exit code {proc.returncode}); log: {log_path}")
-            say(tail(log_path, 40))
-            return 1
-        time.sleep(0.3)
-    else:
+    try:
+        wait_for((state / "ready").exists, args.timeout, 0.3, "the control plane",
+                 guard=lambda: running(proc, "the control plane"))
+    except ProcessExited as error:
+        say(f"error: {error} while starting; log: {log_path}")
+        say(log_tail(log_path, 40))
+        return 1
+    except WaitTimeout:
         say(f"error: the control plane was not ready after {args.timeout:.0f}s; log: {log_path}")
-        say(tail(log_path, 40))
+        say(log_tail(log_path, 40))
         _stop(state)
         return 1
     say(f"==> cluster ready in {time.monotonic() - t0:.1f}s: kubeconfig {state / 'kubeconfig'}; logs in {state / 'logs'}")
@@ -192,10 +188,7 @@ def _kill_leftovers(state: Path) -> list[str]:
         pid = _read_pid(pid_file)
         name = pid_file.stem
         if pid and pid_alive(pid) and (name in _cmdline(pid) or "modelplex_cluster" in _cmdline(pid)):
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except OSError:
-                pass
+            signal_group(pid, signal.SIGKILL)
             killed.append(f"{name} ({pid})")
     return killed
 
@@ -205,15 +198,11 @@ def _stop(state: Path, timeout: float = 180) -> bool:
     stopped = False
     if pid:
         os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and pid_alive(pid):
-            time.sleep(0.2)
-        if pid_alive(pid):
+        try:
+            wait_for(lambda: not pid_alive(pid), timeout, 0.2, f"supervisor {pid} to stop")
+        except WaitTimeout:
             say(f"supervisor {pid} did not stop in {timeout:.0f}s; killing it")
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except OSError:
-                pass
+            signal_group(pid, signal.SIGKILL)
         stopped = True
     leftovers = _kill_leftovers(state)
     if leftovers:

@@ -16,13 +16,11 @@ server listens on the node's bridge address, etcd and the controllers on
 from __future__ import annotations
 
 import base64
-import ctypes
 import http.client
 import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -34,6 +32,7 @@ from typing import IO, Iterable
 
 import yaml
 
+from modelplex.processes import ProcessExited, free_port, log_tail, running, spawn, stop, wait_for
 from modelplex_cluster import certs, node
 
 NODE_NAME = "modelplex-node"
@@ -105,12 +104,6 @@ def build_binaries(force: bool = False, *, quiet: bool = False) -> Path:
 # --------------------------------------------------------------------------- helpers
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
@@ -151,77 +144,6 @@ def write_kubeconfig(
     tmp.chmod(0o600)
     tmp.replace(path)
     return path
-
-
-_PR_SET_PDEATHSIG = 1
-try:
-    _libc = ctypes.CDLL(None, use_errno=True)
-    _prctl = _libc.prctl
-except (OSError, AttributeError):  # pragma: no cover - not Linux
-    _prctl = None
-
-
-def _child_setup(death_signal: int = signal.SIGTERM) -> None:
-    """Run in the child before exec: own process group, and die with the parent."""
-    os.setsid()
-    if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, int(death_signal))
-
-
-def _child_setup_kill() -> None:
-    _child_setup(signal.SIGKILL)
-
-
-def spawn(argv: list[str], log_path: Path, *, env: dict | None = None, cwd: str | Path | None = None,
-          die_with_parent: bool = True, death_signal: int = signal.SIGTERM) -> subprocess.Popen:
-    """Start ``argv`` in its own process group with output appended to ``log_path``.
-
-    With ``die_with_parent`` the child gets ``death_signal`` when the spawning
-    thread's process dies (Linux PR_SET_PDEATHSIG), so a killed test run leaves
-    nothing behind.
-    """
-    setup = _child_setup_kill if death_signal == signal.SIGKILL else _child_setup
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        return subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=cwd,
-            preexec_fn=setup if die_with_parent else None,
-            start_new_session=not die_with_parent,
-        )
-
-
-def stop_process(proc: subprocess.Popen, timeout: float = 10.0, sig: int = signal.SIGTERM) -> None:
-    """SIGTERM the process group, wait, then SIGKILL it."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # stragglers in the group, if any
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(5)
-    except subprocess.TimeoutExpired:  # pragma: no cover
-        pass
-
-
-def tail(path: Path, lines: int = 30) -> str:
-    try:
-        text = Path(path).read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])
 
 
 @dataclass
@@ -339,7 +261,7 @@ class ControlPlane:
 
     def describe_logs(self, lines: int = 20) -> str:
         """The tail of every component log and the pods' state, for failure messages."""
-        parts = [f"--- {c.name}: {c.log}\n{tail(c.log, lines)}" for c in self.components]
+        parts = [f"--- {c.name}: {c.log}\n{log_tail(c.log, lines)}" for c in self.components]
         if self.running():
             pods = self.kubectl("get", "pods", "-A", "-o", "wide", check=False, timeout=20)
             events = self.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp", check=False, timeout=20)
@@ -409,7 +331,7 @@ class ControlPlane:
         for name in ("coredns", "kube-proxy", "kubelet", "kube-scheduler", "kube-controller-manager"):
             comp = self._component(name)
             if comp is not None and comp.proc is not None:
-                stop_process(comp.proc, timeout=20 if name == "kubelet" else 10)
+                stop(comp.proc, grace=20 if name == "kubelet" else 10)
         undone = []
         containerd = self._component("containerd")
         if containerd is not None and containerd.running():
@@ -418,7 +340,7 @@ class ControlPlane:
                 undone.append(f"{removed} containers")
         for comp in reversed(self.components):
             if comp.proc is not None:
-                stop_process(comp.proc)
+                stop(comp.proc)
         if self.node and self.host_snapshot_file.exists():
             undone += restore_node_host(self.state_dir)
         self._started = False
@@ -430,9 +352,12 @@ class ControlPlane:
         return bool(self.components) and all(c.running() for c in self.components)
 
     def check_alive(self) -> None:
-        for c in self.components:
-            if c.proc is not None and c.proc.poll() is not None:
-                raise ControlPlaneError(f"{c.name} exited with code {c.proc.returncode}; log: {c.log}\n{tail(c.log)}")
+        try:
+            for c in self.components:
+                if c.proc is not None:
+                    running(c.proc, c.name, c.log)
+        except ProcessExited as error:
+            raise ControlPlaneError(str(error)) from None
 
     # ------------------------------------------------------------------ steps
 
@@ -478,7 +403,7 @@ class ControlPlane:
         with open(comp.log, "ab") as f:
             f.write(f"==> {' '.join(argv)}\n".encode())
         # An orphaned component is killed outright (the supervisor's stop() undoes the rest).
-        comp.proc = spawn(argv, comp.log, env=env, cwd=self.state_dir, death_signal=signal.SIGKILL)
+        comp.proc = spawn(argv, log=comp.log, env=env, cwd=self.state_dir, death_signal=signal.SIGKILL)
         self.components.append(comp)
         pid_dir = self.state_dir / "pids"
         pid_dir.mkdir(exist_ok=True)
@@ -489,18 +414,11 @@ class ControlPlane:
         return next((c for c in self.components if c.name == name), None)
 
     def _wait(self, what: str, check, deadline: float, comp: Component | None = None, interval: float = 0.25):
-        last_err = None
-        while time.monotonic() < deadline:
-            self.check_alive()
-            try:
-                result = check()
-                if result:
-                    return result
-            except Exception as exc:  # noqa: BLE001 - keep polling, report the last error
-                last_err = exc
-            time.sleep(interval)
-        where = f"; log: {comp.log}" if comp else ""
-        raise ControlPlaneError(f"timed out waiting for {what} (last error: {last_err!r}){where}")
+        try:
+            return wait_for(check, max(0.0, deadline - time.monotonic()), interval, what, guard=self.check_alive)
+        except TimeoutError as error:
+            where = f"; log: {comp.log}" if comp else ""
+            raise ControlPlaneError(f"{error}{where}") from None
 
     def _start_etcd(self, deadline: float) -> None:
         url = f"http://127.0.0.1:{self.etcd_port}"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import aiohttp
 
+from modelplex.processes import wait_for_async
 from support.stacks import Stack
 
 MODEL_ID_HEADER = "serve_multiplexed_model_id"
@@ -112,8 +113,9 @@ async def wait_for_replicas(session: aiohttp.ClientSession, router_url: str, cou
                             timeout_s: float = 90.0) -> float:
     """Seconds until the router counts ``count`` ready replicas (bounded)."""
     started = time.monotonic()
-    while time.monotonic() - started < timeout_s:
-        if await ready_replicas(session, router_url) >= count:
-            return time.monotonic() - started
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"the router did not see {count} ready replicas within {timeout_s:g} s")
+
+    async def enough() -> bool:
+        return await ready_replicas(session, router_url) >= count
+
+    await wait_for_async(enough, timeout_s, 0.1, f"the router to see {count} ready replicas")
+    return time.monotonic() - started

@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 
+from modelplex.processes import descendants, free_port, log_tail, running, spawn, stop, wait_for_async
+
+__all__ = ["MODELPLEX", "START_TIMEOUT_S", "Proc", "Processes", "descendants", "free_port", "metric", "metric_value",
+           "wait_ready", "wait_until"]
+
 MODELPLEX = [sys.executable, "-m", "modelplex.cli"]
 START_TIMEOUT_S = 90.0  # two cores and cold torch imports: generous
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+#: What a poll of a server that is still starting may raise: not yet, try again.
+NOT_YET = (aiohttp.ClientError, OSError, ValueError)
 
 
 @dataclass(eq=False)
@@ -35,15 +33,17 @@ class Proc:
         return self.popen.poll() is None
 
     def tail(self, lines: int = 60) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return log_tail(self.log, lines)
+
+    def check_running(self) -> None:
+        """Raise :class:`~modelplex.processes.ProcessExited`, with the end of its log, if it exited."""
+        running(self.popen, self.name, self.log)
 
 
 @dataclass
 class Processes:
-    """Every process a test started; :meth:`stop_all` ends each one's process group, even on failure."""
+    """Every process a test started (each in a group of its own, dying with the test run);
+    :meth:`stop_all` ends each one's group, even on failure."""
 
     folder: Path
     env: dict = field(default_factory=lambda: dict(os.environ))
@@ -51,9 +51,8 @@ class Processes:
 
     def start(self, name: str, argv: list[str], env: dict | None = None, url: str = "") -> Proc:
         log = self.folder / f"{name}.log"
-        with log.open("wb") as handle:
-            popen = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env={**self.env, **(env or {})}, start_new_session=True, cwd=self.folder)
+        log.write_bytes(b"")  # a process started again under its name starts a fresh log
+        popen = spawn(argv, log=log, env={**self.env, **(env or {})}, cwd=self.folder)
         proc = Proc(name, popen, log, url)
         self.procs.append(proc)
         return proc
@@ -72,16 +71,7 @@ class Processes:
 
     @staticmethod
     def stop(proc: Proc, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
-        for signal_number, wait_s in ((sig, timeout), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(proc.popen.pid, signal_number)  # its group: nothing it started survives
-            except (ProcessLookupError, PermissionError):
-                pass
-            try:
-                proc.popen.wait(timeout=wait_s)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        stop(proc.popen, grace=timeout, sig=sig)  # its group: nothing it started survives
 
     def stop_all(self) -> None:
         for proc in reversed(self.procs):
@@ -91,29 +81,19 @@ class Processes:
         return "\n".join(f"--- {p.name} (exit {p.popen.poll()}) ---\n{p.tail()}" for p in self.procs)
 
 
-async def wait_until(predicate, *, timeout: float = START_TIMEOUT_S, interval: float = 0.05, what: str = ""):
-    """Poll an async predicate until it returns something truthy (bounded in time)."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = await predicate()
-            if last:
-                return last
-        except (aiohttp.ClientError, OSError, ValueError) as error:
-            last = error
-        await asyncio.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what or predicate}: last {last!r}")
+async def wait_until(predicate, *, timeout: float = START_TIMEOUT_S, interval: float = 0.05, what: str = "", guard=None):
+    """Poll an async predicate until it returns something truthy (bounded in time); a server
+    that does not answer yet is "not yet", any other error fails at once."""
+    return await wait_for_async(predicate, timeout, interval, what, retry_on=NOT_YET, guard=guard)
 
 
 async def wait_ready(session: aiohttp.ClientSession, proc: Proc, timeout: float = START_TIMEOUT_S) -> None:
+    """Wait until ``proc`` answers /readyz with 200; fail at once if it exits."""
     async def ready():
-        if not proc.alive():
-            raise AssertionError(f"{proc.name} exited with {proc.popen.poll()}:\n{proc.tail()}")
         async with session.get(proc.url + "/readyz") as response:
             return response.status == 200
 
-    await wait_until(ready, timeout=timeout, what=f"{proc.name} ready")
+    await wait_until(ready, timeout=timeout, what=f"{proc.name} ready", guard=proc.check_running)
 
 
 def metric_value(text: str, name: str) -> float:
@@ -128,21 +108,3 @@ def metric_value(text: str, name: str) -> float:
 async def metric(session: aiohttp.ClientSession, url: str, name: str) -> float:
     async with session.get(url + "/metrics") as response:
         return metric_value(await response.text(), name)
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (the replicas and routers of a ``modelplex local``)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), ()):
-            found.append(child)
-            todo.append(child)
-    return found

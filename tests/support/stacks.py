@@ -3,39 +3,15 @@
 from __future__ import annotations
 
 import re
-import socket
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from support.servers import MODELPLEX, Proc, Processes, descendants
+from modelplex.processes import consecutive_free_ports, descendants, wait_for
+from support.servers import MODELPLEX, Proc, Processes
 
 START_TIMEOUT_S = 120.0  # two cores, several torch imports at once: generous
-
-
-def consecutive_free_ports(count: int, host: str = "127.0.0.1") -> int:
-    """A port P with P .. P+count-1 all free (local mode puts routers on consecutive ports)."""
-    for _ in range(100):
-        with socket.socket() as probe:
-            probe.bind((host, 0))
-            first = probe.getsockname()[1]
-        if first + count > 65535:
-            continue
-        held = []
-        try:
-            for port in range(first, first + count):
-                sock = socket.socket()
-                held.append(sock)
-                sock.bind((host, port))
-            return first
-        except OSError:
-            continue
-        finally:
-            for sock in held:
-                sock.close()
-    raise AssertionError(f"no {count} consecutive free ports")
 
 
 @dataclass
@@ -72,17 +48,12 @@ def start_local(processes: Processes, manifest: Path, deployments: int, env: dic
     """Run ``modelplex local manifest`` and wait (bounded) until it says every router is ready."""
     port = consecutive_free_ports(deployments)
     proc = processes.start(f"local-{manifest.stem}", [*MODELPLEX, "local", str(manifest), "--port", str(port)], env=env)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if not proc.alive():
-            raise AssertionError(f"modelplex local exited with {proc.popen.poll()}:\n{proc.tail(80)}")
-        output = proc.log.read_text(errors="replace")
-        if "Press Ctrl-C" in output:
-            urls = dict(re.findall(r"^(\S+) is ready at (http://\S+)", output, flags=re.M))
-            assert len(urls) == deployments, output
-            return Stack(proc, urls, manifest.parent)
-        time.sleep(0.1)
-    raise AssertionError(f"modelplex local not ready after {START_TIMEOUT_S:g} s:\n{proc.tail(80)}")
+    output = wait_for(lambda: "Press Ctrl-C" in (text := proc.log.read_text(errors="replace")) and text,
+                      START_TIMEOUT_S, 0.1, f"modelplex local ready (its output: {proc.log})",
+                      guard=proc.check_running)
+    urls = dict(re.findall(r"^(\S+) is ready at (http://\S+)", output, flags=re.M))
+    assert len(urls) == deployments, output
+    return Stack(proc, urls, manifest.parent)
 
 
 def manifest(name: str, handler: str, **spec) -> dict:

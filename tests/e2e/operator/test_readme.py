@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from e2e.operator.helpers import READY_TIMEOUT, REPO, pods, predict, router_url, wait_settled
+from modelplex.processes import spawn, stop
 from modelplex_cluster import node
-from modelplex_cluster.controlplane import stop_process
 from modelplex_cluster.testing import http_get, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -23,9 +23,8 @@ def test_the_readme_zoo_example(control_plane, modelplex_operator, kube_namespac
     models = tmp_path / "models"
     subprocess.run([sys.executable, str(REPO / "examples" / "zoo" / "build_zoo.py"), "--count", "8",
                     "--out", str(models)], check=True, timeout=300)
-    server = subprocess.Popen(
-        [sys.executable, "-m", "http.server", "8080", "--bind", node.NODE_IP, "--directory", str(models)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    server = spawn([sys.executable, "-m", "http.server", "8080", "--bind", node.NODE_IP, "--directory", str(models)],
+                   log=tmp_path / "models.log")
     try:
         wait_for(lambda: http_get(f"http://{node.NODE_IP}:8080/model-07.pt")[0] == 200, timeout=30,
                  what="the model server on the node's address")
@@ -43,4 +42,4 @@ def test_the_readme_zoo_example(control_plane, modelplex_operator, kube_namespac
         assert predict(url, "model-07", {"inputs": [list(range(16))]})[1] == answer
         assert predict(url, "model-03", {"inputs": [list(range(16))]})[1] != answer
     finally:
-        stop_process(server)
+        stop(server)

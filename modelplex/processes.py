@@ -1,0 +1,278 @@
+"""Child processes that never outlive their parent, and waiting for things to become true.
+
+One place for what local mode, the cluster tooling, the tests and the benchmarks all do:
+
+- :func:`spawn` starts a child in a process group of its own (a Ctrl-C in the terminal reaches
+  only the parent, and :func:`stop` reaches everything the child started) that gets a signal
+  should the parent die, however it dies (Linux ``PR_SET_PDEATHSIG``);
+- :func:`stop` ends a child's group by its pid: a signal, a grace period, then SIGKILL;
+- :func:`wait_for` / :func:`wait_for_async` poll a check until it holds, bounded in time, and
+  :func:`running` turns an exited child into an error naming its exit code and log;
+- ports: :func:`free_port`, :func:`free_ports`, :func:`consecutive_free_ports`, :func:`port_free`;
+  processes: :func:`pid_alive`, :func:`descendants`.
+
+Standard library only: every component may use it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+_PR_SET_PDEATHSIG = 1
+try:
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux: stop() still reaches the whole group
+    _prctl = None
+
+
+class WaitTimeout(TimeoutError):
+    """What :func:`wait_for` waited for did not come true in time; the message says what and
+    the last value or error the check gave."""
+
+
+class ProcessExited(RuntimeError):
+    """A child that should be running has exited."""
+
+
+# --------------------------------------------------------------------------- children
+
+
+def _die_with_parent(death_signal: int) -> Callable[[], None]:
+    def setup() -> None:  # in the child, before exec
+        if _prctl is not None:
+            _prctl(_PR_SET_PDEATHSIG, int(death_signal), 0, 0, 0)
+
+    return setup
+
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    log: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+    death_signal: int | None = signal.SIGTERM,
+) -> subprocess.Popen:
+    """Start ``argv`` in a process group of its own, stdin from /dev/null, its output appended
+    to ``log`` (else this process's own). The child gets ``death_signal`` when the thread that
+    spawned it dies (None: it may outlive it, as a daemon does)."""
+    if log is None:
+        return _popen(argv, None, env, cwd, death_signal)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as output:
+        return _popen(argv, output, env, cwd, death_signal)
+
+
+def _popen(argv, output, env, cwd, death_signal) -> subprocess.Popen:
+    return subprocess.Popen(
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        stdout=output,
+        stderr=subprocess.STDOUT if output is not None else None,
+        env=None if env is None else dict(env),
+        cwd=cwd,
+        start_new_session=True,  # its own group, whose id is its pid
+        preexec_fn=_die_with_parent(death_signal) if death_signal is not None else None,
+    )
+
+
+def signal_group(pid: int, sig: int) -> bool:
+    """Send ``sig`` to the process group led by ``pid`` (a :func:`spawn` ed child's); False when
+    nothing was there to get it."""
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def stop(proc: subprocess.Popen, *, grace: float = 10.0, sig: int = signal.SIGTERM) -> int | None:
+    """Stop a :func:`spawn` ed child and everything in its group: ``sig``, up to ``grace``
+    seconds for the child to exit, then SIGKILL for whatever is left in the group. Returns the
+    child's exit code (None if even SIGKILL did not end it within 5 s)."""
+    if proc.poll() is None:
+        signal_group(proc.pid, sig)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+    signal_group(proc.pid, signal.SIGKILL)  # the child, if it is still there, and its stragglers
+    try:
+        return proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def running(proc: subprocess.Popen, name: str, log: Path | None = None) -> None:
+    """Raise :class:`ProcessExited` (with the end of ``log``) if ``proc`` has exited."""
+    code = proc.poll()
+    if code is not None:
+        where = f"; log: {log}\n{log_tail(log)}" if log is not None else ""
+        raise ProcessExited(f"{name} exited with code {code}{where}")
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    """The last ``lines`` lines of a log ("(no log)" when it cannot be read)."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``: its children, theirs, and so on (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+# --------------------------------------------------------------------------- ports
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports nothing listens on now (all held open until all are found)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now."""
+    return free_ports(1, host)[0]
+
+
+def consecutive_free_ports(count: int, host: str = "127.0.0.1") -> int:
+    """A port P with P .. P+count-1 all free now (local mode puts routers on consecutive ports)."""
+    for _ in range(100):
+        first = free_port(host)
+        if first + count <= 65536 and all(port_free(host, port) for port in range(first, first + count)):
+            return first
+    raise OSError(f"no {count} consecutive free ports on {host}")
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether ``port`` on ``host`` can be listened on now."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+# --------------------------------------------------------------------------- waiting
+
+
+class _Deadline:
+    def __init__(self, timeout: float, what: str, clock: Callable[[], float]):
+        self.timeout, self.what, self.clock = timeout, what, clock
+        self.at = clock() + timeout
+        self.last: object = None
+
+    def passed(self) -> bool:
+        return self.clock() >= self.at
+
+    def error(self) -> WaitTimeout:
+        return WaitTimeout(f"timed out after {self.timeout:g} s waiting for {self.what}; last: {self.last!r}")
+
+
+def wait_for(
+    check: Callable[[], T],
+    timeout: float = 60.0,
+    interval: float = 0.25,
+    what: str = "",
+    *,
+    retry_on: tuple[type[BaseException], ...] = (Exception,),
+    guard: Callable[[], object] | None = None,
+) -> T:
+    """Call ``check`` every ``interval`` seconds until it returns something truthy, and return
+    that. An exception of ``retry_on`` counts as "not yet"; ``guard`` runs before each try and
+    what it raises ends the wait (say, :func:`running` of the child being waited for). After
+    ``timeout`` seconds: :class:`WaitTimeout`, naming ``what`` and the last value or error."""
+    deadline = _Deadline(timeout, what or repr(check), time.monotonic)
+    while True:
+        if guard is not None:
+            guard()
+        try:
+            value = check()
+            if value:
+                return value
+            deadline.last = value
+        except retry_on as error:
+            deadline.last = error
+        if deadline.passed():
+            raise deadline.error()
+        time.sleep(interval)
+
+
+async def wait_for_async(
+    check: Callable[[], Awaitable[T]],
+    timeout: float = 60.0,
+    interval: float = 0.05,
+    what: str = "",
+    *,
+    retry_on: tuple[type[BaseException], ...] = (Exception,),
+    guard: Callable[[], object] | None = None,
+) -> T:
+    """:func:`wait_for` for a coroutine function ``check``, sleeping on the event loop (and timed
+    by its clock, so a test on a virtual clock waits no real time)."""
+    deadline = _Deadline(timeout, what or repr(check), asyncio.get_running_loop().time)
+    while True:
+        if guard is not None:
+            guard()
+        try:
+            value = await check()
+            if value:
+                return value
+            deadline.last = value
+        except retry_on as error:
+            deadline.last = error
+        if deadline.passed():
+            raise deadline.error()
+        await asyncio.sleep(interval)
