@@ -232,7 +232,8 @@ class Autoscaler:
     ``downscaleDelaySeconds`` before it goes down: to the *highest* count wanted over that
     window, as Kubernetes' HPA stabilization does, so a fall in load comes down in steps. A
     noisy signal, wanting more one moment and less the next, changes nothing. The exceptions:
-    at 0 replicas a queued request starts one at once, and the bounds apply at once.
+    at 0 replicas a waiting request starts replicas at once (at least one, as many as the
+    load wants), and the bounds apply at once.
 
     ``clock`` is monotonic seconds (the scaler's own); call :meth:`observe` with each (merged)
     report and :meth:`decide` after it, both at about :data:`DEFAULT_TICK_S`.
@@ -255,12 +256,13 @@ class Autoscaler:
         """:meth:`observe` a (merged) :class:`LoadReport`."""
         self.observe(report.ongoing, report.queued)
 
-    def average_ongoing(self) -> float:
+    def average_ongoing(self) -> float | None:
+        """The ongoing requests averaged over the look-back window; None without a sample in it."""
         now = self.clock()
         self._forget(now)
         since = now - self.config.look_back_period_seconds
         recent = [s.ongoing for s in self._samples if s.at > since]
-        return sum(recent) / len(recent) if recent else 0.0
+        return sum(recent) / len(recent) if recent else None
 
     def wanted(self, average_ongoing: float) -> int:
         """Replicas for an average load: ``ceil(load / target)`` within the bounds."""
@@ -277,20 +279,22 @@ class Autoscaler:
         average = self.average_ongoing()
         latest = self._samples[-1] if self._samples else None
         queued = latest.queued if latest else 0
-        wanted = self.wanted(average)
-        self._wanted.append((now, wanted))
 
         def decision(desired: int, reason: str) -> ScaleDecision:
-            return ScaleDecision(desired, current, reason, round(average, 3), queued, now)
+            return ScaleDecision(desired, current, reason, round(average or 0.0, 3), queued, now)
 
         if current < config.min_replicas:
             return decision(config.min_replicas, f"below minReplicas ({config.min_replicas})")
         if current > config.max_replicas:
             return decision(config.max_replicas, f"above maxReplicas ({config.max_replicas})")
+        if average is None:  # no word from the routers: no reason to change anything
+            return decision(current, f"no load report in the last {config.look_back_period_seconds:g} s: "
+                                     f"keeping {current}")
+        wanted = self.wanted(average)
+        self._wanted.append((now, wanted))
         if current == 0 and latest is not None and latest.ongoing > 0:
             held = latest.queued or int(latest.ongoing)
-            return decision(max(1, config.min_replicas),
-                            f"{held} request(s) waiting at zero replicas")
+            return decision(max(1, wanted), f"{held} request(s) waiting at zero replicas")
         load = f"{average:.3g} ongoing requests on average over {config.look_back_period_seconds:g} s"
         up = self._settled(now, config.upscale_delay_seconds, min)
         if up is not None and up > current:

@@ -127,11 +127,28 @@ def test_a_request_at_zero_replicas_starts_one_at_once_and_idle_goes_back_to_zer
     assert 5 + 20 <= to_zero + 1 <= 5 + 10 + 20 + 2
 
 
+def test_a_burst_at_zero_starts_as_many_replicas_as_it_wants_at_once():
+    clock = FakeClock()
+    scaler = Autoscaler(config(minReplicas=0, lookBackPeriodSeconds=1, upscaleDelaySeconds=300), clock)
+    scaler.observe(7, queued=7)
+    decision = scaler.decide(0)
+    assert decision.desired == 4 and "7 request(s) waiting at zero replicas" in decision.reason
+
+
 def test_no_upscale_before_the_first_delay_has_been_watched():
     clock = FakeClock()
     scaler = Autoscaler(config(upscaleDelaySeconds=30), clock)
     decisions = run(scaler, clock, 1, 29, 50)
     assert not any(d.changed for d in decisions)
+
+
+def test_without_reports_nothing_changes():
+    clock = FakeClock()
+    scaler = Autoscaler(config(minReplicas=0, downscaleDelaySeconds=5), clock)
+    run(scaler, clock, 2, 30, 4)
+    clock.now += 600  # the routers went silent: no evidence of idleness
+    decision = scaler.decide(2)
+    assert decision.desired == 2 and "no load report in the last 10 s" in decision.reason
 
 
 def test_decision_reports_its_inputs():
