@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 from modelplex.context import get_multiplexed_model_id
 from modelplex.errors import BatchItemTooLarge, HandlerError
-from modelplex.runtime import runtime
+from modelplex.runtime import current_runtime
 from modelplex.spec import DEFAULT_BATCH_WAIT_TIMEOUT_S, DEFAULT_MAX_BATCH_SIZE
 
 log = logging.getLogger("modelplex.batching")
@@ -89,14 +89,12 @@ class _Settings:
     timeout_set: bool = False
 
     def batch_size(self) -> int:
-        if self.size_set or runtime.max_batch_size is None:
-            return self.max_batch_size
-        return runtime.max_batch_size
+        override = current_runtime().max_batch_size
+        return self.max_batch_size if self.size_set or override is None else override
 
     def wait_timeout_s(self) -> float:
-        if self.timeout_set or runtime.batch_wait_timeout_s is None:
-            return self.batch_wait_timeout_s
-        return runtime.batch_wait_timeout_s
+        override = current_runtime().batch_wait_timeout_s
+        return self.batch_wait_timeout_s if self.timeout_set or override is None else override
 
 
 # -- one waiting call ------------------------------------------------------------------------------
@@ -355,7 +353,7 @@ def _resolve(future: asyncio.Future) -> None:
 
 def _observe(model_id: str, size: int, waited_s: float) -> None:
     try:
-        runtime.batch_done(model_id, size, waited_s)
+        current_runtime().batch_done(model_id, size, waited_s)
     except Exception:  # noqa: BLE001 - a metrics hook must never strand a batch's callers
         log.exception("a batch observer failed")
 

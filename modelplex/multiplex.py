@@ -9,7 +9,7 @@ from typing import Any, Callable
 from modelplex.cache import ModelCache
 from modelplex.errors import BadRequest
 from modelplex.ids import InvalidModelId, validate_model_id
-from modelplex.runtime import runtime
+from modelplex.runtime import Runtime, current_runtime
 from modelplex.spec import DEFAULT_MAX_MODELS_PER_REPLICA
 
 _CACHES_ATTR = "__modelplex_caches__"
@@ -69,6 +69,7 @@ def _cache_of(owner: Any, load: Callable, takes_self: bool, capacity: int) -> Mo
     cache = caches.get(load.__name__)
     if cache is None:
         loader = functools.partial(load, owner) if takes_self else load
+        runtime = current_runtime()
         cache = ModelCache(
             loader,
             runtime.max_models_per_replica or capacity,
@@ -77,7 +78,7 @@ def _cache_of(owner: Any, load: Callable, takes_self: bool, capacity: int) -> Mo
             load_timeout_s=runtime.load_timeout_s,
             max_waiting=runtime.max_waiting_per_model,
             policy=runtime.eviction_policy,
-            size_of=_size_hook(owner) if takes_self else runtime.model_size,
+            size_of=_size_hook(owner, runtime) if takes_self else runtime.model_size,
             load_started=runtime.load_started,
             warm=runtime.warm_tier,
             listener=runtime.cache_changed,
@@ -86,7 +87,7 @@ def _cache_of(owner: Any, load: Callable, takes_self: bool, capacity: int) -> Mo
     return cache
 
 
-def _size_hook(handler: Any):
+def _size_hook(handler: Any, runtime: Runtime):
     """The handler's own ``model_bytes(model) -> int`` (models that are not torch modules),
     else the runtime's measurement."""
     own = getattr(handler, "model_bytes", None)

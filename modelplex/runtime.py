@@ -1,13 +1,18 @@
 """What the serving runtime tells the SDK: spec overrides and observers.
 
-The replica fills this in before it builds the handler, so a decorator argument is overridden
-by the spec (DESIGN.md: "Spec values override decorator arguments") and batches and model
-loads show up in the replica's metrics. Outside a replica it stays empty and the decorators
-use their own arguments.
+A replica makes its :class:`Runtime` from the spec and runs the handler inside
+:func:`runtime_scope` (a context variable: the tasks and threads the handler's calls run in
+carry it), so a decorator argument is overridden by the spec (DESIGN.md: "Spec values override
+decorator arguments") and batches and model loads show up in that replica's metrics. Outside a
+replica :func:`current_runtime` has no overrides and no observers, and the decorators use their
+own arguments.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -21,6 +26,8 @@ CacheObserver = Callable[[str, str, float], None]
 
 @dataclass
 class Runtime:
+    """One replica's settings and observers, as the SDK reads them (see :func:`current_runtime`)."""
+
     max_models_per_replica: int | None = None
     max_batch_size: int | None = None
     batch_wait_timeout_s: float | None = None
@@ -48,5 +55,21 @@ class Runtime:
             observer(event, model_id, seconds)
 
 
-#: The process-wide runtime: one handler per replica process.
-runtime = Runtime()
+_CURRENT: ContextVar[Runtime] = ContextVar("modelplex_runtime")
+#: What the SDK sees outside a replica: nothing overridden, nobody observing. Never filled in.
+_OUTSIDE = Runtime()
+
+
+def current_runtime() -> Runtime:
+    """The runtime of the replica whose handler this code runs for (defaults outside one)."""
+    return _CURRENT.get(_OUTSIDE)
+
+
+@contextmanager
+def runtime_scope(runtime: Runtime) -> Iterator[Runtime]:
+    """Run the block, and every task and ``asyncio.to_thread`` it starts, with ``runtime``."""
+    token = _CURRENT.set(runtime)
+    try:
+        yield runtime
+    finally:
+        _CURRENT.reset(token)

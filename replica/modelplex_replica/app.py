@@ -28,7 +28,7 @@ from modelplex.ids import InvalidModelId, validate_model_id
 from modelplex.loaded import LoadedModels, LoadedSummary
 from modelplex.multiplex import find_cache
 from modelplex.names import DASHED_MODEL_ID_HEADER, LOADED_MODELS_HEADER, MODEL_ID_HEADER
-from modelplex.runtime import runtime
+from modelplex.runtime import Runtime, current_runtime
 from modelplex.spec import Deployment, SpecError
 from modelplex_replica import oip
 from modelplex_replica.asgi import HttpIngress, ingress_for
@@ -103,8 +103,10 @@ STATE = web.AppKey("state", ReplicaState)
 STREAM_FAILED = "modelplex_stream_failed"
 
 
-def create_app(deployment: Deployment, handler: Any, *, patch_pod: Patch | None = None) -> web.Application:
-    """The replica app for ``handler``; ``patch_pod`` publishes the loaded-models annotation."""
+def create_app(deployment: Deployment, handler: Any, *, patch_pod: Patch | None = None,
+               runtime: Runtime | None = None) -> web.Application:
+    """The replica app for ``handler``; ``patch_pod`` publishes the loaded-models annotation;
+    ``runtime`` (the one the handler was built in, by default) gets the app's metrics observers."""
     spec = deployment.spec
     try:
         check_handler(handler)  # one that nothing can call must not start as ready
@@ -120,7 +122,7 @@ def create_app(deployment: Deployment, handler: Any, *, patch_pod: Patch | None 
     )
     app = web.Application(middlewares=[error_middleware], client_max_size=spec.max_request_bytes)
     app[STATE] = state
-    app.cleanup_ctx.append(_lifecycle(patch_pod))
+    app.cleanup_ctx.append(_lifecycle(patch_pod, runtime or current_runtime()))
     app.router.add_post("/v1/invoke", invoke)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model_id}/metadata", model_metadata)
@@ -132,16 +134,18 @@ def create_app(deployment: Deployment, handler: Any, *, patch_pod: Patch | None 
     return app
 
 
-def _lifecycle(patch_pod: Patch | None):
+def _lifecycle(patch_pod: Patch | None, runtime: Runtime):
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         state = app[STATE]
         state.server_loop = asyncio.get_running_loop()
         state.user.start()
         if state.ingress is not None:
             await state.user.run(state.ingress.startup())
-        runtime.batch_observers.append(state.metrics.on_batch)
-        runtime.cache_observers.append(state.metrics.on_cache_event)
-        runtime.cache_observers.append(lambda *_: _cache_changed(state))
+        observers = [(runtime.batch_observers, state.metrics.on_batch),
+                     (runtime.cache_observers, state.metrics.on_cache_event),
+                     (runtime.cache_observers, lambda *_: _cache_changed(state))]
+        for hooks, observer in observers:
+            hooks.append(observer)
         state.publish()
         if patch_pod is not None and state.cache is not None:
             state.reporter = AnnotationReporter(lambda: state.published.summary, patch_pod)
@@ -158,8 +162,8 @@ def _lifecycle(patch_pod: Patch | None):
             await state.user.run(state.ingress.shutdown())
         await state.user.run(close_handles())
         await state.user.stop()
-        runtime.batch_observers.clear()
-        runtime.cache_observers.clear()
+        for hooks, observer in observers:
+            hooks.remove(observer)  # this app's own: another's stay
 
     return lifecycle
 

@@ -37,7 +37,7 @@ from modelplex import batch, get_multiplexed_model_id, multiplexed
 from modelplex.cache import current_load
 from modelplex.errors import BadRequest, ModelLoadError
 from modelplex.oip import DTYPES, InferRequest, InferResponse, datatype_of, tensor_metadata
-from modelplex.runtime import runtime
+from modelplex.runtime import current_runtime
 from modelplex_replica.sources import ModelSource
 from modelplex_replica.warm import DiskTier
 
@@ -99,10 +99,11 @@ class TorchScriptHandler:
 
     def _disk_tier(self) -> DiskTier | None:
         """On CPU, the warm tier: a local copy of each fetched file (``hostCacheBytes``)."""
-        if self.device.type != "cpu" or not runtime.host_cache_bytes:
+        budget = current_runtime().host_cache_bytes
+        if self.device.type != "cpu" or not budget:
             return None
         if self._disk is None:
-            self._disk = DiskTier(runtime.host_cache_bytes, os.environ.get("MODELPLEX_WARM_DIR") or None)
+            self._disk = DiskTier(budget, os.environ.get("MODELPLEX_WARM_DIR") or None)
             weakref.finalize(self, self._disk.close)
         return self._disk
 

@@ -1,4 +1,9 @@
-"""Build the user's handler for a deployment, with the spec's overrides in force."""
+"""Build the user's handler for a deployment, with the spec's overrides in force.
+
+    with runtime_scope(runtime_for(deployment)):
+        handler = build_handler(deployment)
+        ... serve it ...
+"""
 
 from __future__ import annotations
 
@@ -7,27 +12,30 @@ import inspect
 import sys
 from typing import Any
 
-from modelplex.runtime import runtime
+from modelplex.runtime import Runtime
 from modelplex.spec import Deployment, SpecError
 from modelplex_replica.sizes import configure_cache
 
 
-def configure_runtime(deployment: Deployment) -> None:
-    """Spec values override decorator arguments (DESIGN.md): tell the SDK before it builds caches."""
+def runtime_for(deployment: Deployment) -> Runtime:
+    """What the SDK reads in this replica: spec values override decorator arguments (DESIGN.md)."""
     spec = deployment.spec
-    runtime.max_models_per_replica = spec.multiplexing.max_models_per_replica
-    runtime.max_batch_size = spec.batching.max_batch_size
-    runtime.batch_wait_timeout_s = spec.batch_wait_timeout_s
-    configure_cache(spec)
+    runtime = Runtime(
+        max_models_per_replica=spec.multiplexing.max_models_per_replica,
+        max_batch_size=spec.batching.max_batch_size,
+        batch_wait_timeout_s=spec.batch_wait_timeout_s,
+    )
+    configure_cache(spec, runtime)
+    return runtime
 
 
 def build_handler(deployment: Deployment) -> Any:
-    """An instance of ``spec.handler`` (or the built-in TorchScript handler).
+    """An instance of ``spec.handler`` (or the built-in TorchScript handler), built inside the
+    replica's :func:`~modelplex.runtime.runtime_scope`.
 
     The manifest's folder is on the import path, so ``handler: "probe:Model"`` finds
     ``probe.py`` beside the manifest. A handler class may take a ``deployment`` argument.
     """
-    configure_runtime(deployment)
     spec = deployment.spec
     if spec.handler is None:
         from modelplex_replica.builtin import TorchScriptHandler

@@ -7,10 +7,11 @@ import logging
 
 from aiohttp import web
 
+from modelplex.runtime import runtime_scope
 from modelplex.serving import serve
 from modelplex.spec import Deployment
 from modelplex_replica.app import STATE, create_app
-from modelplex_replica.handler import build_handler
+from modelplex_replica.handler import build_handler, runtime_for
 from modelplex_replica.reporter import pod_patcher_from_environment
 
 log = logging.getLogger("modelplex.replica")
@@ -21,12 +22,15 @@ _DRAIN_POLL_S = 0.05
 
 def run_replica(deployment: Deployment, *, host: str, port: int) -> int:
     """Block serving until SIGINT/SIGTERM, then drain within ``spec.gracefulShutdownTimeoutSeconds``."""
-    handler = build_handler(deployment)
-    app = create_app(deployment, handler, patch_pod=pod_patcher_from_environment())
-    log.info("replica of %r serving on http://%s:%d (handler %s)", deployment.name, host, port,
-             deployment.spec.handler or "built-in TorchScript")
-    serve(app, host=host, port=port, grace_s=deployment.spec.graceful_shutdown_timeout_seconds,
-          drain=lambda deadline: drain(app, deadline), name=f"replica of {deployment.name!r}")
+    # The handler is built and served inside the replica's runtime: every task and thread its
+    # calls run in (the user loop's included) carries it.
+    with runtime_scope(runtime_for(deployment)) as runtime:
+        handler = build_handler(deployment)
+        app = create_app(deployment, handler, patch_pod=pod_patcher_from_environment(), runtime=runtime)
+        log.info("replica of %r serving on http://%s:%d (handler %s)", deployment.name, host, port,
+                 deployment.spec.handler or "built-in TorchScript")
+        serve(app, host=host, port=port, grace_s=deployment.spec.graceful_shutdown_timeout_seconds,
+              drain=lambda deadline: drain(app, deadline), name=f"replica of {deployment.name!r}")
     return 0
 
 

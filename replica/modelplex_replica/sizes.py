@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import torch
 
-from modelplex.runtime import runtime
+from modelplex.runtime import Runtime
 from modelplex.spec import DeploymentSpec
 
 log = logging.getLogger("modelplex.replica")
@@ -145,9 +145,9 @@ def give_freed_weights_back() -> None:
         log.debug("mallopt is not available; large frees follow the C library's policy")
 
 
-def configure_cache(spec: DeploymentSpec) -> None:
-    """Tell the SDK the cache's limits, its size measurement and its warm tier (before the
-    handler's caches are built)."""
+def configure_cache(spec: DeploymentSpec, runtime: Runtime) -> None:
+    """Fill in the cache's limits, its size measurement and its warm tier in the replica's
+    ``runtime`` (before the handler's caches are built)."""
     from modelplex_replica.warm import HostTier
 
     give_freed_weights_back()

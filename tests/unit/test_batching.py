@@ -11,7 +11,7 @@ import pytest
 from modelplex import batch, get_multiplexed_model_id
 from modelplex.context import reset_multiplexed_model_id, set_multiplexed_model_id
 from modelplex.errors import HandlerError
-from modelplex.runtime import runtime
+from modelplex.runtime import Runtime, current_runtime, runtime_scope
 
 pytestmark = pytest.mark.looptime
 
@@ -196,13 +196,11 @@ async def test_spec_overrides_decorator_arguments():
             self.sizes.append(len(requests))
             return requests
 
-    runtime.max_batch_size, runtime.batch_wait_timeout_s = 2, 0.01
-    try:
+    with runtime_scope(Runtime(max_batch_size=2, batch_wait_timeout_s=0.01)):
         handler = Handler()
         await asyncio.wait_for(asyncio.gather(*(call_as("m", handler, i) for i in range(4))), 10)
-    finally:
-        runtime.max_batch_size = runtime.batch_wait_timeout_s = None
     assert handler.sizes == [2, 2]
+    assert current_runtime().max_batch_size is None  # the scope ended with the block
 
 
 async def test_batched_generator_gives_each_caller_its_own_stream():
@@ -297,13 +295,11 @@ async def test_a_setter_overrides_the_spec_which_overrides_the_decorator():
     async def echo(requests):
         return requests
 
-    runtime.max_batch_size, runtime.batch_wait_timeout_s = 2, 0.01
-    try:
+    with runtime_scope(Runtime(max_batch_size=2, batch_wait_timeout_s=0.01)):
         assert (echo._get_max_batch_size(), echo._get_batch_wait_timeout_s()) == (2, 0.01)
         echo.set_max_batch_size(5)
         assert (echo._get_max_batch_size(), echo._get_batch_wait_timeout_s()) == (5, 0.01)
-    finally:
-        runtime.max_batch_size = runtime.batch_wait_timeout_s = None
+    assert echo._get_batch_wait_timeout_s() == LONG  # outside a replica: the decorator's own
     with pytest.raises(ValueError):
         echo.set_max_batch_size(0)
     with pytest.raises(TypeError):
@@ -314,13 +310,10 @@ async def test_a_raising_batch_observer_is_logged_and_callers_still_get_their_re
     def broken_observer(model_id, size, waited_s):
         raise RuntimeError("metrics backend down")
 
-    runtime.batch_observers.append(broken_observer)
-    try:
+    with runtime_scope(Runtime(batch_observers=[broken_observer])):
         doubler = Doubler()
         with caplog.at_level(logging.ERROR, logger="modelplex.batching"):
             results = await asyncio.wait_for(asyncio.gather(*(call_as("m", doubler, i) for i in range(4))), 10)
-    finally:
-        runtime.batch_observers.remove(broken_observer)
     assert results == [0, 2, 4, 6]
     assert "a batch observer failed" in caplog.text
 

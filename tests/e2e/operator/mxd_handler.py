@@ -13,7 +13,7 @@ import asyncio
 import os
 
 from modelplex import batch, get_multiplexed_model_id, handle, multiplexed
-from modelplex.runtime import runtime
+from modelplex.runtime import current_runtime
 
 
 class Echo:
@@ -29,7 +29,7 @@ class Echo:
             {
                 "model": model["id"],
                 "pod": os.environ.get("POD_NAME", ""),
-                "max_batch_size": runtime.max_batch_size,
+                "max_batch_size": current_runtime().max_batch_size,
                 "echo": request,
             }
             for request in requests

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from modelplex.runtime import runtime
+from modelplex.runtime import Runtime
 from modelplex.spec import parse_spec
 from modelplex_replica.sizes import ModelSizer, configure_cache, device_memory_bytes, tensor_bytes
 from modelplex_replica.warm import DiskTier, HostTier
@@ -53,16 +53,10 @@ def test_on_cpu_the_sizer_measures_tensors():
     assert sizer.size("m", {"encoder": mlp(), "head": mlp(64)}) == expected_bytes() + expected_bytes(64)
 
 
-@pytest.fixture
-def saved_runtime():
-    saved = dict(vars(runtime))
-    yield runtime
-    vars(runtime).update(saved)
-
-
-def test_the_spec_configures_the_cache_and_a_memory_fraction_is_a_share_of_the_device(saved_runtime):
+def test_the_spec_configures_the_cache_and_a_memory_fraction_is_a_share_of_the_device():
+    runtime = Runtime()
     configure_cache(parse_spec({"image": "x", "handler": "m:C", "maxOngoingRequests": 7,
-                                "multiplexing": {"memoryFraction": 0.25, "evictionPolicy": "lfu"}}))
+                                "multiplexing": {"memoryFraction": 0.25, "evictionPolicy": "lfu"}}), runtime)
     assert runtime.max_model_bytes == int(device_memory_bytes(torch.device("cpu")) * 0.25) > 0
     assert runtime.eviction_policy == "lfu" and runtime.max_waiting_per_model == 7
     assert runtime.max_concurrent_loads == 2 and runtime.load_timeout_s == 300
