@@ -3,7 +3,6 @@
 import asyncio
 from dataclasses import dataclass
 
-import pytest
 import torch
 
 from modelplex.runtime import Runtime
