@@ -8,6 +8,7 @@ adds them as headers (:func:`forwarded_headers`), the replica reads them (:func:
 
 from __future__ import annotations
 
+import functools
 from typing import Iterable, Mapping
 
 METHOD_HEADER = "X-Modelplex-Method"
@@ -23,10 +24,10 @@ _NOT_FORWARDED = frozenset(name.lower() for name in (
 
 
 def forwarded_headers(method: str, raw_path: str, headers: Iterable[tuple[str, str]],
-                      skip: Iterable[str] = ()) -> dict[str, str]:
+                      skip: tuple[str, ...] = ()) -> dict[str, str]:
     """The headers the router sends the replica: the client's end-to-end ones but those in
     ``skip`` (forwarded already; repeated ones joined, as HTTP allows), the method and the raw path."""
-    not_forwarded = _NOT_FORWARDED.union(name.lower() for name in skip)
+    not_forwarded = _not_forwarded(skip)
     out: dict[str, str] = {}
     names: dict[str, str] = {}  # lower-cased -> as first sent
     for name, value in headers:
@@ -41,6 +42,11 @@ def forwarded_headers(method: str, raw_path: str, headers: Iterable[tuple[str, s
     out[METHOD_HEADER] = method
     out[PATH_HEADER] = raw_path
     return out
+
+
+@functools.lru_cache(maxsize=8)
+def _not_forwarded(skip: tuple[str, ...]) -> frozenset[str]:
+    return _NOT_FORWARDED.union(name.lower() for name in skip)
 
 
 def original(headers: Mapping[str, str], method: str = "POST") -> tuple[str, str]:

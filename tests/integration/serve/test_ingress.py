@@ -15,6 +15,7 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
+import modelplex
 from modelplex import serve
 from support.stacks import consecutive_free_ports
 
@@ -117,5 +118,38 @@ async def test_the_fastapi_app_answers_every_method_and_sub_path_at_the_route_pr
         # Handles call the class's methods by name, whatever the route prefix.
         answer = await ingress.score.remote([4, 3, 2, 1])
         assert abs(answer["score"] - expected_score([4, 3, 2, 1], 2.0)) < 1e-5 and answer["model"] == ""
+    finally:
+        serve.shutdown()
+
+
+@serve.deployment
+class LoudShouter:
+    def __call__(self, body):
+        return body["text"].upper()
+
+
+@serve.deployment
+class Front:
+    def __init__(self, shouter):
+        self.shouter = shouter
+
+    async def __call__(self, body):
+        # Ray's class name, resolved inside this replica (its router is "loud-shouter").
+        by_class_name = await modelplex.handle("LoudShouter").remote(body)
+        return {"bound": await self.shouter.remote(body), "by_name": by_class_name}
+
+
+async def test_a_plain_deployment_answers_only_under_its_prefix_and_finds_others_by_ray_class_name():
+    port = consecutive_free_ports(2)
+    serve.run(Front.bind(LoudShouter.bind()), route_prefix="/shout", _port=port)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=90)) as session:
+            for path in ("/shout", "/shout/any/sub/path?x=1"):
+                async with session.put(base + path, json={"text": "hi"}) as response:
+                    assert (response.status, await response.json()) == (200, {"bound": "HI", "by_name": "HI"})
+            for path in ("/", "/shouting"):
+                async with session.post(base + path, json={"text": "hi"}) as response:
+                    assert response.status == 404, path
     finally:
         serve.shutdown()
