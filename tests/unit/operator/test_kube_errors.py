@@ -4,73 +4,27 @@ which leaves as itself instead of becoming a retry."""
 
 from __future__ import annotations
 
-import json
 import socket
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import urllib3.exceptions
-from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from modelplex_operator.kube import NO_ANSWER, Kube, KubeError
-
-
-class ScriptedApiServer(ThreadingHTTPServer):
-    """Answers every request with the next of ``answers`` (status, Status message); 404 when none
-    is left. What is fake is what it says, never the HTTP under the client."""
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.answers: list[tuple[int, str]] = []
-        self.requests: list[tuple[str, str]] = []
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: ScriptedApiServer
-
-    def _answer(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self.server.requests.append((self.command, self.path))
-        status, message = self.server.answers.pop(0) if self.server.answers else (404, "not found")
-        body = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
-                           "reason": "Reason" + str(status), "code": status} if status >= 300 else
-                          {"kind": "ConfigMap", "metadata": {"name": "c", "resourceVersion": "1"}}).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_GET = do_PATCH = _answer
-
-    def log_message(self, *args) -> None:
-        pass
+from support.apiserver import ScriptedApiServer, kube_at, scripted_api_server
 
 
 @pytest.fixture(scope="module")
 def running_server() -> Iterator[ScriptedApiServer]:
-    api = ScriptedApiServer()
-    thread = threading.Thread(target=api.serve_forever, daemon=True)
-    thread.start()
-    yield api
-    api.shutdown()
-    api.server_close()
-    thread.join(timeout=5)
+    with scripted_api_server() as server:
+        yield server
 
 
 @pytest.fixture
 def server(running_server: ScriptedApiServer) -> ScriptedApiServer:
-    running_server.answers, running_server.requests = [], []
+    running_server.reset()
     return running_server
-
-
-def kube_at(url: str, timeout: float = 5.0) -> Kube:
-    configuration = client.Configuration(host=url)
-    configuration.retries = 0  # one try: the operator retries through kopf, with its own backoff
-    return Kube(client.ApiClient(configuration), timeout=timeout)
 
 
 def config_map(**data) -> dict:
@@ -90,8 +44,9 @@ def test_answers_a_retry_can_help_are_retryable_and_keep_the_servers_answer_as_c
     assert error.retryable and error.status == status
     assert error.message == f"try again ({status})" and error.what == "apply ConfigMap c"
     assert isinstance(error.__cause__, ApiException) and error.__cause__.status == status
-    assert server.requests == [("GET", "/api/v1/namespaces/ns/configmaps/c"),
-                               ("PATCH", "/api/v1/namespaces/ns/configmaps/c?fieldManager=modelplex-operator&force=true")]
+    assert [(r.method, r.path) for r in server.requests] == [
+        ("GET", "/api/v1/namespaces/ns/configmaps/c"),
+        ("PATCH", "/api/v1/namespaces/ns/configmaps/c?fieldManager=modelplex-operator&force=true")]
 
 
 @pytest.mark.parametrize("status", [400, 401, 404, 410, 415, 422])
@@ -126,7 +81,7 @@ def test_a_bug_in_the_call_surfaces_as_itself_not_as_a_retry(server):
     # An object the client cannot serialize: a programming error, which no retry would heal.
     with pytest.raises(AttributeError):
         kube.apply(config_map(a=object()), owner_uid="u1")
-    assert [method for method, _ in server.requests] == ["GET"]  # the PATCH never left
+    assert [r.method for r in server.requests] == ["GET"]  # the PATCH never left
 
 
 def test_a_get_of_a_missing_object_is_none_and_any_other_answer_an_error(server):

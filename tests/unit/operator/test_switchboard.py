@@ -1,47 +1,167 @@
-"""main.py wires every handler to the right resource, cause and filter (kopf's registry)."""
+"""main.py, the switchboard: which kopf decorator wires each handler to which resources, causes
+and filters (asked of kopf's public decorators as main.py calls them, never of kopf's registry),
+and what each handler does with an event, called as kopf calls it (its documented keyword
+arguments). The e2e suite runs the same handlers in a real operator."""
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
+from collections.abc import Iterator
+from typing import Any
+
 import kopf
+import pytest
 
 import modelplex_operator.main as main
+from modelplex_operator.config import OperatorConfig
 from modelplex_operator.handlers import lifecycle
+from modelplex_operator.handlers.context import MEMO_KEY, OperatorContext
+from modelplex_operator.handlers.keeper import StatusKeeper
+from modelplex_operator.status import INVALID, OK
+from support.apiserver import ScriptedApiServer, scripted_api_server
+from unit.operator.objects import body
 
 CR = ("modelplex.io", "v1alpha1", "multiplexeddeployments")
+PODS = ("v1", "pods")
+DEPLOYMENTS = ("apps", "v1", "deployments")
+DECORATORS = ("startup", "cleanup", "probe", "login", "resume", "create", "update", "delete", "field", "event",
+              "daemon", "timer", "index", "validate", "mutate")
 
 
-def _handlers(registry):
-    return [h for h in registry.get_all_handlers()]
+@pytest.fixture(scope="module")
+def wiring() -> dict[str, list[tuple[str, tuple, dict]]]:
+    """Handler name -> the (decorator, positional, keyword arguments) main.py wires it with: main.py
+    run afresh with each ``kopf.on.*`` and ``kopf.index`` recording what it was asked."""
+    wired: dict[str, list[tuple[str, tuple, dict]]] = {}
+
+    def recording(decorator: str):
+        def arguments(*args: Any, **kwargs: Any):
+            def decorate(handler):
+                wired.setdefault(handler.__name__, []).append((decorator, args, kwargs))
+                return handler
+            return decorate
+        return arguments
+
+    with pytest.MonkeyPatch.context() as patch:
+        for name in DECORATORS:
+            patch.setattr(kopf.on, name, recording(name))
+        patch.setattr(kopf, "index", recording("index"))
+        spec = importlib.util.spec_from_file_location("switchboard_as_wired", main.__file__)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return wired
 
 
-def _ids(registry):
-    return sorted({h.id for h in registry.get_all_handlers()})
+def test_a_resource_is_reconciled_when_created_updated_and_at_every_operator_start(wiring):
+    assert sorted(wiring["reconcile_resource"]) == [("create", CR, {}), ("resume", CR, {}), ("update", CR, {})]
 
 
-def test_handlers_are_registered():
-    registry = kopf.get_default_registry()
-    assert _ids(registry._indexing) == ["deployments_by_owner", "mxd_by_key", "replica_pods_by_owner"]
-    assert _ids(registry._watching) == ["on_deployment_event", "on_replica_pod_event", "on_resource_event"]
-    changing = _handlers(registry._changing)
-    assert {h.id for h in changing} == {"reconcile_resource"}
-    causes = sorted(str(h.reason) for h in changing if h.reason is not None)
-    assert len(changing) == 3 and any(h.initial for h in changing)  # create, update, resume
-    assert causes and all(h.selector.group == "modelplex.io" for h in changing)
-    # No daemons, timers or deletion handlers: kopf adds no finalizer, so deleting a resource
-    # never waits for the operator.
-    assert not _handlers(registry._spawning)
-    assert not any(h.requires_finalizer for h in changing)
+def test_no_deletion_handler_daemon_or_timer_so_kopf_adds_no_finalizer(wiring):
+    # Deleting a MultiplexedDeployment never waits for the operator: its objects go with it
+    # (owner references), and only deletion handlers would make kopf add a finalizer.
+    used = {decorator for wirings in wiring.values() for decorator, _, _ in wirings}
+    assert used == {"startup", "cleanup", "probe", "resume", "create", "update", "event", "index"}
+
+
+def test_every_event_of_a_resource_its_replica_pods_and_its_deployments_reaches_the_status(wiring):
+    assert wiring["on_resource_event"] == [("event", CR, {})]
+    assert wiring["on_replica_pod_event"] == [("event", PODS, {"labels": main.REPLICA_PODS})]
+    assert wiring["on_deployment_event"] == [("event", DEPLOYMENTS, {"labels": main.OURS})]
+    assert wiring["mxd_by_key"] == [("index", CR, {})]
+    assert wiring["replica_pods_by_owner"] == [("index", PODS, {"labels": main.REPLICA_PODS})]
+    assert wiring["deployments_by_owner"] == [("index", DEPLOYMENTS, {"labels": main.OURS})]
 
 
 def test_filters_select_only_the_operators_objects():
-    registry = kopf.get_default_registry()
-    pods = next(h for h in registry._watching.get_all_handlers() if h.id == "on_replica_pod_event")
-    assert (pods.selector.plural or pods.selector.any_name) == "pods" and pods.selector.version == "v1"
-    assert pods.labels == main.REPLICA_PODS
-    assert main.REPLICA_PODS["modelplex.io/role"] == "replica"
-    assert main.REPLICA_PODS["app.kubernetes.io/managed-by"] == "modelplex-operator"
-    deps = next(h for h in registry._watching.get_all_handlers() if h.id == "on_deployment_event")
-    assert deps.selector.group == "apps" and deps.labels == main.OURS
+    assert main.OURS == {"app.kubernetes.io/managed-by": "modelplex-operator", "modelplex.io/deployment": kopf.PRESENT}
+    assert main.REPLICA_PODS == {**main.OURS, "modelplex.io/role": "replica"}
+
+
+def test_every_handler_is_async_so_none_runs_in_kopfs_threads(wiring):
+    for name in wiring:
+        assert inspect.iscoroutinefunction(getattr(main, name)), name
+
+
+# --------------------------------------------------------------------------- the handlers, called
+
+
+class PokeRecorder(StatusKeeper):
+    """The real keeper, its pokes recorded instead of acted on (test_keeper.py tests the acting)."""
+
+    def __init__(self, ctx: OperatorContext):
+        super().__init__(ctx)
+        self.pokes: list[tuple[tuple[str, str], bool]] = []
+
+    def poke(self, key, indexes=None, *, repair=False) -> None:
+        if indexes is not None:
+            self.indexes = indexes
+        self.pokes.append((key, repair))
+
+
+@pytest.fixture
+def api() -> Iterator[ScriptedApiServer]:
+    with scripted_api_server() as server:
+        yield server
+
+
+@pytest.fixture
+def memo(api) -> kopf.Memo:
+    ctx = OperatorContext(config=OperatorConfig(), kube=api.kube())
+    ctx.keeper = PokeRecorder(ctx)
+    return kopf.Memo({MEMO_KEY: ctx})
+
+
+@pytest.fixture
+def posted(monkeypatch) -> list[tuple[str, str]]:
+    """Events (kopf's poster runs only inside a running operator)."""
+    events: list[tuple[str, str]] = []
+    monkeypatch.setattr(kopf, "event", lambda obj, type, reason, message: events.append((type, reason)))
+    return events
+
+
+def indexes(**overrides: Any) -> dict[str, Any]:
+    """The index keyword arguments kopf passes every handler."""
+    return {"mxd_by_key": {}, "replica_pods_by_owner": {}, "deployments_by_owner": {}, **overrides}
+
+
+async def test_a_resource_event_refreshes_its_status_from_the_indexes(memo):
+    resources = {("team-a", "recs"): [{"metadata": {"name": "recs"}}]}
+    await main.on_resource_event(namespace="team-a", name="recs", memo=memo, type="MODIFIED", body={},
+                                 **indexes(mxd_by_key=resources))
+    keeper = memo[MEMO_KEY].keeper
+    assert keeper.pokes == [(("team-a", "recs"), False)]
+    assert keeper.indexes.resources is resources
+
+
+async def test_a_replica_pod_event_refreshes_its_owners_status(memo):
+    labels = {"modelplex.io/deployment": "recs", "modelplex.io/role": "replica"}
+    await main.on_replica_pod_event(namespace="team-a", labels=labels, memo=memo, type="MODIFIED", body={}, **indexes())
+    await main.on_replica_pod_event(namespace="team-a", labels={}, memo=memo, type="MODIFIED", body={}, **indexes())
+    assert memo[MEMO_KEY].keeper.pokes == [(("team-a", "recs"), False)]  # a pod of no deployment: nothing
+
+
+async def test_a_deleted_deployment_is_repaired_and_a_changed_one_only_refreshes_the_status(memo):
+    labels = {"modelplex.io/deployment": "recs"}
+    for event in ("ADDED", "MODIFIED", "DELETED"):
+        await main.on_deployment_event(type=event, namespace="team-a", labels=labels, memo=memo, body={}, **indexes())
+    assert memo[MEMO_KEY].keeper.pokes == [(("team-a", "recs"), False), (("team-a", "recs"), False),
+                                           (("team-a", "recs"), True)]
+
+
+async def test_reconcile_applies_the_objects_and_refreshes_the_status(memo, api, posted):
+    await main.reconcile_resource(body=kopf.Body(body()), memo=memo, retry=0, **indexes())
+    ctx = memo[MEMO_KEY]
+    assert ctx.outcomes[("team-a", "recs")].state == OK and ctx.keeper.pokes == [(("team-a", "recs"), False)]
+    assert {"Deployment", "Service", "ConfigMap"} <= {r.body["kind"] for r in api.writes()}
+    assert ("Normal", "Created") in posted
+
+
+async def test_an_invalid_spec_is_a_permanent_error_with_its_reason(memo, api, posted):
+    with pytest.raises(kopf.PermanentError, match="invalid spec"):
+        await main.reconcile_resource(body=kopf.Body(body(replicas=-1)), memo=memo, retry=0, **indexes())
+    assert memo[MEMO_KEY].outcomes[("team-a", "recs")].state == INVALID
+    assert api.writes() == [] and posted == [("Warning", "InvalidSpec")]
 
 
 def test_settings():
