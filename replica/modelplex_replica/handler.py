@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import sys
 from typing import Any
 
 from modelplex.runtime import Runtime
-from modelplex.spec import Deployment, SpecError
-from modelplex_replica.sizes import configure_cache
+from modelplex.spec import Deployment, DeploymentSpec, SpecError
+from modelplex_replica.sizes import ModelSizer, device, device_memory_bytes, give_freed_weights_back
+from modelplex_replica.warm import HostTier
+
+log = logging.getLogger("modelplex.replica")
 
 
 def runtime_for(deployment: Deployment) -> Runtime:
@@ -27,6 +31,32 @@ def runtime_for(deployment: Deployment) -> Runtime:
     )
     configure_cache(spec, runtime)
     return runtime
+
+
+def configure_cache(spec: DeploymentSpec, runtime: Runtime) -> None:
+    """Fill in the cache's limits, its size measurement and its warm tier in the replica's
+    ``runtime`` (before the handler's caches are built)."""
+    give_freed_weights_back()
+    multiplexing = spec.multiplexing
+    where = device()
+    budget = multiplexing.max_model_bytes
+    if multiplexing.memory_fraction is not None:
+        budget = int(device_memory_bytes(where) * multiplexing.memory_fraction)
+        log.info("model memory budget: %.0f MiB (memoryFraction %g of %s)", budget / 2**20,
+                 multiplexing.memory_fraction, where)
+    sizer = ModelSizer(where)
+    runtime.max_model_bytes = budget
+    runtime.max_concurrent_loads = multiplexing.max_concurrent_loads
+    runtime.load_timeout_s = multiplexing.load_timeout_seconds
+    runtime.max_waiting_per_model = spec.max_ongoing_requests
+    runtime.eviction_policy = multiplexing.eviction_policy
+    runtime.model_size = sizer.size
+    runtime.load_started = sizer.load_started
+    # Beside a GPU the warm tier is host memory; on CPU the model is in host memory already,
+    # so there it is a disk copy of the fetched file, kept by the loader (builtin.py).
+    runtime.host_cache_bytes = multiplexing.host_cache_bytes
+    runtime.warm_tier = HostTier(multiplexing.host_cache_bytes, where) \
+        if where.type == "cuda" and multiplexing.host_cache_bytes else None
 
 
 def build_handler(deployment: Deployment) -> Any:

@@ -19,8 +19,6 @@ from typing import Any, Iterator
 
 import torch
 
-from modelplex.runtime import Runtime
-from modelplex.spec import DeploymentSpec
 
 log = logging.getLogger("modelplex.replica")
 
@@ -143,31 +141,3 @@ def give_freed_weights_back() -> None:
         ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, _MMAP_FROM_BYTES)
     except (AttributeError, OSError):  # not glibc: its allocator has its own policy
         log.debug("mallopt is not available; large frees follow the C library's policy")
-
-
-def configure_cache(spec: DeploymentSpec, runtime: Runtime) -> None:
-    """Fill in the cache's limits, its size measurement and its warm tier in the replica's
-    ``runtime`` (before the handler's caches are built)."""
-    from modelplex_replica.warm import HostTier
-
-    give_freed_weights_back()
-    multiplexing = spec.multiplexing
-    where = device()
-    budget = multiplexing.max_model_bytes
-    if multiplexing.memory_fraction is not None:
-        budget = int(device_memory_bytes(where) * multiplexing.memory_fraction)
-        log.info("model memory budget: %.0f MiB (memoryFraction %g of %s)", budget / 2**20,
-                 multiplexing.memory_fraction, where)
-    sizer = ModelSizer(where)
-    runtime.max_model_bytes = budget
-    runtime.max_concurrent_loads = multiplexing.max_concurrent_loads
-    runtime.load_timeout_s = multiplexing.load_timeout_seconds
-    runtime.max_waiting_per_model = spec.max_ongoing_requests
-    runtime.eviction_policy = multiplexing.eviction_policy
-    runtime.model_size = sizer.size
-    runtime.load_started = sizer.load_started
-    # Beside a GPU the warm tier is host memory; on CPU the model is in host memory already,
-    # so there it is a disk copy of the fetched file, kept by the loader (builtin.py).
-    runtime.host_cache_bytes = multiplexing.host_cache_bytes
-    runtime.warm_tier = HostTier(multiplexing.host_cache_bytes, where) \
-        if where.type == "cuda" and multiplexing.host_cache_bytes else None
