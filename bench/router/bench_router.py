@@ -27,7 +27,7 @@ from pathlib import Path
 
 import aiohttp
 
-from modelplex.processes import free_port, signal_group, spawn, stop
+from modelplex.processes import free_port, signal_group, spawn, stop, wait_for_async
 
 HERE = Path(__file__).resolve().parent
 MODEL_ID_HEADER = "serve_multiplexed_model_id"
@@ -89,19 +89,16 @@ class Stack:
         return self
 
     async def _wait_ready(self, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
+        def started() -> None:
+            if any(p.poll() is not None for p in self.procs):
+                raise RuntimeError(f"a process exited while starting; logs in {self.manifest.parent}")
+
         async with aiohttp.ClientSession() as session:
-            while time.monotonic() < deadline:
-                if any(p.poll() is not None for p in self.procs):
-                    raise RuntimeError(f"a process exited while starting; logs in {self.manifest.parent}")
-                try:
-                    async with session.get(self.router_url + "/readyz") as resp:
-                        if resp.status == 200 and (await resp.json())["ready_replicas"] == self.replicas:
-                            return
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.1)
-        raise RuntimeError("the stack did not get ready in time")
+            async def ready() -> bool:
+                async with session.get(self.router_url + "/readyz") as resp:
+                    return resp.status == 200 and (await resp.json())["ready_replicas"] == self.replicas
+
+            await wait_for_async(ready, timeout, 0.1, "the stack ready", retry_on=(aiohttp.ClientError,), guard=started)
 
     def __exit__(self, *exc) -> None:
         for proc in self.procs:

@@ -6,7 +6,6 @@ shape on loopback."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 
@@ -18,24 +17,12 @@ from modelplex_operator.handlers.keeper import StatusKeeper
 from modelplex_operator.handlers.observe import Indexes, resource_view
 from modelplex_operator.kube import KubeError
 from modelplex_operator.status import OK, DeploymentView, Outcome, PodView, condition
-from support.apiserver import ScriptedApiServer, scripted_api_server
+from support.apiserver import ScriptedApiServer
 from unit.operator.objects import UID, body
 
 KEY = ("team-a", "recs")
 STATUS_PATH = "/apis/modelplex.io/v1alpha1/namespaces/team-a/multiplexeddeployments/recs/status"
 T0 = "2026-01-01T00:00:00Z"
-
-
-@pytest.fixture(scope="module")
-def running_server() -> Iterator[ScriptedApiServer]:
-    with scripted_api_server() as server:
-        yield server
-
-
-@pytest.fixture
-def api(running_server: ScriptedApiServer) -> ScriptedApiServer:
-    running_server.reset()
-    return running_server
 
 
 @pytest.fixture

@@ -5,26 +5,13 @@ which leaves as itself instead of becoming a retry."""
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 
 import pytest
 import urllib3.exceptions
 from kubernetes.client.rest import ApiException
 
 from modelplex_operator.kube import NO_ANSWER, Kube, KubeError
-from support.apiserver import ScriptedApiServer, kube_at, scripted_api_server
-
-
-@pytest.fixture(scope="module")
-def running_server() -> Iterator[ScriptedApiServer]:
-    with scripted_api_server() as server:
-        yield server
-
-
-@pytest.fixture
-def server(running_server: ScriptedApiServer) -> ScriptedApiServer:
-    running_server.reset()
-    return running_server
+from support.apiserver import kube_at
 
 
 def config_map(**data) -> dict:
@@ -38,21 +25,21 @@ def kube_error(kube: Kube) -> KubeError:
 
 
 @pytest.mark.parametrize("status", [409, 429, 403, 408, 500, 502, 503, 504])
-def test_answers_a_retry_can_help_are_retryable_and_keep_the_servers_answer_as_cause(server, status):
-    server.answers = [(404, "no such ConfigMap"), (status, f"try again ({status})")]
-    error = kube_error(kube_at(f"http://127.0.0.1:{server.server_port}"))
+def test_answers_a_retry_can_help_are_retryable_and_keep_the_servers_answer_as_cause(api, status):
+    api.answers = [(404, "no such ConfigMap"), (status, f"try again ({status})")]
+    error = kube_error(api.kube())
     assert error.retryable and error.status == status
     assert error.message == f"try again ({status})" and error.what == "apply ConfigMap c"
     assert isinstance(error.__cause__, ApiException) and error.__cause__.status == status
-    assert [(r.method, r.path) for r in server.requests] == [
+    assert [(r.method, r.path) for r in api.requests] == [
         ("GET", "/api/v1/namespaces/ns/configmaps/c"),
         ("PATCH", "/api/v1/namespaces/ns/configmaps/c?fieldManager=modelplex-operator&force=true")]
 
 
 @pytest.mark.parametrize("status", [400, 401, 404, 410, 415, 422])
-def test_answers_that_fail_the_same_way_again_are_not_retryable(server, status):
-    server.answers = [(404, "no such ConfigMap"), (status, "refused")]
-    error = kube_error(kube_at(f"http://127.0.0.1:{server.server_port}"))
+def test_answers_that_fail_the_same_way_again_are_not_retryable(api, status):
+    api.answers = [(404, "no such ConfigMap"), (status, "refused")]
+    error = kube_error(api.kube())
     assert not error.retryable and error.status == status and error.message == "refused"
     assert isinstance(error.__cause__, ApiException)
 
@@ -76,21 +63,21 @@ def test_a_server_that_never_answers_times_out_as_no_answer_and_retryable():
     assert isinstance(error.__cause__, (urllib3.exceptions.HTTPError, OSError))
 
 
-def test_a_bug_in_the_call_surfaces_as_itself_not_as_a_retry(server):
-    kube = kube_at(f"http://127.0.0.1:{server.server_port}")
+def test_a_bug_in_the_call_surfaces_as_itself_not_as_a_retry(api):
+    kube = api.kube()
     # An object the client cannot serialize: a programming error, which no retry would heal.
     with pytest.raises(AttributeError):
         kube.apply(config_map(a=object()), owner_uid="u1")
-    assert [r.method for r in server.requests] == ["GET"]  # the PATCH never left
+    assert [r.method for r in api.requests] == ["GET"]  # the PATCH never left
 
 
-def test_a_get_of_a_missing_object_is_none_and_any_other_answer_an_error(server):
-    kube = kube_at(f"http://127.0.0.1:{server.server_port}")
-    server.answers = [(404, "gone")]
+def test_a_get_of_a_missing_object_is_none_and_any_other_answer_an_error(api):
+    kube = api.kube()
+    api.answers = [(404, "gone")]
     assert kube.get("v1", "ConfigMap", "ns", "c") is None
-    server.answers = [(200, "")]
+    api.answers = [(200, "")]
     assert kube.get("v1", "ConfigMap", "ns", "c")["metadata"]["name"] == "c"
-    server.answers = [(503, "etcd unavailable")]
+    api.answers = [(503, "etcd unavailable")]
     with pytest.raises(KubeError, match="get ConfigMap c: 503 Reason503: etcd unavailable") as caught:
         kube.get("v1", "ConfigMap", "ns", "c")
     assert caught.value.retryable

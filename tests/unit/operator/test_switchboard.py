@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-from collections.abc import Iterator
 from typing import Any
 
 import kopf
@@ -19,7 +18,6 @@ from modelplex_operator.handlers import lifecycle
 from modelplex_operator.handlers.context import MEMO_KEY, OperatorContext
 from modelplex_operator.handlers.keeper import StatusKeeper
 from modelplex_operator.status import INVALID, OK
-from support.apiserver import ScriptedApiServer, scripted_api_server
 from unit.operator.objects import body
 
 CR = ("modelplex.io", "v1alpha1", "multiplexeddeployments")
@@ -97,12 +95,6 @@ class PokeRecorder(StatusKeeper):
         if indexes is not None:
             self.indexes = indexes
         self.pokes.append((key, repair))
-
-
-@pytest.fixture
-def api() -> Iterator[ScriptedApiServer]:
-    with scripted_api_server() as server:
-        yield server
 
 
 @pytest.fixture
