@@ -129,6 +129,9 @@ async def test_wait_for_async_is_timed_by_the_event_loops_clock():
 
     assert await wait_for_async(check, timeout=60, interval=5) == "ready"
     assert loop.time() - start == pytest.approx(10)
+    async def never() -> bool:
+        return False
+
     with pytest.raises(WaitTimeout, match="timed out after 60 s waiting for nothing; last: False"):
-        await wait_for_async(lambda: asyncio.sleep(0, False), timeout=60, interval=1, what="nothing")
+        await wait_for_async(never, timeout=60, interval=1, what="nothing")
     assert loop.time() - start == pytest.approx(70)

@@ -15,10 +15,13 @@ def test_outside_a_replica_nothing_is_overridden_or_observed():
 
 
 async def test_a_scope_reaches_the_tasks_and_threads_started_in_it_and_ends_with_its_block():
+    async def seen() -> Runtime:
+        return current_runtime()
+
     replica = Runtime(max_batch_size=3)
     with runtime_scope(replica) as scoped:
         assert scoped is replica and current_runtime() is replica
-        in_task = await asyncio.create_task(asyncio.sleep(0, current_runtime()))
+        in_task = await asyncio.create_task(seen())
         in_thread = await asyncio.to_thread(current_runtime)
         with runtime_scope(Runtime(max_batch_size=5)):
             assert current_runtime().max_batch_size == 5

@@ -5,8 +5,6 @@ shape on loopback."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from modelplex.processes import wait_for_async
@@ -60,10 +58,14 @@ def status_writes(api: ScriptedApiServer) -> list[dict]:
 
 async def test_a_burst_of_pokes_makes_one_status_write(api, events):
     keeper = keeper_for(api, ready=2)
+
+    async def written() -> int:
+        return keeper.writes
+
     try:
         for _ in range(5):  # a replica patching its annotation after every load
             keeper.poke(KEY)
-        await wait_for_async(lambda: asyncio.sleep(0, keeper.writes), timeout=30, what="the status write")
+        await wait_for_async(written, timeout=30, what="the status write")
     finally:
         await keeper.stop()
     (written,) = status_writes(api)
