@@ -28,9 +28,9 @@ import ctypes
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
-import shutil
 import subprocess
 import sys
 import tempfile

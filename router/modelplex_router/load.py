@@ -19,6 +19,9 @@ from modelplex.names import ENV_POD_NAME
 from modelplex_router.keys import CLOCK, CONFIG, SCHEDULER, TABLE
 
 _ROUTER_NAME = os.environ.get(ENV_POD_NAME) or socket.gethostname()
+#: The report names at most this many models' rates, the most requested: it stays small
+#: (tens of kB) at thousands of models, and a model past them is as cold as a model can be.
+MAX_REPORTED_MODELS = 1000
 
 
 def load_report(app: web.Application) -> LoadReport:
@@ -37,9 +40,15 @@ def load_report(app: web.Application) -> LoadReport:
         at=time.time(),
         queued=scheduler.queued,
         replicas=replicas,
-        model_rates=scheduler.demand.rates(now),
+        model_rates=_most_requested(scheduler.demand.rates(now), MAX_REPORTED_MODELS),
         window_s=scheduler.demand.window_s,
     )
+
+
+def _most_requested(rates: dict[str, float], limit: int) -> dict[str, float]:
+    if len(rates) <= limit:
+        return rates
+    return dict(sorted(rates.items(), key=lambda item: -item[1])[:limit])
 
 
 async def load(request: web.Request) -> web.Response:

@@ -58,6 +58,18 @@ def test_the_load_report_has_each_replicas_requests_the_queue_and_the_rates():
     assert load_report(app).ongoing == 2
 
 
+def test_the_report_names_the_most_requested_models_only(monkeypatch):
+    from modelplex_router import load
+
+    monkeypatch.setattr(load, "MAX_REPORTED_MODELS", 2)
+    app = create_app(RouterConfig("recs", Params(max_ongoing=4, matching_timeout_s=1.0)), StaticDiscovery([]),
+                     clock=lambda: 10.0)
+    for model, count in (("a", 3), ("b", 1), ("c", 5)):
+        for _ in range(count):
+            app[SCHEDULER].demand.record(model, 10.0)
+    assert set(load_report(app).model_rates) == {"a", "c"}
+
+
 def test_only_autoscaled_deployments_hold_requests_at_zero():
     def config(spec, env=None):
         document = {"apiVersion": "modelplex.io/v1alpha1", "kind": "MultiplexedDeployment",
