@@ -11,7 +11,8 @@
 :class:`DeploymentResponse`: await it in any loop, or call ``.result()`` outside one. A call
 made in an event loop runs there (no thread hop); one made where no loop runs goes to a
 background loop thread; either is awaitable from anywhere. A response passed as an argument
-to another call is awaited first.
+to another call is awaited first; so is a reference from Ray's ``_to_object_ref()`` or
+``_to_object_ref_gen()`` (:class:`ObjectRef`: the value itself, there being no object store).
 
 Arguments and results keep their Python types (:mod:`modelplex.codec`: str, bytes, None,
 tuples, sets, numpy arrays, tensors); an exception raised by the deployment's code arrives

@@ -80,7 +80,7 @@ def _methods_as_routes(app: Any, cls: type) -> None:
     with the serving instance (a dependency) instead of reading it from the query string."""
     from fastapi.routing import APIRoute
 
-    methods = {function: name for name, function in vars(cls).items() if inspect.isfunction(function)}
+    methods = {function for function in vars(cls).values() if inspect.isfunction(function)}
     routes = app.router.routes
     init = inspect.signature(APIRoute.__init__).parameters
     for index, route in enumerate(routes):
