@@ -49,9 +49,9 @@ images: node-packages
 	bash hack/images/build.sh
 
 # The two slow steps of a cold run side by side: the Go build keeps the CPU busy while the image
-# builds mostly wait on downloads.
+# builds mostly wait on downloads. Their progress lines interleave (each prefixed: `==>`, `[images]`).
 cluster-prereqs:
-	$(MAKE) --no-print-directory -j2 -Oline control-plane images
+	$(MAKE) --no-print-directory -j2 control-plane images
 
 lint: venv
 	$(VENV)/bin/lint-imports
