@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import inspect
 import os
 import signal
 import socket
@@ -252,7 +253,7 @@ def wait_for(
 
 
 async def wait_for_async(
-    check: Callable[[], Awaitable[T]],
+    check: Callable[[], Awaitable[T] | T],
     timeout: float = 60.0,
     interval: float = 0.05,
     what: str = "",
@@ -260,14 +261,16 @@ async def wait_for_async(
     retry_on: tuple[type[BaseException], ...] = (Exception,),
     guard: Callable[[], object] | None = None,
 ) -> T:
-    """:func:`wait_for` for a coroutine function ``check``, sleeping on the event loop (and timed
-    by its clock, so a test on a virtual clock waits no real time)."""
+    """:func:`wait_for` on an event loop: ``check`` may be a coroutine function or a plain one;
+    the pauses are the loop's, timed by its clock (a test on a virtual clock waits no real time)."""
     deadline = _Deadline(timeout, what or repr(check), asyncio.get_running_loop().time)
     while True:
         if guard is not None:
             guard()
         try:
-            value = await check()
+            value = check()
+            if inspect.isawaitable(value):
+                value = await value
             if value:
                 return value
             deadline.last = value

@@ -128,6 +128,7 @@ async def test_wait_for_async_is_timed_by_the_event_loops_clock():
         return tries == 3 and "ready"
 
     assert await wait_for_async(check, timeout=60, interval=5) == "ready"
+    assert await wait_for_async(lambda: tries, timeout=60) == 3  # a plain function will do too
     assert loop.time() - start == pytest.approx(10)
     async def never() -> bool:
         return False

@@ -10,6 +10,7 @@ import threading
 
 from modelplex.loaded import LoadedSummary
 from modelplex.names import ANNOTATION_LOADED_MODELS
+from modelplex.processes import wait_for_async
 from modelplex_replica.reporter import AnnotationReporter
 
 
@@ -19,14 +20,6 @@ class State:
 
     def summary(self):
         return LoadedSummary(version=self.version, models=1, capacity=3)
-
-
-async def wait_for_version(reporter, version):
-    for _ in range(500):
-        if reporter.published_version == version:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"published {reporter.published_version}, wanted {version}")
 
 
 async def test_a_burst_of_changes_is_coalesced_and_the_last_state_wins():
@@ -46,7 +39,7 @@ async def test_a_burst_of_changes_is_coalesced_and_the_last_state_wins():
         state.version += 1
         reporter.changed()
     release.set()
-    await wait_for_version(reporter, 20)
+    await wait_for_async(lambda: reporter.published_version == 20, 5, 0.01, "version 20 published")
     await reporter.stop()
     assert patches[0]["version"] == 0
     assert patches[-1] == {"version": 20, "models": 1, "loading": 0, "capacity": 3, "bytes": 0, "capacityBytes": 0}
@@ -63,6 +56,6 @@ async def test_a_failed_patch_is_retried_until_it_lands():
 
     reporter = AnnotationReporter(state.summary, flaky_patch)
     await reporter.start()
-    await wait_for_version(reporter, 0)
+    await wait_for_async(lambda: reporter.published_version == 0, 5, 0.01, "version 0 published")
     await reporter.stop()
     assert len(attempts) == 3

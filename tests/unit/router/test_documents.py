@@ -6,6 +6,7 @@ import asyncio
 
 from aiohttp import web
 
+from modelplex.processes import wait_for_async
 from modelplex_router.discovery.documents import DocumentFetcher
 from modelplex_router.table import ReplicaInfo, RoutingTable
 
@@ -28,12 +29,6 @@ async def serve_documents(documents: list[dict]) -> tuple[web.AppRunner, str, li
     return runner, f"http://127.0.0.1:{port}", served
 
 
-async def wait_until(predicate, timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.01)
-
-
 async def test_a_newer_summary_makes_the_table_fetch_the_document_once():
     runner, url, served = await serve_documents([{"version": 5, "capacity": 2, "models": ["a", "b"], "loading": []}])
     table = RoutingTable()
@@ -41,7 +36,7 @@ async def test_a_newer_summary_makes_the_table_fetch_the_document_once():
     fetcher = asyncio.create_task(DocumentFetcher().run(table, loop.time))
     try:
         table.apply(ReplicaInfo("r1", url, True, None, 2, 5, None), loop.time())  # a summary: version 5
-        await wait_until(lambda: table.get("r1").models == {"a", "b"})
+        await wait_for_async(lambda: table.get("r1").models == {"a", "b"}, 10, 0.01, "the document fetched")
         assert table.get("r1").version == 5 and not table.stale_replicas()
         table.heard_version(table.get("r1"), 5)  # old news: nothing to fetch
         await asyncio.sleep(0.1)
@@ -63,7 +58,7 @@ async def test_a_replica_that_changed_again_during_the_fetch_is_fetched_again():
     fetcher = asyncio.create_task(DocumentFetcher().run(table, loop.time))
     try:
         table.heard_version(table.get("r1"), 2)
-        await wait_until(lambda: table.get("r1").version == 2)
+        await wait_for_async(lambda: table.get("r1").version == 2, 10, 0.01, "version 2 fetched")
         assert table.get("r1").models == {"a", "b"} and len(served) == 2
     finally:
         fetcher.cancel()
