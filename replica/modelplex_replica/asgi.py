@@ -26,8 +26,8 @@ from multidict import CIMultiDict
 
 from modelplex.context import set_multiplexed_model_id
 from modelplex.errors import HandlerError, ModelplexError, NotFound
-from modelplex.forwarded import ENV_ROUTE_PREFIX, NO_ROUTE, check_route_prefix, is_forwarding_header, original, \
-    under_prefix
+from modelplex.forwarded import ENV_ROUTE_PREFIX, NO_ROUTE, PATH_HEADER, check_route_prefix, is_forwarding_header, \
+    original, under_prefix
 from modelplex.names import LOADED_MODELS_HEADER
 from modelplex.serve.ingress import asgi_app, current_instance
 from modelplex_replica.usercode import UserCodeLoop
@@ -68,7 +68,10 @@ class HttpIngress:
     _shutdown: asyncio.Event | None = None
 
     def check(self, headers: Mapping[str, str], method: str) -> None:
-        """NotFound for a request outside the route prefix."""
+        """NotFound for a request outside the route prefix (one that did not come through the
+        router's catch-all route, such as ``/v1/models/{m}/predict``, has no path to check)."""
+        if PATH_HEADER not in headers and self.prefix != NO_ROUTE:
+            return
         _, raw_path = original(headers, method)
         path = raw_path.partition("?")[0]
         if not under_prefix(path, self.prefix):

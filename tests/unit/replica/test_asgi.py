@@ -79,6 +79,11 @@ async def test_a_path_outside_the_prefix_is_a_404_that_names_the_prefix(replica)
         assert "answers under /api" in (await response.json())["error"]["message"]
 
 
+async def test_a_request_from_the_routers_own_api_reaches_the_app_at_its_root(replica):
+    async with replica.post("/v1/invoke", data=b"x") as response:  # /v1/models/{m}/predict: no path sent
+        assert (response.status, await response.text()) == (201, "POST / root=/api query= state=hello body=x")
+
+
 async def test_an_app_that_fails_before_answering_is_a_500_naming_the_error(replica):
     async with replica.post("/v1/invoke", headers=sent_as("GET", "/api/fails-first")) as response:
         error = (await response.json())["error"]
