@@ -245,7 +245,8 @@ def default_replica_variant() -> str:
 
 
 def cache_dir() -> Path:
-    env = os.environ.get("MODELPLEX_CACHE_DIR")
+    """The project's cache (``$MODELPLEX_CACHE``, as for the cluster binaries and the node's images)."""
+    env = os.environ.get("MODELPLEX_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "modelplex"
 
 
