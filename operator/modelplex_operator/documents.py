@@ -175,7 +175,6 @@ class ReplicaDocuments:
         self._known: dict[Key, dict[str, _Known]] = {}
         self._slots = asyncio.Semaphore(concurrency)
         self._session: aiohttp.ClientSession | None = None
-        self.fetches = 0
 
     async def read(self, key: Key, pods: Iterable[PodView]) -> Reading:
         """Bring the documents of ``key``'s replica pods up to date where their summaries say so."""
@@ -224,7 +223,6 @@ class ReplicaDocuments:
         host = f"[{pod.ip}]" if ":" in pod.ip else pod.ip
         url = f"http://{host}:{self.port}/v1/models"
         async with self._slots:
-            self.fetches += 1
             try:
                 async with self._client().get(url) as response:
                     if response.status != 200:

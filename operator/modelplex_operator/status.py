@@ -264,7 +264,9 @@ def compute_status(
     pool_capacity = sum(pod.summary.capacity_bytes for pod in live_pods)
     live = {pod.name for pod in live_pods}
     models, omitted = model_entries({pod: doc for pod, doc in (documents or {}).items() if pod in live})
-    unreported = {pod: why for pod, why in (unreported or {}).items() if pod in live}
+    # A pod that is not ready is not read: not hearing from it is no news.
+    ready_pods = {pod.name for pod in live_pods if pod.ready}
+    unreported = {pod: why for pod, why in (unreported or {}).items() if pod in ready_pods}
 
     if outcome is not None and outcome.uid not in ("", resource.uid):
         outcome = None  # an outcome of an earlier object of the same name

@@ -309,4 +309,9 @@ def test_pool_capacity_and_the_models_reported_condition():
                                    "(their last known models are shown)")
     assert reported["lastTransitionTime"] == T1
     assert cond(status, "Ready")["status"] == "True"  # serving is another matter
+    # A replica that is not ready is not read: no news from it is no failure.
+    unready = [pods[0], PodView("b", False, False)]
+    status = compute_status(resource(status=status), [replica(), router()], unready, ok(), T1,
+                            unreported={"b": "no answer within 3 s"})
+    assert cond(status, "ModelsReported")["status"] == "True"
     assert transitions({}, status) == [("Normal", "Ready", "2/2 replicas and 1/1 routers ready")]
