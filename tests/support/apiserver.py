@@ -28,7 +28,8 @@ class Request:
 
 
 class ScriptedApiServer(ThreadingHTTPServer):
-    """``answers``: (status, message) for the next requests, in order; once they are used up a
+    """``answers``: (status, message) for the next requests, in order (a dict instead of the
+    message is the answer's whole document); once they are used up a
     GET is 404 and a write (PATCH, POST, PUT) is 200 with the object it sent. ``requests``:
     every request, in order."""
 
@@ -36,7 +37,7 @@ class ScriptedApiServer(ThreadingHTTPServer):
 
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
-        self.answers: list[tuple[int, str]] = []
+        self.answers: list[tuple[int, str | dict]] = []
         self.requests: list[Request] = []
 
     @property
@@ -72,7 +73,9 @@ class _Handler(BaseHTTPRequestHandler):
             status, message = self.server.answers.pop(0)
         else:
             status, message = (404, f"{name} not found") if self.command == "GET" else (200, "")
-        if status >= 300:
+        if isinstance(message, dict):  # a scripted document (a GET's object or list)
+            document = message
+        elif status >= 300:
             document = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
                         "reason": f"Reason{status}", "code": status}
         else:
