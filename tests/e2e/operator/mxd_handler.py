@@ -5,6 +5,7 @@ the test's manifest puts its folder on ``PYTHONPATH`` through ``spec.env``. Each
 which pod served it and with which batching settings, so a test can tell where a request went
 and that a spec change reached the pods. ``Caller`` calls another deployment through a handle,
 which a pod resolves by cluster DNS (``http://<name>.<namespace>.svc:8000``).
+``Sized`` has models of known sizes and ids that fail to load (the cache status tests).
 """
 
 from __future__ import annotations
@@ -44,3 +45,22 @@ class Caller:
         target = self.target.options(multiplexed_model_id=get_multiplexed_model_id())
         return {"caller": os.environ.get("POD_NAME", ""), "url": self.target.url,
                 "answer": await target.remote(request)}
+
+
+class Sized:
+    """Models with a size the cache counts (``model_bytes``: 1000 bytes per character of the id),
+    and ids starting with ``broken`` whose load fails, as a missing weights file does."""
+
+    @multiplexed(max_num_models_per_replica=4)
+    async def load_model(self, model_id: str) -> dict:
+        await asyncio.sleep(0.05)
+        if model_id.startswith("broken"):
+            raise FileNotFoundError(f"no weights for {model_id}")
+        return {"id": model_id, "bytes": 1000 * len(model_id)}
+
+    def model_bytes(self, model: dict) -> int:
+        return model["bytes"]
+
+    async def __call__(self, request):
+        model = await self.load_model(get_multiplexed_model_id())
+        return {"model": model["id"], "pod": os.environ.get("POD_NAME", "")}
