@@ -210,7 +210,10 @@ class AutoscaleLoop:
                 self._publish(key, view, state, decision.desired, current, decision, heard, replicas, costs, why,
                               healthy=False, reason="ScaleFailed", report=report)
                 return decision
-        await self._keep_hot_models(view, deployment, state, report)
+        try:
+            await self._keep_hot_models(view, deployment, state, report)
+        except KubeError as error:  # the list is a hint: the next round tries again
+            log.warning("autoscaling %s/%s: hot-models list not written: %s", *key, error)
         self._publish(key, view, state, decision.desired, self.ctx.scaled.get(key, current), decision, heard,
                       replicas, costs, decision.reason, healthy=True, reason="ReadingLoad", report=report)
         return decision
