@@ -2,15 +2,17 @@
 Modelplex (A: before a change, B: after it), interleaved: is B within 5% of A?
 
     git worktree add --detach /tmp/bench-old ae28ec5; git worktree add --detach /tmp/bench-new HEAD
-    .venv/bin/python bench/compare/ab_batched.py --a /tmp/bench-old --b /tmp/bench-new [--runs 5] [--seconds 10]
+    .venv/bin/python bench/compare/ab_batched.py --a /tmp/bench-old --b /tmp/bench-new [--runs 5] [--seconds 10] [--cpus 2]
 
 Each run starts ``modelplex local`` from one checkout (as ``run.py --tree`` does: its packages
 first on the path, its folder the working directory), serves the very same handler
 (``handlers.py``'s ``BatchedMLP``, 32 rows, 2 ms), warms up, then measures 32 closed-loop
 clients. Runs alternate A B B A A B ..., so background load that drifts reaches both alike
 (one run on these shared 2-core machines varies by more than 5%); the verdict is on the
-medians. Each run's load average and outside CPU are recorded beside it. Prints a markdown
-table; ``--out`` also gets the numbers as JSON.
+medians. Each run's load average and outside CPU are recorded beside it. ``--cpus N`` runs
+the stacks in a cgroup with an N-core quota and a weight above other sessions', and this
+process in another (``cgroups.py``), so other people's load moves the numbers less. Prints a
+markdown table; ``--out`` also gets the numbers as JSON.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import cgroups  # noqa: E402
 import loadgen  # noqa: E402
 import run  # noqa: E402
 from handlers import MLP_SIZES  # noqa: E402
@@ -51,16 +55,34 @@ def cpu_seconds(pids: dict[int, str]) -> dict[str, float]:
     return out
 
 
+def context_switches(pids: dict[int, str], role: str) -> int:
+    """Context switches (voluntary: a thread waited, for a wake-up or the GIL; involuntary: it
+    was preempted) of the ``role`` processes' threads so far: how many hand-overs a request costs."""
+    total = 0
+    for pid in (p for p, r in pids.items() if r == role):
+        try:
+            threads = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for thread in threads:
+            try:
+                status = Path(f"/proc/{pid}/task/{thread}/status").read_text()
+            except OSError:
+                continue
+            total += sum(int(line.split()[1]) for line in status.splitlines() if "ctxt_switches:" in line)
+    return total
+
+
 def one_run(tree: Path, workdir: Path, name: str, args: argparse.Namespace, monitor: run.Monitor) -> dict:
     run.product_root = tree
-    spec = {"replicas": 1, "handler": "mp_handlers:BatchedMLP", "maxOngoingRequests": args.max_ongoing}
+    spec = {"replicas": 1, "handler": f"mp_handlers:{args.handler}", "maxOngoingRequests": args.max_ongoing}
     body = run.mlp_body(MLP_SIZES[0])
     with monitor.phase(name), run.ModelplexStack(workdir, name, spec, run.bench_env()) as stack:
         asyncio.run(loadgen.unary(stack.url, body, args.concurrency, args.warmup, warmup_s=0))
         pids = stack.pids()
-        before = cpu_seconds(pids)
+        before, switches = cpu_seconds(pids), context_switches(pids, "replica")
         point = asyncio.run(loadgen.unary(stack.url, body, args.concurrency, args.seconds, warmup_s=0))
-        after = cpu_seconds(pids)
+        after, switches = cpu_seconds(pids), context_switches(pids, "replica") - switches
     s = point.summary()
     phase = monitor.summary()[-1]
     # CPU per answer does not depend on the share of the cores a run got: the steadier measure
@@ -68,7 +90,8 @@ def one_run(tree: Path, workdir: Path, name: str, args: argparse.Namespace, moni
     cpu_ms = {role: round((after[role] - before.get(role, 0.0)) / max(point.ok, 1) * 1000, 3)
               for role in ("router", "replica") if role in after}
     return {"rps": s["rps"], "p50_ms": s["p50_ms"], "p99_ms": s["p99_ms"], "errors": s["errors"],
-            "cpu_ms_per_request": cpu_ms, "load1": round(phase["load"][0], 2), "other_cores": phase["other_cores"]}
+            "cpu_ms_per_request": cpu_ms, "replica_switches_per_request": round(switches / max(point.ok, 1), 2),
+            "load1": round(phase["load"][0], 2), "other_cores": phase["other_cores"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,6 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--max-ongoing", type=int, default=128, help="as workload 1 sets it")
+    parser.add_argument("--handler", default="BatchedMLP", choices=["BatchedMLP", "BatchedEcho"],
+                        help="BatchedEcho: the same batching with no model, to see the per-request cost alone")
+    parser.add_argument("--cpus", type=float, default=0.0,
+                        help="run the stacks in a cgroup with this CPU quota and a weight above other sessions' "
+                             "(run.py --cpus), the load generator in another: less noise from other people's load")
     parser.add_argument("--out", type=Path, help="write the runs and medians here as JSON")
     args = parser.parse_args(argv)
     trees = {"A": args.a.resolve(), "B": args.b.resolve()}
@@ -88,7 +116,13 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{tree}: not a Modelplex checkout")
     order = [("A", "B") if i % 2 == 0 else ("B", "A") for i in range(args.runs)]
     runs: dict[str, list[dict]] = {"A": [], "B": []}
-    with run.Monitor() as monitor, tempfile.TemporaryDirectory(prefix="modelplex-ab-") as tmp:
+    groups = nullcontext()
+    if args.cpus > 0:
+        why_not = cgroups.available()
+        if why_not:
+            parser.error(f"--cpus: {why_not}")
+        groups = run.cpu_groups = cgroups.Groups(args.cpus)
+    with groups, run.Monitor() as monitor, tempfile.TemporaryDirectory(prefix="modelplex-ab-") as tmp:
         for i, pair in enumerate(order):
             for label in pair:
                 result = one_run(trees[label], Path(tmp), f"ab-{label.lower()}-{i}", args, monitor)
@@ -100,13 +134,16 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in runs.items():
         for role in ("router", "replica"):
             medians[k][f"{role}_cpu_ms"] = statistics.median(r["cpu_ms_per_request"].get(role, float("nan")) for r in v)
+        medians[k]["replica_switches"] = statistics.median(r.get("replica_switches_per_request", float("nan")) for r in v)
     ratio = medians["B"]["rps"] / medians["A"]["rps"]
     # Runs i of A and B ran back to back: their ratio cancels the load that drifted between pairs.
     paired = statistics.median(b["rps"] / a["rps"] for a, b in zip(runs["A"], runs["B"]))
     summary = {"command": "python bench/compare/ab_batched.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                "trees": {k: {"path": str(v), "commit": commit(v)} for k, v in trees.items()},
-               "concurrency": args.concurrency, "seconds": args.seconds, "order": order, "runs": runs,
+               "handler": args.handler, "concurrency": args.concurrency, "seconds": args.seconds,
+               "cpu_groups": run.cpu_groups.describe() if run.cpu_groups is not None else None,
+               "order": order, "runs": runs,
                "medians": medians, "ratio_b_over_a": round(ratio, 4), "paired_ratio_median": round(paired, 4),
                "within_5_percent": ratio >= 0.95}
     print(markdown(summary))
@@ -116,9 +153,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(summary: dict) -> str:
+    groups = summary.get("cpu_groups")
     lines = [f"A = `{summary['trees']['A']['commit']}`, B = `{summary['trees']['B']['commit']}`; "
-             f"c={summary['concurrency']}, {summary['seconds']:g} s per run; order "
-             + " ".join("".join(p) for p in summary["order"]), "",
+             f"{summary.get('handler', 'BatchedMLP')}, c={summary['concurrency']}, {summary['seconds']:g} s per run; "
+             "order "
+             + " ".join("".join(p) for p in summary["order"])
+             + (f"; CPU groups: {'; '.join(groups['groups'])}" if groups else "; no CPU groups"), "",
              "| run | A req/s | A p99 ms | A CPU ms/req (router + replica) | B req/s | B p99 ms "
              "| B CPU ms/req (router + replica) | B / A | load avg (A / B) | others' cores (A / B) |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -140,7 +180,9 @@ def markdown(summary: dict) -> str:
     lines += ["", f"B / A of the medians: **{summary['ratio_b_over_a']:.3f}** "
               f"({'within' if summary['within_5_percent'] else 'NOT within'} 5%); median of the paired ratios "
               f"{summary['paired_ratio_median']:.3f}; replica CPU per request B / A "
-              f"{mb['replica_cpu_ms'] / ma['replica_cpu_ms']:.3f}; errors in all runs: {errors}"]
+              f"{mb['replica_cpu_ms'] / ma['replica_cpu_ms']:.3f}; replica context switches per request "
+              f"A {ma.get('replica_switches', float('nan')):.2f} / B {mb.get('replica_switches', float('nan')):.2f}; "
+              f"errors in all runs: {errors}"]
     return "\n".join(lines)
 
 

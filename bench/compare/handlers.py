@@ -131,6 +131,16 @@ def build(sdk) -> SimpleNamespace:
                 out = self.model(torch.tensor([b["inputs"] for b in bodies], dtype=torch.float32))
             return [{"outputs": row} for row in out.tolist()]
 
+    class BatchedEcho:
+        """Workload 1's batching with no model: what a request costs the replica beyond its compute."""
+
+        async def __call__(self, body):
+            return await self.predict(body)
+
+        @sdk.batch(max_batch_size=BATCH_MAX, batch_wait_timeout_s=BATCH_WAIT_S)
+        async def predict(self, bodies):
+            return [{"outputs": b["inputs"][:8]} for b in bodies]
+
     class GPUBatchedMLP:
         """GPU variant of workload 1: a larger MLP on CUDA, batches of up to GPU_BATCH_MAX."""
 
@@ -234,5 +244,5 @@ def build(sdk) -> SimpleNamespace:
                     out = self.model(x)
                 yield {"i": i, "token": int(out[i % BUSY_ROWS].argmax())}
 
-    return SimpleNamespace(MLP=MLP, BatchedMLP=BatchedMLP, GPUBatchedMLP=GPUBatchedMLP,
+    return SimpleNamespace(MLP=MLP, BatchedMLP=BatchedMLP, BatchedEcho=BatchedEcho, GPUBatchedMLP=GPUBatchedMLP,
                            Multiplexed=Multiplexed, Streamer=Streamer, BusyMLP=BusyMLP, BusyStreamer=BusyStreamer)

@@ -11,6 +11,7 @@ from handlers import build
 _classes = build(modelplex)
 MLP = _classes.MLP
 BatchedMLP = _classes.BatchedMLP
+BatchedEcho = _classes.BatchedEcho
 GPUBatchedMLP = _classes.GPUBatchedMLP
 Multiplexed = _classes.Multiplexed
 Streamer = _classes.Streamer

@@ -147,6 +147,16 @@ def _busy_targets(results: dict) -> list[tuple[str, str, str]]:
 # -- markdown ----------------------------------------------------------------------------------
 
 
+def _groups_line(groups: dict | None) -> str:
+    if not groups:
+        return "- CPU: no cgroups (`--cpus 0`): each system got what the kernel gave its sessions"
+    if "not_used" in groups:
+        return f"- CPU: no cgroups ({groups['not_used']}): each system got what the kernel gave its sessions"
+    return (f"- CPU: each system in a cgroup of its own with the same quota, {groups['cores_per_system']:g} cores, "
+            f"and weight (cpu.shares {groups['shares']}), the load generator in a third (`--cpus`, "
+            f"`bench/compare/cgroups.py`): {'; '.join(groups['groups'])}")
+
+
 def markdown(results: dict) -> str:
     env = results["environment"]
     s = results["settings"]
@@ -174,6 +184,7 @@ def markdown(results: dict) -> str:
         f"- Ray: `ray.init(num_cpus=2, include_dashboard=False)`, Serve's HTTP proxy on 127.0.0.1, "
         f"defaults otherwise (start {', '.join(f'{x:.1f}' for x in results['ray_start_s']) or '-'} s); "
         "Modelplex: `modelplex local MANIFEST` (router + replica processes)",
+        _groups_line(results.get("cpu_groups")),
         "",
     ]
     lines += ["Machine load by phase (cores of " + str(env["cores"]) + "; a 1-minute load average counts this run's "

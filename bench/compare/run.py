@@ -19,6 +19,9 @@ Workloads (handlers in ``handlers.py``, built once with ``modelplex`` and once w
 Both systems run as local processes (Ray: ``ray.init`` with 2 CPUs, Serve's proxy on
 127.0.0.1; Modelplex: ``modelplex local``), one system at a time, alternating; the load
 generator (``loadgen.py``) runs in this process. Everything started is stopped by process id.
+As root, each system runs in a CPU cgroup of its own with the same quota (``--cpus``, 1 core;
+``cgroups.py``), so that how the kernel splits a loaded machine between sessions does not
+decide the comparison.
 Writes ``README.md``, ``results.json`` and PNG plots to the output folder.
 
 ``--tree PATH`` runs Modelplex from another checkout of the repository (a ``git worktree``):
@@ -39,7 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +55,7 @@ import aiohttp  # noqa: E402
 from modelplex.processes import free_port  # noqa: E402
 
 import belady  # noqa: E402
+import cgroups  # noqa: E402
 import loadgen  # noqa: E402
 import report  # noqa: E402
 from handlers import (BATCH_MAX, BATCH_WAIT_S, BUSY_CHUNKS, BUSY_ROWS, GPU_BATCH_MAX, GPU_MLP_SIZES,  # noqa: E402
@@ -70,6 +74,14 @@ def log(message: str) -> None:
 
 def load_average() -> tuple[float, float, float]:
     return os.getloadavg()
+
+
+#: The CPU groups of this run (``--cpus``), or None: each system's processes in one of its own.
+cpu_groups: cgroups.Groups | None = None
+
+
+def groups_for(system: str) -> cgroups.CpuGroup | None:
+    return cpu_groups.system(system) if cpu_groups is not None else None
 
 
 # -- processes ---------------------------------------------------------------------------------
@@ -225,6 +237,7 @@ class ModelplexStack:
 
     def __init__(self, workdir: Path, name: str, spec: dict, env: dict[str, str], *, log_level: str = "warning"):
         self.workdir, self.name, self.log_level = workdir, name, log_level
+        self.group = groups_for(MPX)
         self.manifest = workdir / f"{name}.yaml"
         self.manifest.write_text(json.dumps({
             "apiVersion": "modelplex.io/v1alpha1", "kind": "MultiplexedDeployment",
@@ -239,6 +252,8 @@ class ModelplexStack:
     def __enter__(self) -> ModelplexStack:
         argv = [sys.executable, "-m", "modelplex.cli", "--log-level", self.log_level, "local", str(self.manifest),
                 "--port", str(self.port)]
+        if self.group is not None:
+            argv = self.group.wrap(argv)
         # The working directory comes first on `python -m`'s path: it picks the checkout that runs.
         with self.log_path.open("ab") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -320,11 +335,14 @@ class RayStack:
         self.seen: dict[int, str] = {}
         self.version = ""
         self.start_s = 0.0
+        self.group = groups_for(RAY)
 
     def __enter__(self) -> RayStack:
         argv = [sys.executable, str(HERE / "ray_app.py"), "--port", str(self.port), "--num-cpus", "2"]
         if self.num_gpus:
             argv += ["--num-gpus", str(self.num_gpus)]
+        if self.group is not None:
+            argv = self.group.wrap(argv)
         with self.log_path.open("ab") as err:
             self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
                                          env=self.env, cwd=str(HERE), start_new_session=True, text=True)
@@ -929,9 +947,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="first wait (up to --max-wait s) until the 1-minute load average is below LOAD "
                              "(default: 1.0 for the full run, no wait for --quick)")
     parser.add_argument("--max-wait", type=float, default=600.0)
+    parser.add_argument("--cpus", type=float, default=1.0,
+                        help="run each system in a cgroup of its own with this CPU quota, the same for both, so "
+                             "that other people's load does not decide the comparison (0: no groups)")
     parser.add_argument("--gpu-device", default=None, help=argparse.SUPPRESS)  # e.g. cpu: smoke-test the GPU path
     args = parser.parse_args(argv)
-    global product_root
+    global product_root, cpu_groups
     if args.tree is not None:
         product_root = args.tree.resolve()
         if not (product_root / "modelplex" / "cli.py").exists():
@@ -958,7 +979,15 @@ def main(argv: list[str] | None = None) -> int:
     log(f"environment: {results['environment']}")
     started = time.monotonic()
     monitor = results["monitor"] = Monitor()
-    with monitor, tempfile.TemporaryDirectory(prefix="modelplex-compare-") as tmp:
+    groups = nullcontext()
+    if args.cpus > 0:
+        why_not = cgroups.available()
+        if why_not:
+            log(f"cpu groups: not used: {why_not}")
+            results["cpu_groups"] = {"not_used": why_not}
+        else:
+            groups = cpu_groups = cgroups.Groups(args.cpus)
+    with groups, monitor, tempfile.TemporaryDirectory(prefix="modelplex-compare-") as tmp:
         workdir = Path(tmp)
         if "batching" in args.workloads:
             bound = compute_bound(MLP_SIZES, [1, 8, 32, 64])
@@ -987,6 +1016,9 @@ def main(argv: list[str] | None = None) -> int:
                     results["gpu"] = {"skipped": f"failed: {type(error).__name__}: {error}"}
                     log(f"gpu variant failed: {error}")
     results.pop("monitor")
+    if cpu_groups is not None:
+        results["cpu_groups"] = cpu_groups.describe()
+        cpu_groups = None
     results["load"] = monitor.summary()
     results["load_end"] = load_average()
     results["wall_s"] = round(time.monotonic() - started, 1)

@@ -96,3 +96,17 @@ def test_report_has_the_busy_replica_tables_and_targets(tmp_path):
     assert "| Busy replicas: Modelplex answers every CPU-bound request and stream (0 errors) | **not met** |" in text
     assert ("| Busy replicas: CPU-bound stream, time to first chunk p99 at concurrency 8 <= half of Ray Serve's "
             "| **met** | 200.0 vs 640.0 ms = 0.31x of Ray Serve's |") in text
+
+
+def test_a_command_wrapped_for_a_cpu_group_joins_it_first_then_runs_with_its_arguments(tmp_path):
+    import subprocess
+
+    import cgroups
+
+    group = cgroups.CpuGroup("system-under-test", 1.0)
+    group.path = tmp_path  # a folder standing in for the cgroup: cgroup.procs is a plain file here
+    out = subprocess.run(group.wrap([sys.executable, "-c", "import os, sys; print(os.getpid(), sys.argv[1:])",
+                                     "a b", "$HOME"]), capture_output=True, text=True, check=True)
+    pid, _, argv = out.stdout.strip().partition(" ")
+    assert argv == "['a b', '$HOME']"  # arguments pass through the shell untouched
+    assert (tmp_path / "cgroup.procs").read_text().strip() == pid  # exec kept the pid that joined
