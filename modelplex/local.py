@@ -24,13 +24,11 @@ the router runs alone while idle and holds the first request until a replica is 
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -44,6 +42,7 @@ from pathlib import Path
 from modelplex.autoscaling import (DEFAULT_TICK_S, ENV_PRELOAD_FILE, LOAD_PATH, Autoscaler, LoadReport, coldest_first,
                                    format_hot_models, hottest_models)
 from modelplex.names import MODEL_ID_HEADER, router_env_name
+from modelplex.processes import die_with_parent, free_ports, port_free, signal_group, spawn
 from modelplex.spec import DEFAULT_MAX_MODELS_PER_REPLICA, Deployment, SpecError, load_manifests
 
 #: Past a child's own grace (``spec.gracefulShutdownTimeoutSeconds``), before SIGKILL.
@@ -52,7 +51,6 @@ RESTART_BACKOFF_MAX_S = 30.0
 #: A child that ran this long before it exited was healthy: its next restart is immediate-ish
 #: (1 s) again, not the next step of a crash loop's backoff.
 HEALTHY_RUN_S = 10.0
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -145,37 +143,13 @@ def plan(manifest_paths: list[str], *, host: str, port: int) -> list[Plan]:
     plans = []
     for index, (deployment, manifest) in enumerate(found):
         router_port = port + index
-        if not _port_free(host, router_port):
+        if not port_free(host, router_port):
             raise SpecError([f"port {router_port} on {host} is in use (router of {deployment.name!r}); "
                              "pass --port to pick another"])
         spec = deployment.spec
         slots = spec.autoscaling.max_replicas if spec.autoscaling else spec.starting_replicas
         plans.append(Plan(deployment, manifest, host, router_port, free_ports(slots)))
     return plans
-
-
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct ports nothing listens on now (all held open until all are found)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((host, 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def _connect_host(host: str) -> str:
@@ -186,13 +160,8 @@ def _connect_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the supervisor dies, however it dies."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the process group still gets stopped
-        pass
+#: In the child, before exec: SIGTERM when the supervisor dies (modelplex.serve.running uses it too).
+_die_with_parent = die_with_parent(signal.SIGTERM)
 
 
 class LocalRun:
@@ -290,13 +259,8 @@ class LocalRun:
         self.stop.set()
 
     def _start(self, child: Child) -> None:
-        child.proc = subprocess.Popen(
-            child.argv,
-            env=child.env or self.env,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # its own process group: killpg reaches its children too
-            preexec_fn=_die_with_parent,
-        )
+        # Its own process group (signal_group reaches its children too), dying with this supervisor.
+        child.proc = spawn(child.argv, env=child.env or self.env)
         child.started_at = time.monotonic()
         child.ready = False
         child.restart_at = None
@@ -369,7 +333,7 @@ class LocalRun:
                     if child.kill_at is not None and now >= child.kill_at and child.running:
                         self.say(f"modelplex local: {child.name} did not stop in {child.stop_grace_s:.0f} s; "
                                  "killing it")
-                        _signal_group(child.proc, signal.SIGKILL)
+                        signal_group(child.proc.pid, signal.SIGKILL)
                         child.kill_at = None
                     continue
                 if child.restart_at is not None:
@@ -423,7 +387,7 @@ class LocalRun:
                     child.ready = False
                     child.restart_at = None
                     if child.running:
-                        _signal_group(child.proc, signal.SIGTERM)  # it drains, as a pod would
+                        signal_group(child.proc.pid, signal.SIGTERM)  # it drains, as a pod would
                         child.kill_at = now + child.stop_grace_s
 
     def _read_load(self, plan: Plan) -> LoadReport | None:
@@ -449,7 +413,7 @@ class LocalRun:
         for group in (self.routers, self.replicas):
             running = [c for c in group if c.proc is not None and c.proc.poll() is None]
             for child in running:
-                _signal_group(child.proc, signal.SIGTERM)
+                signal_group(child.proc.pid, signal.SIGTERM)
             started = time.monotonic()
             for child in running:
                 try:
@@ -457,11 +421,11 @@ class LocalRun:
                 except subprocess.TimeoutExpired:
                     self.say(f"modelplex local: {child.name} did not stop in {child.stop_grace_s:.0f} s; "
                              "killing it")
-                    _signal_group(child.proc, signal.SIGKILL)
+                    signal_group(child.proc.pid, signal.SIGKILL)
         for child in self.children:
             if child.proc is not None:
                 # Whatever is left in the group (the child, or processes it started) goes too.
-                _signal_group(child.proc, signal.SIGKILL)
+                signal_group(child.proc.pid, signal.SIGKILL)
                 try:
                     child.proc.wait(timeout=5)
                 except subprocess.TimeoutExpired:
@@ -479,13 +443,6 @@ def _spec_env(deployment: Deployment, say) -> dict[str, str]:
             continue
         env[var.name] = var.value
     return env
-
-
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)  # the group id is the child's pid (start_new_session)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def run_local(manifest_paths: list[str], *, host: str = "127.0.0.1", port: int = 8000) -> int:

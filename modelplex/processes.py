@@ -49,7 +49,9 @@ class ProcessExited(RuntimeError):
 # --------------------------------------------------------------------------- children
 
 
-def _die_with_parent(death_signal: int) -> Callable[[], None]:
+def die_with_parent(death_signal: int = signal.SIGTERM) -> Callable[[], None]:
+    """A ``preexec_fn``: the child gets ``death_signal`` when the thread that spawned it dies."""
+
     def setup() -> None:  # in the child, before exec
         if _prctl is not None:
             _prctl(_PR_SET_PDEATHSIG, int(death_signal), 0, 0, 0)
@@ -84,7 +86,7 @@ def _popen(argv, output, env, cwd, death_signal) -> subprocess.Popen:
         env=None if env is None else dict(env),
         cwd=cwd,
         start_new_session=True,  # its own group, whose id is its pid
-        preexec_fn=_die_with_parent(death_signal) if death_signal is not None else None,
+        preexec_fn=die_with_parent(death_signal) if death_signal is not None else None,
     )
 
 
