@@ -23,7 +23,7 @@ from pathlib import Path
 import aiohttp
 import torch
 
-from modelplex.processes import free_port, spawn, stop
+from modelplex.processes import free_port, spawn, stop, wait_for_async
 
 warnings.filterwarnings("ignore", category=FutureWarning)  # TorchScript's deprecation notice
 
@@ -70,17 +70,12 @@ def write_manifest(folder: Path, batch_size: int, wait_ms: float, max_ongoing: i
 
 
 async def wait_ready(url: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
     async with aiohttp.ClientSession() as session:
-        while time.monotonic() < deadline:
-            try:
-                async with session.get(url + "/readyz") as response:
-                    if response.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.2)
-    raise RuntimeError(f"replica at {url} not ready after {timeout} s")
+        async def ready() -> bool:
+            async with session.get(url + "/readyz") as response:
+                return response.status == 200
+
+        await wait_for_async(ready, timeout, 0.2, f"replica at {url} ready", retry_on=(aiohttp.ClientError,))
 
 
 async def closed_loop(url: str, concurrency: int, seconds: float) -> dict:
