@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 from modelplex import batch, get_multiplexed_model_id, handle, multiplexed
 from modelplex.runtime import current_runtime
@@ -45,6 +46,23 @@ class Caller:
         target = self.target.options(multiplexed_model_id=get_multiplexed_model_id())
         return {"caller": os.environ.get("POD_NAME", ""), "url": self.target.url,
                 "answer": await target.remote(request)}
+
+
+class Slow:
+    """Synchronous work inside ``async def`` (as users write it), so a replica is busy for
+    ``work_s`` per request. Each answer says whether its model was already loaded when the
+    request arrived (a cache hit): pre-loaded models answer ``hit: true`` from the start."""
+
+    @multiplexed(max_num_models_per_replica=4)
+    async def load_model(self, model_id: str) -> dict:
+        await asyncio.sleep(0.05)
+        return {"id": model_id, "loaded_at": time.time()}
+
+    async def __call__(self, request: dict) -> dict:
+        arrived = time.time()
+        model = await self.load_model(get_multiplexed_model_id())
+        time.sleep(float((request or {}).get("work_s", 0)))
+        return {"model": model["id"], "pod": os.environ.get("POD_NAME", ""), "hit": model["loaded_at"] < arrived}
 
 
 class Sized:

@@ -1,0 +1,207 @@
+"""Autoscaling that knows the cache, end to end: the chart's operator, real pods, HTTP through the router.
+
+One deployment with ``minReplicas: 0, maxReplicas: 3, targetOngoingRequests: 2`` (short delays so
+it runs in a few minutes) of ``mxd_handler:Slow`` (synchronous work inside ``async def``), through
+its whole life:
+
+1. idle, it has no replica pod, and ``kubectl scale`` is refused naming autoscaling;
+2. one request is held by the router and answered 200 once the scale-up's replica is ready;
+3. sustained load at concurrency 8 (bounded in count and time) brings 3 replicas;
+4. lighter load (concurrency 4: 2 replicas wanted) removes one pod: the one whose cache is the
+   coldest, which the test works out itself from the replicas' ``GET /v1/models`` and the
+   routers' request rates (``GET /v1/load``), and which carried the lowest pod-deletion-cost;
+5. idle again, the pool goes back to zero, and the hot-models ConfigMap lists the hot models;
+6. a request starts a new replica, which pre-loaded the hot models before it turned ready: its
+   first requests for them are cache hits.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import threading
+import time
+import urllib.request
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from kubernetes import client
+
+from e2e.operator.helpers import (
+    READY_TIMEOUT,
+    get_mxd,
+    kubectl_apply,
+    manifest,
+    pods,
+    predict,
+    router_url,
+    wait_event,
+)
+from modelplex_cluster.testing import wait_for
+
+pytestmark = pytest.mark.e2e
+
+AUTOSCALING = {"minReplicas": 0, "maxReplicas": 3, "targetOngoingRequests": 2,
+               "upscaleDelaySeconds": 2, "downscaleDelaySeconds": 12, "lookBackPeriodSeconds": 4}
+HOT = ("hot-a", "hot-b")
+COLD = ("cold-c",)
+WORK_S = 0.25
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+#: Every load phase stops after this many requests or seconds, whichever comes first.
+MAX_REQUESTS = 4000
+MAX_LOAD_S = 240
+
+
+def autoscaled_manifest(name: str) -> dict:
+    # Two requests at a time per replica (the target): the router spreads a busy model to the new
+    # replicas. One router, so its count of a replica's slots is the whole count.
+    doc = manifest(name, handler="mxd_handler:Slow", autoscaling=AUTOSCALING, maxOngoingRequests=2,
+                   multiplexing={"maxModelsPerReplica": 4}, gracefulShutdownTimeoutSeconds=2,
+                   router={"replicas": 1})
+    del doc["spec"]["replicas"], doc["spec"]["batching"]
+    return doc
+
+
+class Load:
+    """``workers`` threads sending requests for ``models`` (picked at random) until stopped,
+    bounded in count and time; ``codes`` counts the answers' statuses."""
+
+    def __init__(self, url: str, workers: int, models: list[str]):
+        self.url, self.workers, self.models = url, workers, models
+        self.stop = threading.Event()
+        self.sent = itertools.count()
+        self.codes: Counter[int] = Counter()
+        self.errors: list = []
+        self.deadline = time.monotonic() + MAX_LOAD_S
+
+    def _worker(self, seed: int) -> None:
+        rng = random.Random(seed)
+        while not self.stop.is_set() and time.monotonic() < self.deadline and next(self.sent) < MAX_REQUESTS:
+            code, answer = predict(self.url, rng.choice(self.models), {"work_s": WORK_S}, timeout=90)
+            self.codes[code] += 1
+            if code != 200 and len(self.errors) < 5:
+                self.errors.append(answer)
+
+    def __enter__(self) -> Load:
+        self.pool = ThreadPoolExecutor(self.workers)
+        self.futures = [self.pool.submit(self._worker, seed) for seed in range(self.workers)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for future in self.futures:
+            future.result(timeout=120)
+        self.pool.shutdown()
+
+
+def get_json(url: str, timeout: float = 3):
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(url, timeout=timeout) as answer:
+        return json.loads(answer.read())
+
+
+def heat_by_pod(api, ns: str, name: str) -> tuple[dict[str, float], dict[str, int | None]]:
+    """Each live replica pod's cache heat, worked out here as the operator should: the routers'
+    request rate of each model it holds, shared among the pods holding a copy. And its cost now."""
+    replicas = [p for p in pods(api, ns, name) if p.status.pod_ip]
+    routers = [p for p in pods(api, ns, name, role="router") if p.status.pod_ip]
+    held = {p.metadata.name: set(get_json(f"http://{p.status.pod_ip}:9000/v1/models")["models"]) for p in replicas}
+    rates: Counter[str] = Counter()
+    for router in routers:
+        rates.update(get_json(f"http://{router.status.pod_ip}:8000/v1/load")["model_rates"])
+    copies = Counter(model for models in held.values() for model in models)
+    heat = {pod: sum(rates[m] / copies[m] for m in models) for pod, models in held.items()}
+    costs = {p.metadata.name: (int(p.metadata.annotations[DELETION_COST])
+                               if DELETION_COST in (p.metadata.annotations or {}) else None) for p in replicas}
+    return heat, costs
+
+
+def autoscaling_status(api, ns: str, name: str) -> dict:
+    return (get_mxd(api, ns, name).get("status") or {}).get("autoscaling") or {}
+
+
+def test_scale_from_zero_up_to_three_down_by_the_coldest_cache_and_back(control_plane, modelplex_operator,
+                                                                         kube_namespace, api):
+    ns, name = kube_namespace, "auto"
+    apps = client.AppsV1Api(api)
+    kubectl_apply(control_plane, ns, autoscaled_manifest(name))
+
+    # 1. Idle: no replica pod; the autoscaler says so; kubectl scale is refused.
+    wait_for(lambda: autoscaling_status(api, ns, name).get("routers", "").startswith("1/"),
+             timeout=READY_TIMEOUT, what="status.autoscaling from the routers' load reports")
+    status = autoscaling_status(api, ns, name)
+    assert status["desiredReplicas"] == 0 and status["currentReplicas"] == 0, status
+    assert apps.read_namespaced_deployment(f"{name}-replica", ns).spec.replicas == 0
+    assert pods(api, ns, name) == []
+    refused = control_plane.kubectl("scale", "mxd", name, "-n", ns, "--replicas", "2", check=False)
+    assert refused.returncode != 0 and "autoscaling" in refused.stderr, refused.stderr
+    assert apps.read_namespaced_deployment(f"{name}-replica", ns).spec.replicas == 0
+
+    # 2. One request at zero is held, a replica starts for it, and it is answered.
+    url = router_url(control_plane, ns, name)  # the routers are ready at zero: they hold requests
+    code, answer = predict(url, HOT[0], {"work_s": 0}, timeout=120)
+    assert code == 200, answer
+    (first,) = pods(api, ns, name)
+    assert answer["pod"] == first.metadata.name and answer["model"] == HOT[0]
+    scaled_up = wait_event(api, ns, name, "ScaledUp")
+    assert "replicas 0 -> 1" in scaled_up[2] and "waiting at zero" in scaled_up[2], scaled_up
+
+    # 3. Sustained load at concurrency 8 (target 2 per replica): up to maxReplicas, 3.
+    mix = [*HOT, *HOT, *HOT, *COLD]
+    with Load(url, 8, mix) as load:
+        def three_ready():
+            ready = [p for p in pods(api, ns, name)
+                     if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or ())]
+            return len(ready) == 3
+        wait_for(three_ready, timeout=READY_TIMEOUT, interval=1, what="3 ready replica pods under load")
+        time.sleep(8)  # every replica serves a while: the routers learn what each one holds
+        status = autoscaling_status(api, ns, name)
+    assert set(load.codes) == {200}, (load.codes, load.errors)
+    assert status["desiredReplicas"] == 3 and status["currentReplicas"] == 3, status
+    assert len(status["replicas"]) == 3 and status["lastScaleReason"], status
+    assert apps.read_namespaced_deployment(f"{name}-replica", ns).spec.replicas == 3
+
+    # 4. Lighter load on the hot models (concurrency 4: 2 replicas wanted): one pod goes, the coldest.
+    with Load(url, 4, list(HOT)) as load:
+        snapshot = None
+        removed = None
+        deadline = time.monotonic() + 120
+        while removed is None and time.monotonic() < deadline:
+            everyone = pods(api, ns, name, live_only=False)
+            leaving = [p.metadata.name for p in everyone if p.metadata.deletion_timestamp]
+            if leaving:
+                assert len(leaving) == 1, leaving
+                removed = leaving[0]
+                break
+            try:
+                snapshot = heat_by_pod(api, ns, name)
+            except OSError:
+                pass  # a pod between states: the next look
+            time.sleep(0.5)
+    assert removed is not None, f"no replica removed under the lighter load: {autoscaling_status(api, ns, name)}"
+    assert set(load.codes) == {200}, (load.codes, load.errors)
+    heat, costs = snapshot
+    assert removed in heat, (removed, heat)
+    assert heat[removed] == min(heat.values()), f"removed {removed}, heat {heat}"
+    assert costs[removed] is not None and costs[removed] == min(c for c in costs.values() if c is not None), costs
+    assert "replicas 3 -> 2" in wait_event(api, ns, name, "ScaledDown")[2]
+
+    # 5. Idle: back to zero, and the hot models are what a new replica will pre-load.
+    def at_zero():
+        status = autoscaling_status(api, ns, name)
+        return status.get("desiredReplicas") == 0 and not pods(api, ns, name, live_only=False)
+
+    wait_for(at_zero, timeout=READY_TIMEOUT, interval=1, what="the pool back at zero replicas")
+    hot_file = client.CoreV1Api(api).read_namespaced_config_map(f"{name}-hot-models", ns).data["hot-models"]
+    assert set(hot_file.split()[:2]) == set(HOT), hot_file
+
+    # 6. A request starts a new replica, which loaded the hot models before it was ready.
+    code, answer = predict(url, HOT[0], {"work_s": 0}, timeout=120)
+    assert code == 200, answer
+    (new,) = pods(api, ns, name)
+    assert new.metadata.name != first.metadata.name and answer["pod"] == new.metadata.name
+    assert answer["hit"] is True, answer
+    code, answer = predict(url, HOT[1], {"work_s": 0})
+    assert code == 200 and answer["pod"] == new.metadata.name and answer["hit"] is True, answer
