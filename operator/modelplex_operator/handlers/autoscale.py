@@ -29,7 +29,7 @@ import asyncio
 import datetime
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 from urllib.parse import quote
 
@@ -79,7 +79,6 @@ class ScaleState:
     hot: tuple[str, ...] | None = None  # the hot-models list written last (None: not yet)
     condition: dict[str, Any] | None = None
     failing: bool = False
-    wanted_costs: dict[str, int] = field(default_factory=dict)
 
 
 class AutoscaleLoop:
@@ -98,7 +97,6 @@ class AutoscaleLoop:
         self.clock = clock
         self.wall = wall
         self.states: dict[Key, ScaleState] = {}
-        self.rounds = 0
         self._task: asyncio.Task | None = None
         self._session: aiohttp.ClientSession | None = None
 
@@ -169,7 +167,6 @@ class AutoscaleLoop:
         if state is None or state.config != config or state.uid != meta.get("uid"):
             state = self.states[key] = ScaleState(Autoscaler(config, self.clock), config, meta.get("uid") or "",
                                                   last_scale=state.last_scale if state else None)
-        self.rounds += 1
         namespace, name = key
         pods = await self.ctx.kube.alist_pods(namespace, f"{LABEL_DEPLOYMENT}={name}")
         live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
