@@ -72,7 +72,7 @@ def test_printer_columns(version):
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
     shown = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
     assert shown == ["Replicas", "Ready", "Models loaded", "Age"]
-    assert columns["Replicas"]["jsonPath"] == ".spec.replicas"
+    assert columns["Replicas"]["jsonPath"] == ".status.replicas"  # an autoscaled deployment has no spec.replicas
     assert columns["Ready"]["jsonPath"] == ".status.readyReplicas"
     assert columns["Models loaded"]["jsonPath"] == ".status.loadedModels"
     assert columns["Age"] == {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
