@@ -45,7 +45,7 @@ control-plane: node-packages
 	bash hack/control-plane/build.sh
 
 # The operator, router and replica images (cached by content hash: a warm run builds none).
-images: node-packages
+images: venv node-packages
 	bash hack/images/build.sh
 
 # The two slow steps of a cold run side by side: the Go build keeps the CPU busy while the image

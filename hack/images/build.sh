@@ -6,4 +6,7 @@
 #   hack/images/build.sh --json     # {"operator": "modelplex/operator:0.1.0-<hash>", ...}
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-PYTHONPATH="$root/cluster${PYTHONPATH:+:$PYTHONPATH}" exec python3 -m modelplex_cluster.images "$@"
+# The project's venv (`make venv`): the tooling imports modelplex, which needs its dependencies.
+python="$root/.venv/bin/python"
+[[ -x "$python" ]] || python=python3
+PYTHONPATH="$root/cluster${PYTHONPATH:+:$PYTHONPATH}" exec "$python" -m modelplex_cluster.images "$@"
