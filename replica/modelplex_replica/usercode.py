@@ -6,6 +6,16 @@ loop it runs on. On the server's loop that would stall ``/readyz``, ``/v1/models
 Ray Serve, user code gets a thread and an event loop of its own; the server loop only does I/O
 and hands work over: one hop there and one back per request, one hop per streamed chunk.
 
+Hops are cheap because they travel in bulk: each direction has a :class:`Mailbox`, and a burst
+of hops (a batch's 32 answers, the requests that arrived while a batch computed) costs one
+wake-up of the other loop, not one each. Waking a loop writes to its self-pipe, which releases
+the GIL to the other thread; per hop, that hand-over dominated the cost of a batched request.
+
+Two threads share one GIL. torch releases it inside each op and takes it back between ops;
+while the server thread runs Python, each take waits up to the interpreter's switch interval
+(5 ms by default), so a forward pass of a few ops could take several times its compute while
+requests arrive. The replica shortens the interval to :data:`GIL_SWITCH_INTERVAL_S`.
+
 A thread of its own is not enough on a machine whose cores the model saturates (torch starts
 one compute thread per core): the server thread would wait for a core behind them. So user
 code runs at a lower CPU priority (niceness :data:`USER_CODE_NICENESS`, per thread, inherited
@@ -19,7 +29,9 @@ import asyncio
 import collections
 import logging
 import os
+import sys
 import threading
+import time
 from typing import Any, AsyncIterator, Callable, Coroutine, TypeVar
 
 log = logging.getLogger("modelplex.replica")
@@ -33,16 +45,111 @@ USER_CODE_NICENESS = 10
 #: while the server loop writes, few enough that backpressure still reaches the generator.
 STREAM_WINDOW = 4
 
+#: How long a thread that wants the GIL waits before it asks the holder to let go (Python's
+#: default is 5 ms): between torch ops, user code takes the GIL back from the server thread.
+GIL_SWITCH_INTERVAL_S = 0.0005
+
+#: Posts to a caller's loop within this long of its last wake-up ride with the next one.
+COALESCE_S = 0.002
+
+
+class Mailbox:
+    """Calls handed to one event loop from other threads, run there in order, in bulk.
+
+    The first call of a burst schedules the drain (one ``call_soon_threadsafe``, one write to
+    the loop's self-pipe); the calls posted before the drain runs ride along with it.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self._calls: collections.deque[tuple[Callable[..., Any], tuple]] = collections.deque()
+        self._scheduled = False
+
+    def post(self, callback: Callable[..., Any], *args: Any) -> None:
+        """Run ``callback(*args)`` on the mailbox's loop, soon (from any thread)."""
+        self._calls.append((callback, args))
+        if not self._scheduled:
+            self._scheduled = True
+            # Cleared by the drain before it empties the deque: a call appended after that
+            # point either sees False and schedules a drain, or is taken by this one.
+            self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        self._scheduled = False
+        calls = self._calls
+        while calls:
+            callback, args = calls.popleft()
+            try:
+                callback(*args)
+            except Exception as error:  # noqa: BLE001 - one failed call must not strand the rest
+                self.loop.call_exception_handler({"message": "mailbox call failed", "exception": error})
+
+
+class Outbox(Mailbox):
+    """The user loop's mailbox to a caller's loop: answers and stream chunks, posted from the user loop.
+
+    A post wakes the caller's loop at once, unless it woke it less than :data:`COALESCE_S`
+    ago: then the post waits for the end of the user loop's current round of callbacks. A
+    batch's answers, which complete together, so cost two wake-ups rather than one each (a
+    woken server thread takes the GIL from the user thread, and would otherwise do so for
+    every answer); an answer that completes alone still leaves at once.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sender: asyncio.AbstractEventLoop):
+        super().__init__(loop)
+        self._sender = sender
+        self._woke_at = float("-inf")
+        self._flush_pending = False
+
+    def post(self, callback: Callable[..., Any], *args: Any) -> None:
+        self._calls.append((callback, args))
+        if self._scheduled:
+            return
+        now = time.monotonic()
+        if now - self._woke_at >= COALESCE_S:
+            self._wake(now)
+        elif not self._flush_pending:
+            self._flush_pending = True
+            self._sender.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_pending = False
+        if self._calls and not self._scheduled:
+            self._wake(time.monotonic())
+
+    def _wake(self, now: float) -> None:
+        self._woke_at = now
+        self._scheduled = True
+        self.loop.call_soon_threadsafe(self._drain)
+
+
+class _Job:
+    """One :meth:`UserCodeLoop.run`: the coroutine, its task on the user loop, the caller's future."""
+
+    __slots__ = ("coroutine", "reply", "replies", "task", "cancelled")
+
+    def __init__(self, coroutine: Coroutine[Any, Any, Any], reply: asyncio.Future, replies: Mailbox):
+        self.coroutine = coroutine
+        self.reply = reply
+        self.replies = replies  # the caller's loop's mailbox
+        self.task: asyncio.Task | None = None
+        self.cancelled = False
+
 
 class UserCodeLoop:
     """An event loop in its own thread; :meth:`run` awaits a coroutine on it from another loop."""
 
     def __init__(self, name: str = "modelplex-user-code"):
         self.loop = asyncio.new_event_loop()
+        self.inbox = Mailbox(self.loop)
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._outboxes: dict[asyncio.AbstractEventLoop, Outbox] = {}
+        self._switch_interval: float | None = None
 
     def start(self) -> None:
         """Start the loop; called from the server's thread, which keeps its priority."""
+        self._switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(self._switch_interval, GIL_SWITCH_INTERVAL_S))
         server = threading.get_native_id()
         # Threads that exist already were started by the handler's construction (torch's
         # compute pool, for one): they are user code too.
@@ -61,9 +168,23 @@ class UserCodeLoop:
             self.loop.run_until_complete(self.loop.shutdown_default_executor())
             self.loop.close()
 
+    def outbox(self, loop: asyncio.AbstractEventLoop) -> Outbox:
+        """The mailbox of ``loop`` (a caller's), where the user loop sends answers."""
+        box = self._outboxes.get(loop)
+        if box is None:
+            box = self._outboxes.setdefault(loop, Outbox(loop, self.loop))
+        return box
+
     async def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """The result of ``coroutine``, run on the user loop; cancelling the caller cancels it there."""
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, self.loop))
+        caller = asyncio.get_running_loop()
+        job = _Job(coroutine, caller.create_future(), self.outbox(caller))
+        self.inbox.post(_start, job)
+        try:
+            return await job.reply
+        except asyncio.CancelledError:
+            self.inbox.post(_cancel, job)
+            raise
 
     def stream(self, open_stream: Callable[[], AsyncIterator[Any]], *, window: int = STREAM_WINDOW) -> Stream:
         """Iterate ``open_stream()`` on the user loop; read its items from the calling loop."""
@@ -79,6 +200,54 @@ class UserCodeLoop:
             log.warning("user code did not stop within %g s", timeout)
         self.loop.call_soon_threadsafe(self.loop.stop)
         await asyncio.to_thread(self._thread.join, timeout)
+        if self._switch_interval is not None:
+            sys.setswitchinterval(self._switch_interval)
+
+
+# -- the two ends of a hop: _start and _cancel on the user loop, _answer on the caller's --------
+
+
+def _start(job: _Job) -> None:
+    if job.cancelled:
+        job.coroutine.close()
+        return
+    job.task = asyncio.get_running_loop().create_task(_run_job(job))
+
+
+async def _run_job(job: _Job) -> None:
+    # The answer is posted as the coroutine ends, not from a done callback a round later: a
+    # batch's answers then leave before the next batch's forward pass starts.
+    try:
+        result = await job.coroutine
+    except asyncio.CancelledError:
+        job.replies.post(_cancel_reply, job.reply)
+        raise
+    except BaseException as error:  # noqa: BLE001 - the caller raises it
+        job.replies.post(_fail_reply, job.reply, error)
+        if not isinstance(error, Exception):
+            raise  # SystemExit, KeyboardInterrupt: the user loop's too
+    else:
+        job.replies.post(_reply, job.reply, result)
+
+
+def _cancel(job: _Job) -> None:
+    job.cancelled = True
+    if job.task is not None:
+        job.task.cancel()
+
+
+def _reply(reply: asyncio.Future, result: Any) -> None:
+    if not reply.done():  # done: the caller was cancelled
+        reply.set_result(result)
+
+
+def _fail_reply(reply: asyncio.Future, error: BaseException) -> None:
+    if not reply.done():
+        reply.set_exception(error)
+
+
+def _cancel_reply(reply: asyncio.Future) -> None:
+    reply.cancel()
 
 
 def _thread_ids() -> list[int]:
@@ -110,24 +279,28 @@ _CHUNK, _END, _ERROR = range(3)
 class Stream:
     """One stream handed from a producer task on the user loop to a reader on another loop.
 
-    The producer runs at most ``window`` chunks ahead of the reader. Each chunk costs one
-    wake-up of the reader's loop; the reader wakes the producer only when it had to wait.
-    :meth:`aclose` (or the reader's cancellation) cancels the producer, which closes the
-    generator on its own loop.
+    The producer runs at most ``window`` chunks ahead of the reader, and yields the user loop
+    after every chunk: generators that compute (and so never await) take turns chunk by
+    chunk, and a new stream's first chunk waits for one chunk of each running stream, not for
+    their whole windows. Chunks and wake-ups travel through the loops' mailboxes; the reader
+    wakes the producer only when it had to wait. :meth:`aclose` (or the reader's
+    cancellation) cancels the producer, which closes the generator on its own loop.
     """
 
     def __init__(self, user: UserCodeLoop, open_stream: Callable[[], AsyncIterator[Any]],
                  reader_loop: asyncio.AbstractEventLoop, window: int):
-        self._reader_loop = reader_loop
-        self._user_loop = user.loop
+        self._outbox = user.outbox(reader_loop)
+        self._inbox = user.inbox
         self._window = window
         self._items: collections.deque[tuple[int, Any]] = collections.deque()
         self._arrived = asyncio.Event()  # used on the reader's loop only
-        self._space = asyncio.Event()  # used on the user loop only
+        self._space: asyncio.Event | None = None  # used on the user loop only
         self._sent = 0  # written by the producer only
         self._taken = 0  # written by the reader only
         self._producer_waits = False
-        self._producer = asyncio.run_coroutine_threadsafe(self._produce(open_stream), user.loop)
+        self._producer: asyncio.Task | None = None
+        self._closed = False
+        self._inbox.post(self._start, open_stream)
 
     def __aiter__(self) -> Stream:
         return self
@@ -140,13 +313,13 @@ class Stream:
             try:
                 await self._arrived.wait()
             except asyncio.CancelledError:
-                self._producer.cancel()
+                self._close()
                 raise
         kind, value = self._items.popleft()
         if kind == _CHUNK:
             self._taken += 1
             if self._producer_waits:
-                self._user_loop.call_soon_threadsafe(self._space.set)
+                self._inbox.post(self._wake_producer)
             return value
         if kind == _END:
             raise StopAsyncIteration
@@ -154,16 +327,34 @@ class Stream:
 
     async def aclose(self) -> None:
         """Stop the producer (and so the generator) if it still runs."""
-        self._producer.cancel()
+        self._close()
+
+    def _close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._inbox.post(self._stop)
 
     # -- the producer, on the user loop ------------------------------------------------------
+
+    def _start(self, open_stream: Callable[[], AsyncIterator[Any]]) -> None:
+        if not self._closed:
+            self._space = asyncio.Event()
+            self._producer = asyncio.get_running_loop().create_task(self._produce(open_stream))
+
+    def _stop(self) -> None:
+        if self._producer is not None:
+            self._producer.cancel()
+
+    def _wake_producer(self) -> None:
+        if self._space is not None:
+            self._space.set()
 
     def _deliver(self, item: tuple[int, Any]) -> None:
         self._items.append(item)
         self._arrived.set()
 
     def _push(self, kind: int, value: Any) -> None:
-        self._reader_loop.call_soon_threadsafe(self._deliver, (kind, value))
+        self._outbox.post(self._deliver, (kind, value))
 
     async def _produce(self, open_stream: Callable[[], AsyncIterator[Any]]) -> None:
         iterator = None
@@ -172,7 +363,8 @@ class Stream:
             async for chunk in iterator:
                 self._sent += 1
                 self._push(_CHUNK, chunk)
-                await self._wait_for_space()
+                if not await self._wait_for_space():
+                    await asyncio.sleep(0)  # the other streams' turn
             self._push(_END, None)
         except asyncio.CancelledError:
             raise
@@ -182,15 +374,19 @@ class Stream:
             if iterator is not None and hasattr(iterator, "aclose"):
                 await iterator.aclose()
 
-    async def _wait_for_space(self) -> None:
+    async def _wait_for_space(self) -> bool:
+        """Wait while the window is full; whether the producer had to (and so yielded the loop)."""
+        waited = False
         while self._sent - self._taken >= self._window:
             self._space.clear()
             self._producer_waits = True
             # The reader may have taken one between the check and the flag: look once more.
             if self._sent - self._taken < self._window:
                 self._producer_waits = False
-                return
+                break
+            waited = True
             try:
                 await self._space.wait()
             finally:
                 self._producer_waits = False
+        return waited

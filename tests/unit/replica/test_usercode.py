@@ -128,3 +128,54 @@ async def test_user_code_and_the_threads_it_starts_run_at_a_lower_cpu_priority_t
     server = niceness()
     assert await user.run(user_and_worker()) == (min(19, server + USER_CODE_NICENESS),) * 2
     assert niceness() == server
+
+
+async def test_generators_that_compute_take_turns_chunk_by_chunk(user):
+    import time
+
+    produced: list[str] = []
+
+    def chunks(name: str):
+        async def generate():
+            for i in range(6):
+                time.sleep(0.01)  # a forward pass per chunk, never awaiting: as users write it
+                produced.append(name)
+                yield i
+        return generate
+
+    async def read(name: str) -> list[int]:
+        return [item async for item in user.stream(chunks(name), window=4)]
+
+    first = asyncio.ensure_future(read("a"))
+    second = asyncio.ensure_future(read("b"))
+    assert await first == await second == list(range(6))
+    # A stream whose reader keeps up never fills its window: unless the producer yields after
+    # each chunk, one stream runs to its end while the other's first chunk waits behind it.
+    runs = "".join(produced).replace("ab", "a b").replace("ba", "b a").split()
+    assert max(len(run) for run in runs) <= 2, produced
+
+
+async def test_an_answer_and_its_error_cross_back_in_bulk_without_losing_one(user):
+    async def square(i: int) -> int:
+        if i == 13:
+            raise ValueError("thirteen")
+        return i * i
+
+    results = await asyncio.gather(*(user.run(square(i)) for i in range(200)), return_exceptions=True)
+    assert [r for i, r in enumerate(results) if i != 13] == [i * i for i in range(200) if i != 13]
+    assert isinstance(results[13], ValueError)
+
+
+async def test_the_gil_changes_hands_within_half_a_millisecond_while_user_code_runs():
+    import sys
+
+    from modelplex_replica.usercode import GIL_SWITCH_INTERVAL_S
+
+    before = sys.getswitchinterval()
+    user = UserCodeLoop()
+    user.start()
+    try:
+        assert sys.getswitchinterval() == min(before, GIL_SWITCH_INTERVAL_S) <= 0.0005
+    finally:
+        await user.stop()
+    assert sys.getswitchinterval() == before
