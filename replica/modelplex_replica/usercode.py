@@ -29,6 +29,7 @@ import asyncio
 import collections
 import logging
 import os
+import selectors
 import sys
 import threading
 import time
@@ -48,6 +49,10 @@ STREAM_WINDOW = 4
 #: How long a thread that wants the GIL waits before it asks the holder to let go (Python's
 #: default is 5 ms): between torch ops, user code takes the GIL back from the server thread.
 GIL_SWITCH_INTERVAL_S = 0.0005
+
+#: A user loop that waits on a timer at most this far away (a batch waiting for more requests)
+#: is not woken by new work: the work waits for the timer, which comes soon anyway.
+NAP_S = 0.002
 
 #: Posts to a caller's loop within this long of its last wake-up ride with the next one.
 COALESCE_S = 0.002
@@ -83,6 +88,51 @@ class Mailbox:
                 callback(*args)
             except Exception as error:  # noqa: BLE001 - one failed call must not strand the rest
                 self.loop.call_exception_handler({"message": "mailbox call failed", "exception": error})
+
+
+class _NappingSelector(selectors.DefaultSelector):
+    """The user loop's selector: while the loop naps (waits on a timer at most :data:`NAP_S`
+    away, as a batch does for more requests), a post does not wake it; the nap's end brings
+    the posts in. Requests that arrive while a batch forms then cost no wake-up each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.napping = False
+        self.inbox: _Inbox | None = None
+
+    def select(self, timeout: float | None = None):  # noqa: ANN201 - the selector's own signature
+        inbox = self.inbox
+        self.napping = timeout is not None and 0 < timeout <= NAP_S  # before the look at the inbox
+        if inbox is not None and inbox.parked:
+            timeout = 0
+        try:
+            return super().select(timeout)
+        finally:
+            self.napping = False
+            if inbox is not None and inbox.parked:
+                inbox.parked = False
+                inbox.loop.call_soon(inbox._drain)  # on the loop's own thread
+
+
+class _Inbox(Mailbox):
+    """The user loop's mailbox: a post while the loop naps is parked for the nap's end."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, selector: _NappingSelector):
+        super().__init__(loop)
+        self._selector = selector
+        self.parked = False
+        selector.inbox = self
+
+    def post(self, callback: Callable[..., Any], *args: Any) -> None:
+        self._calls.append((callback, args))
+        if not self._scheduled:
+            self._scheduled = True
+            if self._selector.napping:
+                # Read after the selector set it, and the selector looks at ``parked`` after
+                # its nap: either it sees this, or its next select does (with timeout 0).
+                self.parked = True
+            else:
+                self.loop.call_soon_threadsafe(self._drain)
 
 
 class Outbox(Mailbox):
@@ -140,8 +190,9 @@ class UserCodeLoop:
     """An event loop in its own thread; :meth:`run` awaits a coroutine on it from another loop."""
 
     def __init__(self, name: str = "modelplex-user-code"):
-        self.loop = asyncio.new_event_loop()
-        self.inbox = Mailbox(self.loop)
+        selector = _NappingSelector()
+        self.loop: asyncio.AbstractEventLoop = asyncio.SelectorEventLoop(selector)
+        self.inbox: Mailbox = _Inbox(self.loop, selector)
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._outboxes: dict[asyncio.AbstractEventLoop, Outbox] = {}
         self._switch_interval: float | None = None

@@ -179,3 +179,24 @@ async def test_the_gil_changes_hands_within_half_a_millisecond_while_user_code_r
     finally:
         await user.stop()
     assert sys.getswitchinterval() == before
+
+
+async def test_work_posted_while_the_user_loop_naps_on_a_short_timer_is_run_when_the_nap_ends(user):
+    import time
+
+    async def nap_repeatedly(until: float) -> int:  # a batch waiting 1 ms for more requests, again and again
+        naps = 0
+        while time.monotonic() < until:
+            await asyncio.sleep(0.001)
+            naps += 1
+        return naps
+
+    async def where() -> str:
+        return threading.current_thread().name
+
+    napping = asyncio.ensure_future(user.run(nap_repeatedly(time.monotonic() + 1.0)))
+    started = time.monotonic()
+    for _ in range(200):  # each one posted at a random point of a nap, or between two
+        assert await asyncio.wait_for(user.run(where()), 5) == "modelplex-user-code"
+    assert time.monotonic() - started < 5  # none waited for more than its nap
+    assert await napping > 10
