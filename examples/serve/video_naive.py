@@ -10,6 +10,8 @@ as the seed's would, and checks the video it gets back.
 """
 
 import asyncio
+import atexit
+import shutil
 import tempfile
 from pathlib import Path
 from typing import List
@@ -65,6 +67,7 @@ class NaiveOrchestration:
 # ---------------------------------------------------------------------------------------------
 
 folder = Path(tempfile.mkdtemp(prefix="video-naive-"))
+atexit.register(shutil.rmtree, folder, True)
 corners = make_video(folder / "input.video", frames=60)
 serve.run(NaiveOrchestration.bind(DecodeVideo.bind(), FusedDetectEncode.bind(str(folder))))
 

@@ -12,6 +12,8 @@ that reads one batch of frames from the file each time the orchestrator asks for
 """
 
 import asyncio
+import atexit
+import shutil
 import tempfile
 from pathlib import Path
 from typing import List
@@ -79,6 +81,7 @@ class StreamingOrchestration:
 # ---------------------------------------------------------------------------------------------
 
 folder = Path(tempfile.mkdtemp(prefix="video-streaming-"))
+atexit.register(shutil.rmtree, folder, True)
 corners = make_video(folder / "input.video", frames=60)
 serve.run(StreamingOrchestration.bind(DecodeVideo.bind(), FusedDetectEncode.bind(str(folder)), ConcatVideo.bind()))
 
