@@ -29,11 +29,10 @@ import aiohttp
 
 from modelplex.loaded import LoadedModels, LoadFailure
 from modelplex.names import REPLICA_PORT
-from modelplex_operator.status import PodView
+from modelplex_operator.status import Key, PodView
 
 log = logging.getLogger("modelplex.operator.documents")
 
-Key = tuple[str, str]  # (namespace, name) of a MultiplexedDeployment
 
 FETCH_TIMEOUT_S = 3.0
 MAX_CONCURRENT_FETCHES = 8

@@ -33,7 +33,7 @@ from modelplex.names import API_GROUP, API_VERSION, LABEL_DEPLOYMENT, PLURAL
 from modelplex_operator import MANAGED_BY
 from modelplex_operator.config import ConfigError, OperatorConfig
 from modelplex_operator.handlers import lifecycle, observe, reconcile
-from modelplex_operator.handlers.context import context_of
+from modelplex_operator.handlers.lifecycle import Operator, operator_of
 
 CR = (API_GROUP, API_VERSION, PLURAL)
 PODS = lifecycle.PODS
@@ -78,12 +78,15 @@ async def deployments_by_owner(body: kopf.Body, namespace: str, labels: kopf.Lab
     return observe.index_deployment(body, namespace, labels)
 
 
-def _indexes(kwargs: dict[str, Any]) -> observe.Indexes:
-    return observe.Indexes(
+def _operator(memo: kopf.Memo, kwargs: dict[str, Any]) -> Operator:
+    """The operator, its context holding the indexes kopf passed this handler call."""
+    operator = operator_of(memo)
+    operator.context.indexes = observe.Indexes(
         resources=kwargs["mxd_by_key"],
         pods=kwargs["replica_pods_by_owner"],
         deployments=kwargs["deployments_by_owner"],
     )
+    return operator
 
 
 # --------------------------------------------------------------------------- reconcile
@@ -93,10 +96,11 @@ def _indexes(kwargs: dict[str, Any]) -> observe.Indexes:
 @kopf.on.create(*CR)
 @kopf.on.update(*CR)
 async def reconcile_resource(body: kopf.Body, memo: kopf.Memo, retry: int, **kwargs: Any) -> None:
-    ctx = context_of(memo)
-    if ctx.keeper is not None:
-        ctx.keeper.indexes = _indexes(kwargs)
-    await reconcile.reconcile(ctx, body, retry)
+    operator = _operator(memo, kwargs)
+    try:
+        await reconcile.reconcile(operator.context, body, retry)
+    finally:  # its outcome is recorded, failed or not: the status says it
+        operator.keeper.poke(reconcile.key_of(body))
 
 
 # --------------------------------------------------------------------------- status
@@ -104,24 +108,25 @@ async def reconcile_resource(body: kopf.Body, memo: kopf.Memo, retry: int, **kwa
 
 @kopf.on.event(*CR)
 async def on_resource_event(namespace: str, name: str, memo: kopf.Memo, **kwargs: Any) -> None:
-    ctx = context_of(memo)
-    ctx.keeper.poke((namespace, name), _indexes(kwargs))
-    if ctx.autoscaler is not None:
-        ctx.autoscaler.start()  # here, where kopf's Event poster is reachable (the task copies the context)
+    operator = _operator(memo, kwargs)
+    operator.keeper.poke((namespace, name))
+    operator.autoscaler.start()  # here, where kopf's Event poster is reachable (the task copies the context)
 
 
 @kopf.on.event(*PODS, labels=REPLICA_PODS)
 async def on_replica_pod_event(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any) -> None:
+    operator = _operator(memo, kwargs)
     key = observe.owner_key(namespace, labels)
     if key is not None:
-        context_of(memo).keeper.poke(key, _indexes(kwargs))
+        operator.keeper.poke(key)
 
 
 @kopf.on.event(*DEPLOYMENTS, labels=OURS)
 async def on_deployment_event(type: str, namespace: str, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any) -> None:
+    operator = _operator(memo, kwargs)
     key = observe.owner_key(namespace, labels)
     if key is not None:
-        context_of(memo).keeper.poke(key, _indexes(kwargs), repair=type == "DELETED")
+        operator.keeper.poke(key, repair=type == "DELETED")
 
 
 # --------------------------------------------------------------------------- entry point

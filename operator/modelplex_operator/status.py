@@ -88,6 +88,10 @@ class DeploymentView:
         )
 
 
+#: A MultiplexedDeployment's (namespace, name): what the operator keys its state and indexes by.
+Key = tuple[str, str]
+
+
 @dataclass(frozen=True)
 class Outcome:
     """What the last reconcile of one resource came to."""

@@ -14,7 +14,8 @@ One round for one resource (:meth:`AutoscaleLoop.round`):
    :data:`MOVE_TIMEOUT_S`), then write the replica Deployment's count (scale subresource) and
    post a ScaledUp/ScaledDown Event with the inputs;
 5. keep ConfigMap ``N-hot-models`` current (the hottest models, which a new replica pre-loads);
-6. hand ``status.autoscaling`` and the ``Autoscaling`` condition to the status keeper.
+6. hand ``status.autoscaling`` and the ``Autoscaling`` condition to the status keeper (the
+   context keeps them; ``on_status`` pokes the keeper).
 
 Failures are tolerated: with no load report the replica count stays as it is (the condition
 says why, the log too), and the next round tries again.
@@ -48,9 +49,10 @@ from modelplex.autoscaling import (
 from modelplex.names import LABEL_DEPLOYMENT, LABEL_ROLE, REPLICA_PORT, ROLE_REPLICA, ROLE_ROUTER
 from modelplex.spec import Autoscaling, Deployment, SpecError
 from modelplex_operator import builders, scaling
-from modelplex_operator.handlers.context import Key, OperatorContext
+from modelplex_operator.handlers.context import OperatorContext
 from modelplex_operator.handlers.reconcile import post
 from modelplex_operator.kube import KubeError
+from modelplex_operator.status import Key
 from modelplex_operator.validation import validate
 
 log = logging.getLogger("modelplex.operator.autoscale")
@@ -90,8 +92,12 @@ class AutoscaleLoop:
         fetch_timeout_s: float = FETCH_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], str] = utc_now,
+        on_status: Callable[[Key], None] = lambda key: None,
     ):
+        """``on_status(key)`` is called when a resource's autoscaling status changed (the
+        status keeper's ``poke``)."""
         self.ctx = ctx
+        self.on_status = on_status
         self.tick_s = tick_s
         self.fetch_timeout_s = fetch_timeout_s
         self.clock = clock
@@ -129,8 +135,7 @@ class AutoscaleLoop:
 
     async def round_all(self) -> None:
         """One round for every autoscaled resource the operator sees."""
-        keeper = self.ctx.keeper
-        indexes = keeper.indexes if keeper is not None else None
+        indexes = self.ctx.indexes
         if indexes is None:
             return
         seen = set()
@@ -306,8 +311,7 @@ class AutoscaleLoop:
                                                         f"load reports from {heard} routers", generation,
                                                         state.condition, self.wall())
         self.ctx.autoscaling[key] = {"status": block, "condition": state.condition}
-        if self.ctx.keeper is not None:
-            self.ctx.keeper.poke(key)
+        self.on_status(key)
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:

@@ -1,32 +1,28 @@
-"""The operator's shared state, created at startup and kept in kopf's ``memo``."""
+"""The operator's shared state: settings, client, the latest indexes, and what the reconcile
+handler and the autoscaler decided, per resource. Built at startup (:mod:`.lifecycle`)."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from modelplex.names import ROLE_REPLICA
 from modelplex_operator.builders import BuildSettings
 from modelplex_operator.config import OperatorConfig
-from modelplex_operator.status import Outcome
-
-if TYPE_CHECKING:  # pragma: no cover
-    from modelplex_operator.handlers.autoscale import AutoscaleLoop
-    from modelplex_operator.handlers.keeper import StatusKeeper
-    from modelplex_operator.kube import Kube
-
-Key = tuple[str, str]  # (namespace, name) of a MultiplexedDeployment
-
-MEMO_KEY = "modelplex"
+from modelplex_operator.handlers.observe import Indexes
+from modelplex_operator.kube import Kube
+from modelplex_operator.status import Key, Outcome
 
 
 @dataclass
 class OperatorContext:
+    """What the handlers, the status keeper and the autoscaler share (one per operator process)."""
+
     config: OperatorConfig
     kube: Kube
-    keeper: StatusKeeper | None = None
-    autoscaler: AutoscaleLoop | None = None
+    #: kopf's indexes as the last handler call saw them (None until the first one).
+    indexes: Indexes | None = None
     outcomes: dict[Key, Outcome] = field(default_factory=dict)
     #: The replica count the autoscaler last wrote, per autoscaled resource.
     scaled: dict[Key, int] = field(default_factory=dict)
@@ -50,8 +46,7 @@ class OperatorContext:
         last, else (after a restart) the replica Deployment's, else None (not created yet)."""
         if key in self.scaled:
             return self.scaled[key]
-        indexes = self.keeper.indexes if self.keeper is not None else None
-        for view in indexes.deployments_of(key) if indexes is not None else ():
+        for view in self.indexes.deployments_of(key) if self.indexes is not None else ():
             if view.role == ROLE_REPLICA:
                 return view.replicas
         return None
@@ -67,10 +62,3 @@ class OperatorContext:
         if lock is not None and not lock.locked():
             del self._locks[key]
 
-
-def context_of(memo: Any) -> OperatorContext:
-    """The context the startup handler put into kopf's memo."""
-    ctx = memo.get(MEMO_KEY) if hasattr(memo, "get") else getattr(memo, MEMO_KEY, None)
-    if ctx is None:
-        raise RuntimeError("the operator context is missing from kopf's memo (did the startup handler run?)")
-    return ctx

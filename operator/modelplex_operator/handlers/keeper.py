@@ -9,7 +9,8 @@ computing, it reads the replicas' loaded-models documents whose summaries change
 (:mod:`modelplex_operator.documents`: per-model status, ModelLoadFailed Events).
 
 It also repairs: a poke with ``repair=True`` (an owned Deployment was deleted, or the
-periodic resync) applies the desired objects again.
+periodic resync) applies the desired objects again, through the ``repair`` it was given
+(:func:`modelplex_operator.handlers.reconcile.repair`, wired in :mod:`.lifecycle`).
 """
 
 from __future__ import annotations
@@ -17,17 +18,16 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable, Mapping
 
 import kopf
 
 from modelplex.spec import SpecError
 from modelplex_operator.documents import ReplicaDocuments
-from modelplex_operator.handlers import reconcile
-from modelplex_operator.handlers.context import Key, OperatorContext
-from modelplex_operator.handlers.observe import Indexes, resource_of
+from modelplex_operator.handlers.context import OperatorContext
+from modelplex_operator.handlers.observe import resource_of
 from modelplex_operator.kube import KubeError
-from modelplex_operator.status import compute_status, status_differs, transitions
+from modelplex_operator.status import Key, compute_status, status_differs, transitions
 from modelplex_operator.validation import problems_of, validate
 
 log = logging.getLogger("modelplex.operator.status")
@@ -44,6 +44,7 @@ class StatusKeeper:
     def __init__(
         self,
         ctx: OperatorContext,
+        repair: Callable[[Mapping[str, Any]], Awaitable[Any]],
         *,
         debounce_s: float = DEBOUNCE_S,
         resync_s: float | None = None,
@@ -51,11 +52,11 @@ class StatusKeeper:
         documents: ReplicaDocuments | None = None,
     ):
         self.ctx = ctx
+        self.repair = repair
         self.debounce_s = debounce_s
         self.resync_s = resync_s if resync_s is not None else ctx.config.resync_seconds
         self.clock = clock
         self.documents = documents or ReplicaDocuments()
-        self.indexes: Indexes | None = None
         self._dirty: dict[Key, bool] = {}
         self._wake: asyncio.Event | None = None
         self._tasks: list[asyncio.Task] = []
@@ -65,10 +66,8 @@ class StatusKeeper:
 
     # ------------------------------------------------------------------ inputs
 
-    def poke(self, key: Key, indexes: Indexes | None = None, *, repair: bool = False) -> None:
+    def poke(self, key: Key, *, repair: bool = False) -> None:
         """Refresh ``key`` soon (and apply its objects again with ``repair``)."""
-        if indexes is not None:
-            self.indexes = indexes
         self._dirty[key] = self._dirty.get(key, False) or repair
         self._ensure_running()
         assert self._wake is not None
@@ -126,18 +125,19 @@ class StatusKeeper:
     async def _resync(self) -> None:
         while True:
             await asyncio.sleep(self.resync_s)
-            if self.indexes is None:
+            if self.ctx.indexes is None:
                 continue
-            for key in self.indexes.resource_keys():
+            for key in self.ctx.indexes.resource_keys():
                 self.poke(key, repair=True)
 
     # ------------------------------------------------------------------ one resource
 
     async def refresh(self, key: Key, *, repair: bool = False) -> dict[str, Any] | None:
         """Compute and (when it changed) write the status of ``key``; returns what was written."""
-        if self.indexes is None:
+        indexes = self.ctx.indexes
+        if indexes is None:
             return None
-        view = self.indexes.resource(key)
+        view = indexes.resource(key)
         if view is None:  # deleted: forget it
             self._written.pop(key, None)
             self.ctx.forget(key)
@@ -147,7 +147,7 @@ class StatusKeeper:
         if meta.get("deletionTimestamp"):
             return None
         if repair:
-            await reconcile.repair(self.ctx, view)
+            await self.repair(view)
         try:
             validate(view)
             problem = ""
@@ -160,7 +160,7 @@ class StatusKeeper:
         if stale:
             base = {**base, **written}  # the index has not caught up with our last write yet
         resource = resource_of({**view, "status": base}, problem)
-        pods = self.indexes.pods_of(key)
+        pods = indexes.pods_of(key)
         reading = await self.documents.read(key, pods)
         for etype, reason, message in reading.events:
             kopf.event(view, type=etype, reason=reason, message=message[:1000])
@@ -168,7 +168,7 @@ class StatusKeeper:
             asyncio.get_running_loop().call_later(reading.retry_in + 0.1, self._poke_later, key, False)
         desired = compute_status(
             resource,
-            self.indexes.deployments_of(key),
+            indexes.deployments_of(key),
             pods,
             self.ctx.outcomes.get(key),
             self.clock(),

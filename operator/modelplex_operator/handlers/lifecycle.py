@@ -1,16 +1,20 @@
-"""Operator startup and shutdown: kopf's settings, the shared context, the liveness probe."""
+"""Operator startup and shutdown: kopf's settings, the operator's parts and how they are wired
+(:class:`Operator`), the liveness probe."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import kopf
 
 from modelplex_operator import MANAGED_BY
 from modelplex_operator.config import OperatorConfig
-from modelplex_operator.handlers.context import MEMO_KEY, OperatorContext, context_of
+from modelplex_operator.handlers import reconcile
 from modelplex_operator.handlers.autoscale import AutoscaleLoop
+from modelplex_operator.handlers.context import OperatorContext
 from modelplex_operator.handlers.keeper import StatusKeeper
 from modelplex_operator.kube import Kube
 
@@ -21,6 +25,32 @@ DEPLOYMENTS = ("apps", "v1", "deployments")
 #: Server-side label selectors: the operator lists and watches only the pods and Deployments it made.
 POD_SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY},modelplex.io/role=replica"
 DEPLOYMENT_SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"
+MEMO_KEY = "modelplex"
+
+
+@dataclass
+class Operator:
+    """The operator's parts, built once at startup and kept in kopf's memo: the shared context,
+    the status keeper (it repairs through the reconcile's apply) and the autoscaler (its status
+    changes poke the keeper). Each part receives what it needs; none reaches for another."""
+
+    context: OperatorContext
+    keeper: StatusKeeper
+    autoscaler: AutoscaleLoop
+
+    @classmethod
+    def build(cls, config: OperatorConfig, kube: Kube) -> Operator:
+        context = OperatorContext(config=config, kube=kube)
+        keeper = StatusKeeper(context, partial(reconcile.repair, context))
+        return cls(context, keeper, AutoscaleLoop(context, on_status=keeper.poke))
+
+
+def operator_of(memo: Any) -> Operator:
+    """The operator the startup handler put into kopf's memo."""
+    operator = memo.get(MEMO_KEY) if hasattr(memo, "get") else getattr(memo, MEMO_KEY, None)
+    if operator is None:
+        raise RuntimeError("the operator is missing from kopf's memo (did the startup handler run?)")
+    return operator
 
 
 def configure_settings(settings: kopf.OperatorSettings) -> None:
@@ -51,30 +81,24 @@ def configure_settings(settings: kopf.OperatorSettings) -> None:
 async def startup(settings: kopf.OperatorSettings, memo: Any, logger: logging.Logger) -> None:
     configure_settings(settings)
     config: OperatorConfig = memo.get("config") or OperatorConfig.from_env()
-    ctx = OperatorContext(config=config, kube=Kube.from_environment())
-    ctx.keeper = StatusKeeper(ctx)
-    ctx.autoscaler = AutoscaleLoop(ctx)
-    memo[MEMO_KEY] = ctx
+    memo[MEMO_KEY] = Operator.build(config, Kube.from_environment())
     where = ", ".join(config.namespaces) if config.namespaces else "all namespaces"
     logger.info("modelplex operator watching %s; router image %s", where, config.router_image)
 
 
 async def cleanup(memo: Any, logger: logging.Logger) -> None:
-    ctx = context_of(memo)
-    if ctx.keeper is not None:
-        await ctx.keeper.stop()
-    if ctx.autoscaler is not None:
-        await ctx.autoscaler.stop()
-    ctx.kube.close()
+    operator = operator_of(memo)
+    await operator.keeper.stop()
+    await operator.autoscaler.stop()
+    operator.context.kube.close()
     logger.info("modelplex operator stopped")
 
 
 def probe(memo: Any) -> dict[str, Any]:
     """Liveness details (kopf answers 500 when this raises)."""
-    ctx = context_of(memo)
-    keeper = ctx.keeper
-    if keeper is not None and not keeper.alive:
+    operator = operator_of(memo)
+    if not operator.keeper.alive:
         raise RuntimeError("the status keeper stopped")
-    if ctx.autoscaler is not None and not ctx.autoscaler.alive:
+    if not operator.autoscaler.alive:
         raise RuntimeError("the autoscaler stopped")
-    return {"resources": len(ctx.outcomes), "status_writes": keeper.writes if keeper else 0}
+    return {"resources": len(operator.context.outcomes), "status_writes": operator.keeper.writes}

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from modelplex.names import API_GROUP, API_VERSION, KIND, LABEL_DEPLOYMENT
-from modelplex_operator.handlers.context import Key
-from modelplex_operator.status import DeploymentView, PodView, Resource, deployment_view, pod_view
+from modelplex_operator.status import DeploymentView, Key, PodView, Resource, deployment_view, pod_view
 from modelplex_operator.validation import plain
 
 

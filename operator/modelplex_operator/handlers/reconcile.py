@@ -7,28 +7,40 @@ refuses) and ``kopf.TemporaryError(delay=...)`` with a growing delay for what it
 else). Every apply is a server-side apply of a complete object, so running it again, after a
 crash halfway or an operator restart, converges on the same objects: nothing is doubled.
 
-``repair`` does the same apply without kopf's error protocol, for the status keeper (an owned
-Deployment was deleted, or the periodic resync).
+``repair`` is the same apply (:func:`apply_and_record`) without kopf's error protocol, for the
+status keeper (an owned Deployment was deleted, or the periodic resync).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 import kopf
 
 from modelplex.spec import Deployment, SpecError
 from modelplex_operator import builders
-from modelplex_operator.handlers.context import Key, OperatorContext
+from modelplex_operator.handlers.context import OperatorContext
 from modelplex_operator.kube import ApplyResult, KubeError, NotOwned
-from modelplex_operator.status import CONFLICT, INVALID, OK, REJECTED, RETRYING, Outcome
+from modelplex_operator.status import CONFLICT, INVALID, OK, REJECTED, RETRYING, Key, Outcome
 from modelplex_operator.validation import problems_of, validate
 
 log = logging.getLogger("modelplex.operator.reconcile")
 
 MAX_DELAY_S = 30.0
 CONFLICT_DELAY_S = 30.0
+
+Event = tuple[str, str, str]  # (type, reason, message)
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What one apply of a resource's desired objects came to."""
+
+    outcome: Outcome
+    changes: list[Event]  # the Events its changes deserve (none when it failed)
+    error: KubeError | None = None  # why it failed
 
 
 def backoff(retry: int) -> float:
@@ -60,7 +72,7 @@ def _template_hash(obj: Mapping[str, Any] | None) -> str | None:
     return ((template.get("metadata") or {}).get("annotations") or {}).get(builders.ANNOTATION_SPEC_HASH)
 
 
-def describe_changes(results: Iterable[tuple[Mapping[str, Any], ApplyResult]]) -> list[tuple[str, str, str]]:
+def describe_changes(results: Iterable[tuple[Mapping[str, Any], ApplyResult]]) -> list[Event]:
     """The Events an apply deserves, as ``(type, reason, message)``: what was created, what
     was scaled, which pods roll because the spec changed, what else was updated."""
     created, updated, scaled, rolled = [], [], [], []
@@ -93,80 +105,95 @@ def describe_changes(results: Iterable[tuple[Mapping[str, Any], ApplyResult]]) -
     return events
 
 
-def post(body: Mapping[str, Any], events: Iterable[tuple[str, str, str]]) -> None:
+def post(body: Mapping[str, Any], events: Iterable[Event]) -> None:
     for etype, reason, message in events:
         kopf.event(dict(body), type=etype, reason=reason, message=message[:1000])
 
 
-async def reconcile(ctx: OperatorContext, body: Mapping[str, Any], retry: int) -> None:
-    """The create/update/resume handler."""
+async def apply_and_record(ctx: OperatorContext, body: Mapping[str, Any], deployment: Deployment, *,
+                           retrying: str = "") -> Applied:
+    """Apply the desired objects of ``body`` and record the outcome in ``ctx`` (the one flow of
+    the reconcile handler and of the keeper's repairs). An outcome for a generation older than
+    the one recorded is not recorded: the keeper's view of a resource can lag kopf's.
+    ``retrying`` is added to a retryable failure's message (when kopf tries again)."""
     meta = body["metadata"]
     key = key_of(body)
     uid, generation = meta["uid"], int(meta.get("generation") or 1)
-
-    def finish(outcome: Outcome) -> None:
+    changes: list[Event] = []
+    error: KubeError | None = None
+    try:
+        results = await apply_all(ctx, body, deployment)
+    except NotOwned as failure:
+        error, outcome = failure, Outcome(uid, generation, CONFLICT, "ObjectConflict", str(failure))
+    except KubeError as failure:
+        error = failure
+        if failure.retryable:
+            outcome = Outcome(uid, generation, RETRYING, "ApplyFailed", f"{failure} ({retrying})" if retrying
+                              else str(failure))
+        else:
+            outcome = Outcome(uid, generation, REJECTED, "ApplyRejected", str(failure))
+    else:
+        outcome = Outcome(uid, generation, OK, "Reconciled", f"applied {len(results)} objects")
+        changes = describe_changes(results)
+    previous = ctx.outcomes.get(key)
+    if previous is None or previous.uid != uid or previous.generation <= generation:
         ctx.record(key, outcome)
-        if ctx.keeper is not None:
-            ctx.keeper.poke(key)
+    return Applied(outcome, changes, error)
 
+
+async def reconcile(ctx: OperatorContext, body: Mapping[str, Any], retry: int) -> Outcome:
+    """The create/update/resume handler: validate, apply, record the outcome, post Events.
+    Returns the outcome when it succeeded; raises kopf's errors when it did not (the outcome
+    is recorded either way, and the caller pokes the status keeper)."""
+    meta = body["metadata"]
+    key = key_of(body)
+    generation = int(meta.get("generation") or 1)
     try:
         deployment = validate(body)
     except SpecError as error:
         message = problems_of(error)
-        finish(Outcome(uid, generation, INVALID, "InvalidSpec", message))
+        ctx.record(key, Outcome(meta["uid"], generation, INVALID, "InvalidSpec", message))
         post(body, [("Warning", "InvalidSpec", message)])
         log.warning("%s/%s: invalid spec (generation %s): %s", *key, generation, message)
         raise kopf.PermanentError(f"invalid spec: {message}") from None
 
-    try:
-        results = await apply_all(ctx, body, deployment)
-    except NotOwned as error:
-        finish(Outcome(uid, generation, CONFLICT, "ObjectConflict", str(error)))
-        post(body, [("Warning", "ObjectConflict", str(error))])
-        raise kopf.TemporaryError(str(error), delay=CONFLICT_DELAY_S) from None
-    except KubeError as error:
-        if not error.retryable:
-            finish(Outcome(uid, generation, REJECTED, "ApplyRejected", str(error)))
-            post(body, [("Warning", "ApplyRejected", str(error))])
-            raise kopf.PermanentError(str(error)) from None
-        delay = backoff(retry)
-        finish(Outcome(uid, generation, RETRYING, "ApplyFailed", f"{error} (retry {retry + 1} in {delay:.0f}s)"))
-        log.warning("%s/%s: %s; retrying in %.0fs", *key, error, delay)
-        raise kopf.TemporaryError(str(error), delay=delay) from None
-
-    finish(Outcome(uid, generation, OK, "Reconciled", f"applied {len(results)} objects"))
-    changes = describe_changes(results)
-    post(body, changes)
+    delay = backoff(retry)
+    applied = await apply_and_record(ctx, body, deployment, retrying=f"retry {retry + 1} in {delay:.0f}s")
+    outcome = applied.outcome
+    if outcome.state == CONFLICT:
+        post(body, [("Warning", outcome.reason, outcome.message)])
+        raise kopf.TemporaryError(outcome.message, delay=CONFLICT_DELAY_S)
+    if outcome.state == REJECTED:
+        post(body, [("Warning", outcome.reason, outcome.message)])
+        raise kopf.PermanentError(outcome.message)
+    if outcome.state == RETRYING:
+        log.warning("%s/%s: %s; retrying in %.0fs", *key, applied.error, delay)
+        raise kopf.TemporaryError(str(applied.error), delay=delay)
+    post(body, applied.changes)
     log.info("%s/%s: reconciled generation %s: %s", *key, generation,
-             "; ".join(message for _, _, message in changes) or "nothing changed")
+             "; ".join(message for _, _, message in applied.changes) or "nothing changed")
+    return outcome
 
 
-async def repair(ctx: OperatorContext, body: Mapping[str, Any]) -> list[tuple[str, str, str]]:
-    """Apply again (drift repair); records the outcome, returns the Events it posted."""
+async def repair(ctx: OperatorContext, body: Mapping[str, Any]) -> list[Event]:
+    """Apply again (drift repair, for the status keeper); records the outcome, returns the
+    Events it posted."""
     meta = body["metadata"]
     key = key_of(body)
-    uid, generation = meta["uid"], int(meta.get("generation") or 1)
     try:
         deployment = validate(body)
     except SpecError:
         return []  # the reconcile handler reported it
+    uid, generation = meta["uid"], int(meta.get("generation") or 1)
     previous = ctx.outcomes.get(key)
     if previous is not None and previous.uid == uid and previous.generation == generation and not previous.final:
         return []  # the reconcile handler is retrying this generation: leave it to kopf
-    try:
-        results = await apply_all(ctx, body, deployment)
-    except NotOwned as error:
-        ctx.record(key, Outcome(uid, generation, CONFLICT, "ObjectConflict", str(error)))
+    applied = await apply_and_record(ctx, body, deployment)
+    if applied.error is not None:
+        log.warning("repairing %s/%s failed: %s", *key, applied.error)
         return []
-    except KubeError as error:
-        state = RETRYING if error.retryable else REJECTED
-        ctx.record(key, Outcome(uid, generation, state, "ApplyFailed" if error.retryable else "ApplyRejected", str(error)))
-        log.warning("repairing %s/%s failed: %s", *key, error)
-        return []
-    if previous is None or previous.uid != uid or previous.generation <= generation:
-        ctx.record(key, Outcome(uid, generation, OK, "Reconciled", f"applied {len(results)} objects"))
     events = [(etype, "Repaired" if reason == "Created" else reason, message)
-              for etype, reason, message in describe_changes(results)]
+              for etype, reason, message in applied.changes]
     post(body, events)
     if events:
         log.info("repaired %s/%s: %s", *key, "; ".join(m for _, _, m in events))

@@ -5,6 +5,7 @@ replicas on loopback addresses (127.0.0.1, 127.0.0.2, ... on one port, as pods o
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 
 import pytest
@@ -234,7 +235,7 @@ async def test_a_replica_answering_nonsense_is_reported_not_trusted(pool):
 
 async def test_the_status_keeper_writes_the_models_and_posts_the_failure_event(pool, monkeypatch):
     from modelplex_operator.config import OperatorConfig
-    from modelplex_operator.handlers import keeper as keeper_module
+    from modelplex_operator.handlers import keeper as keeper_module, reconcile
     from modelplex_operator.handlers.context import OperatorContext
     from modelplex_operator.handlers.observe import Indexes, resource_view
     from unit.operator.objects import body
@@ -255,8 +256,8 @@ async def test_the_status_keeper_writes_the_models_and_posts_the_failure_event(p
     replicas["recs-replica-b"].document = LoadedModels(version=1, models=("m1",), model_bytes={"m1": 100},
                                                        failures=(failure("broken"),))
     ctx = OperatorContext(config=OperatorConfig(), kube=StatusWrites())
-    keeper = keeper_module.StatusKeeper(ctx, documents=reader)
-    keeper.indexes = Indexes(resources={KEY: [resource_view(body())]}, pods={KEY: views(replicas)}, deployments={})
+    keeper = keeper_module.StatusKeeper(ctx, functools.partial(reconcile.repair, ctx), documents=reader)
+    ctx.indexes = Indexes(resources={KEY: [resource_view(body())]}, pods={KEY: views(replicas)}, deployments={})
 
     status = await keeper.refresh(KEY)
     assert ctx.kube.written == [status]

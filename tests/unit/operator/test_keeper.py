@@ -10,7 +10,7 @@ import pytest
 from modelplex.processes import wait_for_async
 from modelplex_operator.config import OperatorConfig
 from modelplex_operator.handlers import keeper as keeper_module
-from modelplex_operator.handlers.context import OperatorContext
+from modelplex_operator.handlers.lifecycle import Operator
 from modelplex_operator.handlers.keeper import StatusKeeper
 from modelplex_operator.handlers.observe import Indexes, resource_view
 from modelplex_operator.kube import KubeError
@@ -34,10 +34,12 @@ def events(monkeypatch) -> list[tuple[str, str, str]]:
 
 
 def keeper_for(api: ScriptedApiServer, **resource) -> StatusKeeper:
-    ctx = OperatorContext(config=OperatorConfig(), kube=api.kube())
+    """The keeper as the operator wires it (it repairs through the reconcile's apply)."""
+    operator = Operator.build(OperatorConfig(), api.kube())
+    ctx = operator.context
     ctx.record(KEY, Outcome(UID, 1, OK, "Reconciled"))
-    keeper = StatusKeeper(ctx, debounce_s=0.01, clock=lambda: T0)
-    keeper.indexes = indexes(**resource)
+    keeper = StatusKeeper(ctx, operator.keeper.repair, debounce_s=0.01, clock=lambda: T0)
+    ctx.indexes = indexes(**resource)
     return keeper
 
 
@@ -81,7 +83,7 @@ async def test_an_unchanged_status_is_not_written_again_until_something_changes(
     assert condition(first, "Ready")["status"] == "False" and events == []
     # The index has not caught up with the write yet (same resourceVersion): still nothing new.
     assert await keeper.refresh(KEY) is None
-    keeper.indexes = indexes(ready=2, resource_version="8")
+    keeper.ctx.indexes = indexes(ready=2, resource_version="8")
     second = await keeper.refresh(KEY)
     assert condition(second, "Ready")["status"] == "True"
     assert [w["status"]["readyReplicas"] for w in status_writes(api)] == [1, 2]
@@ -110,7 +112,7 @@ async def test_a_write_that_may_succeed_later_fails_the_refresh_for_the_loop_to_
 
 async def test_a_resource_gone_from_the_index_is_forgotten(api, events):
     keeper = keeper_for(api)
-    keeper.indexes = Indexes(resources={}, pods={}, deployments={})
+    keeper.ctx.indexes = Indexes(resources={}, pods={}, deployments={})
     assert await keeper.refresh(KEY) is None
     assert KEY not in keeper.ctx.outcomes and api.requests == []
     await keeper.stop()
@@ -126,3 +128,19 @@ async def test_a_repair_poke_applies_the_desired_objects_again(api, events):
                for r in api.writes() if r.path != STATUS_PATH)
     assert keeper.ctx.outcomes[KEY].state == OK
     await keeper.stop()
+
+
+async def test_the_autoscalers_status_changes_poke_the_keeper_as_the_operator_wires_them(api, events):
+    operator = Operator.build(OperatorConfig(), api.kube())
+    operator.context.record(KEY, Outcome(UID, 1, OK, "Reconciled"))
+    operator.context.indexes = indexes(ready=2)
+
+    async def written() -> int:
+        return operator.keeper.writes
+
+    try:
+        operator.autoscaler.on_status(KEY)
+        await wait_for_async(written, timeout=30, what="the status write")
+    finally:
+        await operator.keeper.stop()
+    assert len(status_writes(api)) == 1

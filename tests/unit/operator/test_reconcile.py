@@ -1,13 +1,23 @@
-"""The reconcile's pure parts: the retry delays and the Events an apply deserves."""
+"""The reconcile: its pure parts (the retry delays, the Events an apply deserves), and the one
+apply-and-record flow behind the kopf handler and the keeper's repairs, each outcome told apart,
+with the real client against an API server's HTTP shape on loopback."""
 
 from __future__ import annotations
 
 import copy
 
+import kopf
+import pytest
+
 from modelplex_operator import builders
-from modelplex_operator.handlers.reconcile import backoff, describe_changes, key_of
+from modelplex_operator.config import OperatorConfig
+from modelplex_operator.handlers.context import OperatorContext
+from modelplex_operator.handlers.reconcile import backoff, describe_changes, key_of, reconcile, repair
 from modelplex_operator.kube import ApplyResult
-from unit.operator.objects import body, deployment_of
+from modelplex_operator.status import CONFLICT, OK, REJECTED, RETRYING, Outcome
+from unit.operator.objects import UID, body, deployment_of
+
+KEY = ("team-a", "recs")
 
 
 def objects(doc=None):
@@ -62,3 +72,86 @@ def test_scale_only_rolls_nothing():
         results.append((obj, ApplyResult("unchanged" if before == obj else "updated", before, obj)))
     reasons = [reason for _, reason, _ in describe_changes(results)]
     assert "Scaled" in reasons and "RollingUpdate" not in reasons
+
+
+# --------------------------------------------------------------------------- apply and record
+
+
+@pytest.fixture
+def posted(monkeypatch) -> list[tuple[str, str, str]]:
+    """Events (kopf's poster runs only inside a running operator)."""
+    events: list[tuple[str, str, str]] = []
+    monkeypatch.setattr(kopf, "event", lambda obj, type, reason, message: events.append((type, reason, message)))
+    return events
+
+
+@pytest.fixture
+def ctx(api) -> OperatorContext:
+    return OperatorContext(config=OperatorConfig(), kube=api.kube())
+
+
+def owned_by_another() -> dict:
+    """What the API answers for a ServiceAccount of that name that another controller made."""
+    return {"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": "recs-replica", "namespace": "team-a", "resourceVersion": "3", "ownerReferences": [
+                {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "theirs", "uid": "other", "controller": True}]}}
+
+
+async def test_a_reconcile_that_applied_everything_records_ok_and_posts_what_it_created(ctx, api, posted):
+    outcome = await reconcile(ctx, body(), retry=0)
+    assert (outcome.state, outcome.reason) == (OK, "Reconciled") and ctx.outcomes[KEY] == outcome
+    assert outcome.message == f"applied {len(api.writes())} objects"
+    assert [(etype, reason) for etype, reason, _ in posted] == [("Normal", "Created")]
+
+
+async def test_an_object_another_controller_owns_is_a_conflict_retried_later(ctx, api, posted):
+    api.answers = [(200, owned_by_another())]
+    with pytest.raises(kopf.TemporaryError) as caught:
+        await reconcile(ctx, body(), retry=0)
+    assert caught.value.delay == 30
+    assert (ctx.outcomes[KEY].state, ctx.outcomes[KEY].reason) == (CONFLICT, "ObjectConflict")
+    assert posted == [("Warning", "ObjectConflict", ctx.outcomes[KEY].message)]
+    assert "controlled by ReplicaSet theirs" in ctx.outcomes[KEY].message and api.writes() == []
+
+
+async def test_an_api_that_may_answer_later_is_retried_with_a_growing_delay(ctx, api, posted):
+    api.answers = [(503, "etcd leader changed")]
+    with pytest.raises(kopf.TemporaryError) as caught:
+        await reconcile(ctx, body(), retry=2)
+    assert caught.value.delay == 4
+    outcome = ctx.outcomes[KEY]
+    assert (outcome.state, outcome.reason) == (RETRYING, "ApplyFailed")
+    assert outcome.message.endswith("(retry 3 in 4s)") and posted == []  # the status says it; no Event per try
+
+
+async def test_an_object_the_api_refuses_is_a_permanent_error(ctx, api, posted):
+    api.answers = [(404, "not there"), (422, "spec.replicas: Invalid value")]
+    with pytest.raises(kopf.PermanentError, match="Invalid value"):
+        await reconcile(ctx, body(), retry=0)
+    assert (ctx.outcomes[KEY].state, ctx.outcomes[KEY].reason) == (REJECTED, "ApplyRejected")
+    assert posted == [("Warning", "ApplyRejected", ctx.outcomes[KEY].message)]
+
+
+async def test_a_repair_applies_through_the_same_flow_and_says_repaired(ctx, api, posted):
+    events = await repair(ctx, body())
+    assert [(etype, reason) for etype, reason, _ in events] == [("Normal", "Repaired")] and posted == events
+    assert ctx.outcomes[KEY].state == OK and api.writes()
+
+
+async def test_a_repair_leaves_a_generation_kopf_is_retrying_to_kopf(ctx, api, posted):
+    ctx.record(KEY, Outcome(UID, 1, RETRYING, "ApplyFailed", "etcd leader changed"))
+    assert await repair(ctx, body()) == []
+    assert api.requests == [] and ctx.outcomes[KEY].state == RETRYING
+
+
+async def test_a_failed_repair_is_recorded_without_an_event(ctx, api, posted):
+    api.answers = [(200, owned_by_another())]
+    assert await repair(ctx, body()) == []
+    assert ctx.outcomes[KEY].state == CONFLICT and posted == []
+
+
+async def test_a_repair_from_a_lagging_view_does_not_hide_a_newer_generations_outcome(ctx, api, posted):
+    newer = Outcome(UID, 3, REJECTED, "ApplyRejected", "spec.replicas: Invalid value")
+    ctx.record(KEY, newer)
+    await repair(ctx, body(generation=2))
+    assert ctx.outcomes[KEY] == newer

@@ -15,8 +15,8 @@ import pytest
 import modelplex_operator.main as main
 from modelplex_operator.config import OperatorConfig
 from modelplex_operator.handlers import lifecycle
-from modelplex_operator.handlers.context import MEMO_KEY, OperatorContext
 from modelplex_operator.handlers.keeper import StatusKeeper
+from modelplex_operator.handlers.lifecycle import MEMO_KEY, Operator
 from modelplex_operator.status import INVALID, OK
 from unit.operator.objects import body
 
@@ -87,21 +87,21 @@ def test_every_handler_is_async_so_none_runs_in_kopfs_threads(wiring):
 class PokeRecorder(StatusKeeper):
     """The real keeper, its pokes recorded instead of acted on (test_keeper.py tests the acting)."""
 
-    def __init__(self, ctx: OperatorContext):
-        super().__init__(ctx)
+    def __init__(self, keeper: StatusKeeper):
+        super().__init__(keeper.ctx, keeper.repair)
         self.pokes: list[tuple[tuple[str, str], bool]] = []
 
-    def poke(self, key, indexes=None, *, repair=False) -> None:
-        if indexes is not None:
-            self.indexes = indexes
+    def poke(self, key, *, repair=False) -> None:
         self.pokes.append((key, repair))
 
 
 @pytest.fixture
-def memo(api) -> kopf.Memo:
-    ctx = OperatorContext(config=OperatorConfig(), kube=api.kube())
-    ctx.keeper = PokeRecorder(ctx)
-    return kopf.Memo({MEMO_KEY: ctx})
+async def memo(api) -> kopf.Memo:
+    """The operator as startup builds it, its keeper's pokes recorded."""
+    operator = Operator.build(OperatorConfig(), api.kube())
+    operator.keeper = PokeRecorder(operator.keeper)
+    yield kopf.Memo({MEMO_KEY: operator})
+    await operator.autoscaler.stop()  # a resource event starts it
 
 
 @pytest.fixture
@@ -121,9 +121,9 @@ async def test_a_resource_event_refreshes_its_status_from_the_indexes(memo):
     resources = {("team-a", "recs"): [{"metadata": {"name": "recs"}}]}
     await main.on_resource_event(namespace="team-a", name="recs", memo=memo, type="MODIFIED", body={},
                                  **indexes(mxd_by_key=resources))
-    keeper = memo[MEMO_KEY].keeper
-    assert keeper.pokes == [(("team-a", "recs"), False)]
-    assert keeper.indexes.resources is resources
+    operator = memo[MEMO_KEY]
+    assert operator.keeper.pokes == [(("team-a", "recs"), False)]
+    assert operator.context.indexes.resources is resources
 
 
 async def test_a_replica_pod_event_refreshes_its_owners_status(memo):
@@ -143,8 +143,9 @@ async def test_a_deleted_deployment_is_repaired_and_a_changed_one_only_refreshes
 
 async def test_reconcile_applies_the_objects_and_refreshes_the_status(memo, api, posted):
     await main.reconcile_resource(body=kopf.Body(body()), memo=memo, retry=0, **indexes())
-    ctx = memo[MEMO_KEY]
-    assert ctx.outcomes[("team-a", "recs")].state == OK and ctx.keeper.pokes == [(("team-a", "recs"), False)]
+    operator = memo[MEMO_KEY]
+    assert operator.context.outcomes[("team-a", "recs")].state == OK
+    assert operator.keeper.pokes == [(("team-a", "recs"), False)]
     assert {"Deployment", "Service", "ConfigMap"} <= {r.body["kind"] for r in api.writes()}
     assert ("Normal", "Created") in posted
 
@@ -152,7 +153,8 @@ async def test_reconcile_applies_the_objects_and_refreshes_the_status(memo, api,
 async def test_an_invalid_spec_is_a_permanent_error_with_its_reason(memo, api, posted):
     with pytest.raises(kopf.PermanentError, match="invalid spec"):
         await main.reconcile_resource(body=kopf.Body(body(replicas=-1)), memo=memo, retry=0, **indexes())
-    assert memo[MEMO_KEY].outcomes[("team-a", "recs")].state == INVALID
+    assert memo[MEMO_KEY].context.outcomes[("team-a", "recs")].state == INVALID
+    assert memo[MEMO_KEY].keeper.pokes == [(("team-a", "recs"), False)]  # the status says it too
     assert api.writes() == [] and posted == [("Warning", "InvalidSpec")]
 
 
