@@ -87,6 +87,8 @@ class _Settings:
     batch_size_fn: Callable[[list], int] | None
     size_set: bool = False
     timeout_set: bool = False
+    #: (batch size, maxOngoingRequests) last warned about: one warning per setting, not per model's queue.
+    warned: tuple[int, int] | None = None
 
     def batch_size(self) -> int:
         override = current_runtime().max_batch_size
@@ -95,6 +97,24 @@ class _Settings:
     def wait_timeout_s(self) -> float:
         override = current_runtime().batch_wait_timeout_s
         return self.batch_wait_timeout_s if self.timeout_set or override is None else override
+
+    def warn_if_batches_cannot_fill(self, name: str) -> None:
+        """Warn when the replica's ``maxOngoingRequests`` is below what full concurrent batches
+        need: the replica never holds that many requests, so its batches never fill (and each
+        waits out ``batch_wait_timeout_s``). Known only inside a replica; once per setting."""
+        limit = current_runtime().max_ongoing_requests
+        size = self.batch_size()
+        if limit is None or size * self.max_concurrent_batches <= limit:
+            self.warned = None
+            return
+        if self.warned == (size, limit):
+            return
+        self.warned = (size, limit)
+        log.warning(
+            "@batch %s: max_batch_size (%d) x max_concurrent_batches (%d) is larger than the replica's "
+            "maxOngoingRequests (%d): the replica never holds enough requests to fill its batches. Raise "
+            "maxOngoingRequests (max_ongoing_requests) to at least %d, or lower max_batch_size.",
+            name, size, self.max_concurrent_batches, limit, size * self.max_concurrent_batches)
 
 
 # -- one waiting call ------------------------------------------------------------------------------
@@ -451,7 +471,9 @@ def batch(
         raise TypeError(f"batch_size_fn must be callable (got {batch_size_fn!r})")
 
     def wrap(handler: Callable) -> Callable:
-        return _wrap(handler, settings)
+        wrapper = _wrap(handler, settings)
+        settings.warn_if_batches_cannot_fill(handler.__qualname__)
+        return wrapper
 
     return wrap(_func) if _func is not None else wrap
 
@@ -489,7 +511,7 @@ def _wrap(handler: Callable, settings: _Settings) -> Callable:
             item = _Pending(dict(bound.arguments), loop.time(), stream=asyncio.Queue())
         else:
             item = _Pending(dict(bound.arguments), loop.time(), future=loop.create_future())
-        queue = _queue_for(owner, handler.__name__, lambda model_id, on_idle: _BatchQueue(
+        queue = _queue_for(owner, handler.__qualname__, settings, lambda model_id, on_idle: _BatchQueue(
             call=functools.partial(call_batch, owner),
             model_id=model_id,
             settings=settings,
@@ -518,6 +540,7 @@ def _wrap(handler: Callable, settings: _Settings) -> Callable:
 
     def set_max_batch_size(value: int) -> None:
         settings.max_batch_size, settings.size_set = _check_batch_size(value), True
+        settings.warn_if_batches_cannot_fill(handler.__qualname__)
 
     def set_batch_wait_timeout_s(value: float) -> None:
         settings.batch_wait_timeout_s, settings.timeout_set = _check_timeout(value), True
@@ -529,11 +552,13 @@ def _wrap(handler: Callable, settings: _Settings) -> Callable:
     return wrapper
 
 
-def _queue_for(owner: Any, name: str, create: Callable[[str, Callable], _BatchQueue]) -> _BatchQueue:
+def _queue_for(owner: Any, name: str, settings: _Settings,
+               create: Callable[[str, Callable], _BatchQueue]) -> _BatchQueue:
     """The queue of ``owner``'s batched ``name`` for the current model id; an idle queue is dropped."""
     model_id = get_multiplexed_model_id()
     queues = owner.__dict__.setdefault(_QUEUES_ATTR, {}).setdefault(name, {})
     queue = queues.get(model_id)
     if queue is None:
+        settings.warn_if_batches_cannot_fill(name)  # the replica's limits are known by the first call
         queue = queues[model_id] = create(model_id, lambda idle: queues.get(model_id) is idle and queues.pop(model_id))
     return queue

@@ -29,6 +29,8 @@ class Runtime:
     """One replica's settings and observers, as the SDK reads them (see :func:`current_runtime`)."""
 
     max_models_per_replica: int | None = None
+    #: spec.maxOngoingRequests: what @batch checks its batch size against (a warning when batches cannot fill).
+    max_ongoing_requests: int | None = None
     max_batch_size: int | None = None
     batch_wait_timeout_s: float | None = None
     # The model cache (spec.multiplexing); None leaves the cache unbounded in that respect.

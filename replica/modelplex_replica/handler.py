@@ -26,6 +26,7 @@ def runtime_for(deployment: Deployment) -> Runtime:
     spec = deployment.spec
     runtime = Runtime(
         max_models_per_replica=spec.multiplexing.max_models_per_replica,
+        max_ongoing_requests=spec.max_ongoing_requests,
         max_batch_size=spec.batching.max_batch_size,
         batch_wait_timeout_s=spec.batch_wait_timeout_s,
     )

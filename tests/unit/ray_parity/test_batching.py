@@ -6,11 +6,14 @@ and a 1000 s batch timeout cost no real time, and nothing waits on a sleep to sy
 """
 
 import asyncio
+import logging
 
 import pytest
 
-from modelplex import batch
+from modelplex import batch, get_multiplexed_model_id
+from modelplex.context import reset_multiplexed_model_id, set_multiplexed_model_id
 from modelplex.errors import HandlerError
+from modelplex.runtime import Runtime, runtime_scope
 
 pytestmark = pytest.mark.looptime
 
@@ -454,3 +457,141 @@ async def test_batch_size_fn_puts_requests_that_fit_in_one_batch():
     calls = [handler({"size": size, "value": value}) for size, value in ((5, "a"), (6, "b"), (7, "c"))]
     assert await asyncio.wait_for(asyncio.gather(*calls), 1) == ["a", "b", "c"]
     assert seen == [["a", "b", "c"]]
+
+
+# -- batches per model id (Ray's multiplexed batch queues) -------------------------------------------
+
+
+def batch_recorder(records, **options):
+    """A batched echo that records (model id, batch) and answers ``model:request``."""
+
+    @batch(**options)
+    async def by_model(requests):
+        model_id = get_multiplexed_model_id()
+        records.append((model_id, list(requests)))
+        return [f"{model_id}:{request}" for request in requests]
+
+    return by_model
+
+
+async def call_for(model_id, func, request):
+    token = set_multiplexed_model_id(model_id)
+    try:
+        return await func(request)
+    finally:
+        reset_multiplexed_model_id(token)
+
+
+async def test_each_model_fills_its_own_batch():
+    records = []
+    func = batch_recorder(records, max_batch_size=5, batch_wait_timeout_s=1000)
+    calls = [call_for(model, func, f"{model[-1]}-{i}") for i in range(5) for model in ("model-a", "model-b")]
+    assert await asyncio.wait_for(asyncio.gather(*calls), 1) == [
+        f"{model}:{model[-1]}-{i}" for i in range(5) for model in ("model-a", "model-b")]
+    assert sorted((model, len(requests)) for model, requests in records) == [("model-a", 5), ("model-b", 5)]
+
+
+async def test_a_models_batch_waits_to_fill_whatever_other_models_wait():
+    records = []
+    func = batch_recorder(records, max_batch_size=5, batch_wait_timeout_s=1000)
+    first_a = [asyncio.create_task(call_for("model-a", func, f"a-{i}")) for i in range(4)]
+    first_b = asyncio.create_task(call_for("model-b", func, "b-0"))
+    done, _ = await asyncio.wait([*first_a, first_b], timeout=0.05)
+    assert not done and records == []  # five requests wait, but no model has five
+
+    last_a = asyncio.create_task(call_for("model-a", func, "a-4"))
+    assert await asyncio.wait_for(asyncio.gather(*first_a, last_a), 1) == [f"model-a:a-{i}" for i in range(5)]
+    done, _ = await asyncio.wait([first_b], timeout=0.05)
+    assert not done and records == [("model-a", [f"a-{i}" for i in range(5)])]
+
+    rest_b = [asyncio.create_task(call_for("model-b", func, f"b-{i}")) for i in range(1, 5)]
+    assert await asyncio.wait_for(asyncio.gather(first_b, *rest_b), 1) == [f"model-b:b-{i}" for i in range(5)]
+    assert records[1] == ("model-b", [f"b-{i}" for i in range(5)])
+
+
+def queues_of(func):
+    """The batch queues a batched function holds now, by model id (nothing is kept for idle models)."""
+    return {model: queue for queues in vars(func).get("__modelplex_batch_queues__", {}).values()
+            for model, queue in queues.items()}
+
+
+async def test_a_models_queue_goes_when_idle_and_stays_while_it_has_work():
+    release = asyncio.Event()
+
+    @batch(max_batch_size=2, batch_wait_timeout_s=1000)
+    async def blocked(requests):
+        await release.wait()
+        return requests
+
+    # Served, or given up by its caller: either way nothing is left for the model.
+    release.set()
+    assert await call_for("model-a", blocked, "x") == "x"
+    await asyncio.sleep(0.01)  # the worker ends after handing out the results
+    assert queues_of(blocked) == {}
+    release.clear()
+    given_up = asyncio.create_task(call_for("model-b", blocked, "y"))
+    await asyncio.sleep(0.01)
+    given_up.cancel()
+    await asyncio.wait([given_up])
+    await asyncio.sleep(0.01)
+    assert queues_of(blocked) == {}
+
+    # A running batch and a request waiting behind it keep the queue, and the request is served.
+    running = [asyncio.create_task(call_for("model-a", blocked, f"r-{i}")) for i in (1, 2)]
+    await asyncio.sleep(0.01)
+    third = asyncio.create_task(call_for("model-a", blocked, "r-3"))
+    await asyncio.sleep(0.01)
+    release.set()
+    assert await asyncio.gather(*running) == ["r-1", "r-2"]
+    await asyncio.sleep(0.01)
+    assert not third.done() and set(queues_of(blocked)) == {"model-a"}
+    fourth = asyncio.create_task(call_for("model-a", blocked, "r-4"))
+    assert await asyncio.wait_for(asyncio.gather(third, fourth), 1) == ["r-3", "r-4"]
+    await asyncio.sleep(0.01)
+    assert queues_of(blocked) == {}
+
+
+# -- the warning when batches cannot fill -------------------------------------------------------------
+
+
+async def test_a_batch_larger_than_max_ongoing_requests_is_a_warning(caplog):
+    def warned() -> list[str]:
+        messages = [r.getMessage() for r in caplog.records if r.name == "modelplex.batching"]
+        caplog.clear()
+        return messages
+
+    bound = 5
+    caplog.set_level(logging.WARNING, logger="modelplex.batching")
+    with runtime_scope(Runtime(max_ongoing_requests=bound)):
+        for size in (bound + 1, bound - 1, bound):  # at decoration, where the replica's limit is known
+            func = batch(max_batch_size=size, batch_wait_timeout_s=1000)(_echo)
+            messages = warned()
+            if size > bound:
+                assert len(messages) == 1
+                assert (f"max_batch_size ({size}) x max_concurrent_batches (1) is larger than the replica's "
+                        f"maxOngoingRequests ({bound})") in messages[0]
+                assert f"at least {size}" in messages[0]
+            else:
+                assert messages == []
+        for size in (bound + 1, bound - 1, bound):  # and by the setter
+            func.set_max_batch_size(size)
+            assert len(warned()) == (1 if size > bound else 0)
+
+        func.set_max_batch_size(bound + 1)
+        warned()
+        assert await asyncio.gather(*(call_for(model, func, 1) for model in "abc")) == [1, 1, 1]
+        assert warned() == []  # once per setting, not once per model's queue
+
+        batch(max_batch_size=3, max_concurrent_batches=2)(_echo)
+        assert "max_concurrent_batches (2)" in warned()[0]
+
+    with runtime_scope(Runtime(max_ongoing_requests=bound, max_batch_size=bound + 3)):
+        func = batch(max_batch_size=2)(_echo)  # the spec's maxBatchSize is the one in force
+        assert f"max_batch_size ({bound + 3})" in warned()[0]
+
+    batch(max_batch_size=1000)(_echo)  # outside a replica there is no limit to check against
+    assert warned() == []
+
+
+async def _echo(requests):
+    return requests
