@@ -51,7 +51,7 @@ from modelplex.codec import (
 from modelplex.errors import BadRequest, ModelplexError, ReplicaFailed, UpstreamTimeout, error_for_status
 from modelplex.http import from_json, is_json
 from modelplex.ids import InvalidModelId, validate_model_id
-from modelplex.names import ENV_POD_NAMESPACE, MODEL_ID_HEADER, ROUTER_PORT, router_env_name
+from modelplex.names import ENV_POD_NAMESPACE, MODEL_ID_HEADER, ROUTER_PORT, dns_label, router_env_name
 
 #: The longest record (one streamed item) a stream may send; one is held at a time.
 MAX_RECORD_BYTES = 64 * 1024 * 1024
@@ -161,8 +161,6 @@ class _Started:
 def resolve(deployment: str) -> str:
     """The router URL of ``deployment`` (its name, or Ray's class name: ``SimpleModel`` is
     ``simple-model``): local mode's variable, else its in-cluster Service."""
-    from modelplex.serve.deployment import dns_label  # modelplex.serve imports this module
-
     try:
         label = dns_label(deployment)
     except ValueError:

@@ -1,4 +1,7 @@
-"""Names shared by every component: the custom resource, labels, annotations, headers, env."""
+"""Names shared by every component: the custom resource, labels, annotations, headers, env,
+and the rule that turns a Ray deployment name into a Kubernetes one."""
+
+import re
 
 API_GROUP = "modelplex.io"
 API_VERSION = "v1alpha1"
@@ -44,3 +47,15 @@ ENV_ROUTER_PREFIX = "MODELPLEX_ROUTER_"
 def router_env_name(deployment: str) -> str:
     """``MODELPLEX_ROUTER_<NAME>``: NAME upper-cased, ``-`` as ``_``."""
     return ENV_ROUTER_PREFIX + deployment.upper().replace("-", "_")
+
+
+_WORD_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+_NOT_LABEL = re.compile(r"[^a-z0-9]+")
+
+
+def dns_label(name: str) -> str:
+    """A Ray deployment name as a Kubernetes name: ``SimpleModel`` → ``simple-model``."""
+    label = _NOT_LABEL.sub("-", _WORD_BOUNDARY.sub("-", name).lower()).strip("-")
+    if not label:
+        raise ValueError(f"deployment name {name!r} has no letter or digit to name it by")
+    return label[:50].rstrip("-")

@@ -9,7 +9,6 @@ application into MultiplexedDeployments; :func:`modelplex.serve.run` runs them h
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
@@ -28,18 +27,6 @@ AUTOSCALING_IGNORED = {"metrics_interval_s", "smoothing_factor", "upscale_smooth
                        "downscale_to_zero_delay_s", "aggregation_function"}
 #: ``num_replicas="auto"``: Ray's defaults then allow up to 100 replicas.
 AUTO_MAX_REPLICAS = 100
-
-_WORD_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
-_NOT_LABEL = re.compile(r"[^a-z0-9]+")
-
-
-def dns_label(name: str) -> str:
-    """A Ray deployment name as a Kubernetes name: ``SimpleModel`` → ``simple-model``."""
-    label = _NOT_LABEL.sub("-", _WORD_BOUNDARY.sub("-", name).lower()).strip("-")
-    if not label:
-        raise ValueError(f"deployment name {name!r} has no letter or digit to name it by")
-    return label[:50].rstrip("-")
-
 
 @dataclass(frozen=True)
 class DeploymentOptions:

@@ -12,8 +12,8 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-from modelplex.names import API_GROUP, API_VERSION, KIND
-from modelplex.serve.deployment import Application, DeploymentOptions, dns_label
+from modelplex.names import API_GROUP, API_VERSION, KIND, dns_label
+from modelplex.serve.deployment import Application, DeploymentOptions
 
 #: The annotation that lists a deployment's edges: the deployments its handles call.
 ANNOTATION_HANDLES = f"{API_GROUP}/handles"

@@ -29,9 +29,9 @@ import yaml
 from modelplex.forwarded import ENV_ROUTE_PREFIX, check_route_prefix
 from modelplex.handles import DeploymentHandle, handle
 from modelplex.local import _die_with_parent
-from modelplex.names import router_env_name
+from modelplex.names import dns_label, router_env_name
 from modelplex.serve import graph
-from modelplex.serve.deployment import Application, dns_label
+from modelplex.serve.deployment import Application
 from modelplex.serve.hosted import ENV_PAYLOAD, HANDLER
 
 ENV_HTTP_PORT = "MODELPLEX_SERVE_HTTP_PORT"

@@ -6,7 +6,7 @@ import pytest
 
 from modelplex import serve
 from modelplex.handles import DeploymentHandle
-from modelplex.serve.deployment import dns_label
+from modelplex.names import dns_label
 from modelplex.serve.graph import ANNOTATION_HANDLES, HandleRef, manifest, walk
 from modelplex.serve.hosted import construct
 from modelplex.spec import parse_deployment
