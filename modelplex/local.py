@@ -24,6 +24,7 @@ the router runs alone while idle and holds the first request until a replica is 
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import os
@@ -296,7 +297,9 @@ class LocalRun:
                 body = response.read()
                 if response.status != 200:
                     return False
-        except (OSError, urllib.error.URLError):
+        except (OSError, urllib.error.URLError, http.client.HTTPException):
+            # HTTPException: a probe of a port in the ephemeral range that nothing listens on
+            # yet can connect to itself (TCP simultaneous open) and read its own request back.
             return False
         if child.expected_replicas is None:
             return True

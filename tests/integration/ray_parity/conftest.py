@@ -1,5 +1,5 @@
 """One ``modelplex local`` stack of the deployments in parity.py, started once for the package
-(a cold start of 16 processes costs tens of seconds on two cores)."""
+(a cold start of two dozen processes costs tens of seconds on two cores)."""
 
 from __future__ import annotations
 
@@ -23,9 +23,13 @@ DEPLOYMENTS = {
     "loader": "parity:Loader",
     "lru": "parity:Loader",
     "delegate": "parity:Delegate",
+    "one-request-each": "parity:OneRequestEach",
+    "sync-gen-function": "parity:sync_gen_function",
+    "async-gen-function": "parity:async_gen_function",
 }
 #: Spec fields per deployment, beyond one replica of its handler.
-SPECS = {"loader": {"replicas": 2}, "lru": {"multiplexing": {"maxModelsPerReplica": 2}}}
+SPECS = {"loader": {"replicas": 2, "maxOngoingRequests": 1}, "lru": {"multiplexing": {"maxModelsPerReplica": 2}},
+         "one-request-each": {"replicas": 2, "maxOngoingRequests": 1}}
 
 
 @pytest.fixture(scope="package")

@@ -1,15 +1,34 @@
 """Deployments for the Ray parity tests, written as Ray Serve's own tests write theirs
 (``python/ray/serve/tests/test_batching.py``, ``test_handle_streaming.py``,
-``test_streaming_response.py``), with only the SDK's import changed."""
+``test_streaming_response.py``, ``test_multiplex.py``), with only the SDK's import changed.
+Ray's signal actor is a flag file the test creates."""
 
+import asyncio
 import os
 import time
 from pathlib import Path
 
 import numpy
 import torch
+from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
 
-from modelplex import batch, get_multiplexed_model_id, handle, multiplexed
+from modelplex import batch, get_multiplexed_model_id, handle, multiplexed, serve
+
+#: How long a deployment waits for a test's flag file at most.
+FLAG_WAIT_S = 60
+
+
+def wait_for_flag(flag: str) -> None:
+    deadline = time.monotonic() + FLAG_WAIT_S
+    while not Path(flag).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+async def wait_for_flag_async(flag: str) -> None:
+    deadline = time.monotonic() + FLAG_WAIT_S
+    while not Path(flag).exists() and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
 
 
 class Batched:
@@ -18,6 +37,8 @@ class Batched:
     def __init__(self):
         self.batches = []
         self.count = 0
+        self.by_model = []
+        self.at_barrier = 0
 
     @batch(batch_wait_timeout_s=0.1, max_batch_size=4)
     async def run(self, multiple_samples: list[int]) -> list[int]:
@@ -49,6 +70,25 @@ class Batched:
         """Over HTTP: a prompt streams back from the batched generator."""
         async for text in self.textgen(body["prompt"]):
             yield text
+
+    # Batching with multiplexing (Ray's test_multiplex.py): batches never mix models, and each
+    # batch reads its own model id even while other models' batches run beside it. (No
+    # @multiplexed loader here: it would make a model id required on every call.)
+    @batch(max_batch_size=10, batch_wait_timeout_s=1.0)
+    async def predict(self, inputs: list[str], flags: list[str | None] = None):
+        if flags[0] is not None:  # a barrier: every batch waits for the test's flag
+            self.at_barrier += 1
+            await wait_for_flag_async(flags[0])
+            self.at_barrier -= 1
+        model_id = get_multiplexed_model_id()  # read after waiting: other models' batches ran meanwhile
+        self.by_model.append((model_id, inputs))
+        return [f"{model_id}:{item}" for item in inputs]
+
+    def batches_by_model(self) -> list:
+        return self.by_model
+
+    def batches_at_barrier(self) -> int:
+        return self.at_barrier
 
 
 class AsyncStreamer:
@@ -93,6 +133,16 @@ class SyncStreamer:
             yield f"hi_{i}"
 
 
+def sync_gen_function(n: int):
+    """A generator function as a deployment (Ray's TestGeneratorFunctionDeployment)."""
+    yield from range(n)
+
+
+async def async_gen_function(n: int):
+    for i in range(n):
+        yield i
+
+
 class TextStreamer:
     """Plain HTTP streams, as Ray's StreamingResponse tests send them."""
 
@@ -101,21 +151,93 @@ class TextStreamer:
         if kind == "fail":
             yield "first result"
             raise RuntimeError("raised in generator")
+        if kind == "until":
+            yield f"{os.getpid()}: before signal"
+            wait_for_flag(body["flag"])
+            yield f"{os.getpid()}: after signal"
+            return
         if kind == "disconnect":
-            yield from self._until_cancelled(Path(body["flag"]))
+            yield from self._until_cancelled(Path(body["flag"]), body.get("gap_s", 0.1))
             return
         for i in range(10):
             yield f"hi_{i}"
 
     @staticmethod
-    def _until_cancelled(flag: Path):
+    def _until_cancelled(flag: Path, gap_s: float):
+        """"hi", then "." every ``gap_s`` (a sync generator learns it was closed at its next yield)."""
         try:
             yield "hi"
-            for _ in range(600):  # at most 60 s
-                time.sleep(0.1)
+            for _ in range(int(60 / gap_s)):  # at most 60 s
+                time.sleep(gap_s)
                 yield "."
         finally:
             flag.write_text("closed")
+
+
+def hi_sync():
+    for i in range(10):
+        yield f"hi_{i}"
+
+
+async def hi_async():
+    for i in range(10):
+        yield f"hi_{i}"
+
+
+def until_flag_sync(flag: str):
+    yield f"{os.getpid()}: before signal"
+    wait_for_flag(flag)
+    yield f"{os.getpid()}: after signal"
+
+
+async def until_flag_async(flag: str):
+    yield f"{os.getpid()}: before signal"
+    await wait_for_flag_async(flag)
+    yield f"{os.getpid()}: after signal"
+
+
+def failing_sync():
+    yield "first result"
+    raise RuntimeError("raised in generator")
+
+
+async def failing_async():
+    yield "first result"
+    raise RuntimeError("raised in generator")
+
+
+streaming_app = FastAPI()
+
+
+@serve.ingress(streaming_app)
+class OneRequestEach:
+    """Ray's FastAPI streaming tests (a route returns Starlette's StreamingResponse), served by
+    two replicas that take one request at a time."""
+
+    def __init__(self):
+        self.streamers = {name: handle(name) for name in ("async-streamer", "sync-streamer")}
+
+    @streaming_app.get("/hi")
+    def hi(self, kind: str) -> StreamingResponse:
+        return StreamingResponse(hi_async() if kind == "async" else hi_sync(), media_type="text/plain")
+
+    @streaming_app.get("/until")
+    def until(self, kind: str, flag: str) -> StreamingResponse:
+        generator = until_flag_async(flag) if kind == "async" else until_flag_sync(flag)
+        return StreamingResponse(generator, media_type="text/plain")
+
+    @streaming_app.get("/metadata")
+    def metadata(self) -> StreamingResponse:
+        return StreamingResponse(hi_sync(), status_code=301, headers={"hello": "world"}, media_type="foo/bar")
+
+    @streaming_app.get("/fail")
+    def fail(self, kind: str) -> StreamingResponse:
+        return StreamingResponse(failing_async() if kind == "async" else failing_sync(), media_type="text/plain")
+
+    @streaming_app.get("/proxy")
+    def proxy(self, target: str) -> StreamingResponse:
+        return StreamingResponse(self.streamers[target].options(stream=True).hi.remote(), media_type="text/plain")
+
 
 
 class Echo:
@@ -180,12 +302,19 @@ class Loader:
         model_id = body if isinstance(body, bytes) else get_multiplexed_model_id()
         return {**await self.get_model(model_id), "pid": os.getpid()}
 
+    async def pid_once_released(self, flag: str) -> int:
+        """Holds its replica's one slot (maxOngoingRequests 1) until the flag exists."""
+        await self.get_model(get_multiplexed_model_id())
+        await wait_for_flag_async(flag)
+        return os.getpid()
+
 
 class Delegate:
     """Calls the streamers through handles from inside a deployment, as Ray's Delegate does."""
 
     def __init__(self):
         self.streamers = {name: handle(name) for name in ("async-streamer", "sync-streamer")}
+        self.functions = {name: handle(name) for name in ("sync-gen-function", "async-gen-function")}
 
     async def __call__(self, body):
         h = self.streamers[body["target"]].options(stream=True)
@@ -222,3 +351,7 @@ class Delegate:
         first = echo.echo.remote(x)
         return await echo.echo.remote(first)
 
+
+    async def function_streams(self) -> dict:
+        """Generator-function deployments streamed from inside a deployment."""
+        return {name: [i async for i in h.options(stream=True).remote(5)] for name, h in self.functions.items()}

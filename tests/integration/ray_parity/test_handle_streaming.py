@@ -1,6 +1,7 @@
 """Streaming through handles, as Ray's test_handle_streaming.py checks it: async and sync
 generators, methods by name, a method that returns a generator, empty and failing streams,
-and two streams read in turn — from this process and from inside another deployment."""
+two streams read in turn, generator functions as deployments — from this process and from
+inside another deployment."""
 
 import asyncio
 
@@ -85,10 +86,12 @@ async def test_a_deployment_streams_from_another_through_its_handle(stack, name)
 
 async def test_cancelling_a_reader_closes_the_stream_upstream(stack, tmp_path):
     flag = tmp_path / "closed"
-    stream = streaming(stack, "text-streamer").remote({"kind": "disconnect", "flag": str(flag)})
+    # The next item comes 2 s after "hi": the read below is still waiting for it when cancelled.
+    stream = streaming(stack, "text-streamer").remote({"kind": "disconnect", "flag": str(flag), "gap_s": 2})
     assert await stream.__anext__() == "hi"
     reader = asyncio.ensure_future(stream.__anext__())
     await asyncio.sleep(0.05)  # the read is in flight on the handle loop
+    assert not reader.done()
     reader.cancel()
     await asyncio.gather(reader, return_exceptions=True)
     with pytest.raises(StopAsyncIteration):
@@ -97,3 +100,14 @@ async def test_cancelling_a_reader_closes_the_stream_upstream(stack, tmp_path):
     while not flag.exists() and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.05)
     assert flag.read_text() == "closed"  # the generator upstream was closed
+
+
+@pytest.mark.parametrize("name", ["sync-gen-function", "async-gen-function"])
+def test_a_generator_function_deployment_streams(stack, name):
+    assert list(streaming(stack, name).remote(5)) == list(range(5))
+
+
+async def test_a_deployment_streams_from_generator_function_deployments(stack):
+    delegate = handle("delegate", url=stack.url("delegate"))
+    assert await delegate.function_streams.remote() == {"sync-gen-function": list(range(5)),
+                                                        "async-gen-function": list(range(5))}

@@ -1,12 +1,22 @@
 """Streams over plain HTTP through the router, as Ray's test_streaming_response.py and the
-batched-generator test of test_batching.py check them."""
+batched-generator test of test_batching.py check them: a plain deployment's generator, and a
+``serve.ingress`` FastAPI route returning Starlette's StreamingResponse (on two replicas that
+take one request each)."""
 
 import asyncio
 import time
 
 import aiohttp
+import pytest
 
 from modelplex.names import MODEL_ID_HEADER
+
+KINDS = ["sync", "async"]
+HI = "".join(f"hi_{i}" for i in range(10))
+
+
+def ingress(stack, path):
+    return stack.url("one-request-each") + path
 
 
 async def test_a_sync_generator_streams_text(stack, session):
@@ -79,3 +89,79 @@ async def test_a_bytes_id_given_to_the_loader_fails_that_request_only(stack, ses
         replicas = (await response.json())["replicas"]
     assert all(replica["ready"] for replica in replicas), replicas
     assert error["type"] == "TypeError" and "string" in error["message"]
+
+
+# -- a FastAPI route's StreamingResponse (Ray's use_fastapi=True variants) ---------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_fastapi_streaming_response_streams_a_generator(stack, session, kind):
+    async with session.get(ingress(stack, "/hi"), params={"kind": kind}) as response:
+        assert response.status == 200, await response.text()
+        assert response.content_type == "text/plain"
+        assert await response.text() == HI
+
+
+async def test_a_fastapi_streaming_response_keeps_its_status_headers_and_media_type(stack, session):
+    async with session.get(ingress(stack, "/metadata"), allow_redirects=False) as response:
+        assert response.status == 301
+        assert response.headers["hello"] == "world"
+        assert response.headers["content-type"] == "foo/bar"
+        assert await response.text() == HI
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_fastapi_stream_that_fails_midway_is_cut(stack, session, kind):
+    async with session.get(ingress(stack, "/fail"), params={"kind": kind}) as response:
+        assert response.status == 200
+        assert await response.content.readany() == b"first result"
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await response.content.read()
+
+
+@pytest.mark.parametrize("target", ["async-streamer", "sync-streamer"])
+async def test_a_fastapi_route_streams_what_a_handle_streams(stack, session, target):
+    async with session.get(ingress(stack, "/proxy"), params={"target": target}) as response:
+        assert response.status == 200, await response.text()
+        assert await response.text() == HI
+
+
+# -- actually streamed: a chunk arrives while its generator still waits -----------------------------
+
+
+async def two_streams_before_and_after_a_signal(open_stream, flag) -> list[str]:
+    """Open two streams whose generators yield once, wait for ``flag``, then yield again. Each
+    first chunk must arrive while both generators wait, and nothing more until the flag exists.
+    Returns the pid each stream came from."""
+    async with open_stream() as first, open_stream() as second:
+        pids = []
+        for response in (first, second):
+            assert response.status == 200
+            text = (await asyncio.wait_for(response.content.readany(), 30)).decode()
+            assert text.endswith(": before signal"), text
+            pids.append(text.split(":")[0])
+        nexts = [asyncio.ensure_future(response.content.readany()) for response in (first, second)]
+        done, _ = await asyncio.wait(nexts, timeout=0.3)
+        assert not done  # both generators are still waiting for the signal
+        flag.touch()
+        for response, pid, following in zip((first, second), pids, nexts):
+            rest = (await asyncio.wait_for(following, 30) + await response.content.read()).decode()
+            assert rest == f"{pid}: after signal"
+    return pids
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_fastapi_stream_arrives_as_yielded_from_two_replicas_at_once(stack, session, tmp_path, kind):
+    flag = tmp_path / "go"
+    params = {"kind": kind, "flag": str(flag)}
+    pids = await two_streams_before_and_after_a_signal(
+        lambda: session.get(ingress(stack, "/until"), params=params), flag)
+    assert pids[0] != pids[1]  # one request each: the second went to the other replica
+
+
+async def test_a_generator_streams_two_requests_at_once_from_one_replica(stack, session, tmp_path):
+    flag = tmp_path / "go"
+    body = {"kind": "until", "flag": str(flag)}
+    pids = await two_streams_before_and_after_a_signal(
+        lambda: session.post(stack.url("text-streamer") + "/", json=body), flag)
+    assert pids[0] == pids[1]
