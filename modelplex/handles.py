@@ -259,7 +259,9 @@ class DeploymentResponseGenerator:
         try:
             item = await self._step().awaitable()  # cancelling the reader cancels the read
         except BaseException:
-            self._closed = True  # a failed or cancelled read ends the stream
+            # A failed or cancelled read ends the stream. A read cancelled before it began
+            # never reached the records: close them, or the connection would stay open.
+            self.cancel()
             raise
         finally:
             self._next = None

@@ -3,6 +3,8 @@ Ray's object references (``_to_object_ref``, ``_to_object_ref_gen``) pass their 
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from aiohttp import web
 
@@ -66,3 +68,46 @@ async def test_a_responses_reference_carries_its_answer(echo_server):
     ref = await deployment.run.remote("x")._to_object_ref()
     assert await ref == [("x",), {}]
     assert await deployment.run.remote(ref) == [([("x",), {}],), {}]
+
+
+@pytest.fixture
+async def endless_server():
+    """A streaming deployment stand-in on loopback that sends an item every 10 ms (for up to
+    30 s) and sets ``hung_up`` when its client closes the connection."""
+    hung_up = asyncio.Event()
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": STREAM_CONTENT_TYPE})
+        await response.prepare(request)
+        try:
+            for i in range(3000):
+                await response.write(encode_stream_item(i))
+                await asyncio.sleep(0.01)
+        except (ConnectionResetError, asyncio.CancelledError):
+            hung_up.set()
+            raise
+        return response
+
+    app = web.Application()
+    app.router.add_post("/", stream)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}", hung_up
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_stream_whose_reader_was_cancelled_before_its_read_began_still_hangs_up(endless_server):
+    url, hung_up = endless_server
+    stream = handle("endless", url=url).options(stream=True).remote()
+    assert await stream.__anext__() == 0
+    reader = asyncio.ensure_future(stream.__anext__())
+    await asyncio.sleep(0)  # the reader has asked for the next item; the read has not begun
+    reader.cancel()  # as a pipeline cancels its feeder when a later stage fails
+    with pytest.raises(asyncio.CancelledError):
+        await reader
+    await stream.aclose()
+    await asyncio.wait_for(hung_up.wait(), 10)
