@@ -236,6 +236,8 @@ class UserCodeLoop:
         except asyncio.CancelledError:
             self.inbox.post(_cancel, job)
             raise
+        finally:
+            del job  # see _run_job
 
     def stream(self, open_stream: Callable[[], AsyncIterator[Any]], *, window: int = STREAM_WINDOW) -> Stream:
         """Iterate ``open_stream()`` on the user loop; read its items from the calling loop."""
@@ -255,7 +257,7 @@ class UserCodeLoop:
             sys.setswitchinterval(self._switch_interval)
 
 
-# -- the two ends of a hop: _start and _cancel on the user loop, _answer on the caller's --------
+# -- the two ends of a hop: _start and _cancel on the user loop, _reply on the caller's ---------
 
 
 def _start(job: _Job) -> None:
@@ -279,6 +281,11 @@ async def _run_job(job: _Job) -> None:
             raise  # SystemExit, KeyboardInterrupt: the user loop's too
     else:
         job.replies.post(_reply, job.reply, result)
+    finally:
+        # The reply holds the error, whose traceback holds this frame: were the frame to hold
+        # the reply too, the cycle would keep the user's frames, and the async generators they
+        # hold open, alive until the cycle collector runs (minutes, maybe), not closed at once.
+        del job
 
 
 def _cancel(job: _Job) -> None:
@@ -374,7 +381,10 @@ class Stream:
             return value
         if kind == _END:
             raise StopAsyncIteration
-        raise value
+        try:
+            raise value
+        finally:
+            del value  # no cycle through the error's traceback (see _run_job)
 
     async def aclose(self) -> None:
         """Stop the producer (and so the generator) if it still runs."""
@@ -393,8 +403,11 @@ class Stream:
             self._producer = asyncio.get_running_loop().create_task(self._produce(open_stream))
 
     def _stop(self) -> None:
-        if self._producer is not None:
-            self._producer.cancel()
+        # Let go of the task: its cancellation's traceback holds the producer's frames, and so
+        # this stream (a cycle) and what the generator held (see _run_job).
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            producer.cancel()
 
     def _wake_producer(self) -> None:
         if self._space is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 
 import pytest
@@ -200,3 +201,82 @@ async def test_work_posted_while_the_user_loop_naps_on_a_short_timer_is_run_when
         assert await asyncio.wait_for(user.run(where()), 5) == "modelplex-user-code"
     assert time.monotonic() - started < 5  # none waited for more than its nap
     assert await napping > 10
+
+
+class _Source:
+    """An async generator the handler iterates (a stream from another deployment, say), with a
+    record of when its ``finally`` ran: an ``async for`` that stops early does not close it;
+    its last reference going away does (the loop's async-generator finalizer)."""
+
+    def __init__(self):
+        self.closed = threading.Event()
+
+    async def items(self):
+        try:
+            for i in range(1000):
+                await asyncio.sleep(0.001)
+                yield i
+        finally:
+            self.closed.set()
+
+
+@pytest.fixture
+def no_cycle_collector():
+    # The cyclic collector runs when allocations say so, maybe minutes later; with it off, what
+    # the stream keeps alive in a reference cycle stays alive, and the tests below see it.
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+async def test_an_inner_stream_a_failing_generator_held_is_closed_once_its_error_is_read(user, no_cycle_collector):
+    source = _Source()
+
+    async def chunks():
+        inner = source.items()  # in the generator's frame, which the error's traceback holds
+        async for i in inner:
+            if i == 3:
+                raise ValueError("chunk 3 is corrupt")
+            yield i
+
+    got = []
+    with pytest.raises(ValueError, match="corrupt"):
+        async for item in user.stream(chunks):
+            got.append(item)
+    assert got == [0, 1, 2]
+    assert await asyncio.to_thread(source.closed.wait, 5)
+
+
+async def test_an_inner_stream_an_abandoned_generator_held_is_closed_when_the_reader_leaves(user, no_cycle_collector):
+    source = _Source()
+    waiting = threading.Event()
+
+    async def chunks():
+        inner = source.items()
+        async for i in inner:
+            yield i
+            if i == 1:
+                waiting.set()
+                await asyncio.sleep(60)  # the reader leaves while the generator awaits
+
+    stream = user.stream(chunks, window=1)
+    assert [await stream.__anext__(), await stream.__anext__()] == [0, 1]
+    await asyncio.to_thread(waiting.wait, 5)
+    await stream.aclose()
+    assert await asyncio.to_thread(source.closed.wait, 5)
+
+
+async def test_an_inner_stream_a_failing_coroutine_held_is_closed_once_its_error_is_raised(user, no_cycle_collector):
+    source = _Source()
+
+    async def handler():
+        inner = source.items()
+        async for i in inner:
+            if i == 3:
+                raise ValueError("chunk 3 is corrupt")
+
+    with pytest.raises(ValueError, match="corrupt"):
+        await user.run(handler())
+    assert await asyncio.to_thread(source.closed.wait, 5)
