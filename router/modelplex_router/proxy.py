@@ -26,6 +26,7 @@ from modelplex.loaded import LoadedSummary
 from modelplex.names import LOADED_MODELS_HEADER, MODEL_ID_HEADER
 from modelplex_router.metrics import RouterMetrics
 from modelplex_router.scheduler import Lease, Scheduler
+from modelplex_router.table import Replica
 
 log = logging.getLogger("modelplex.router.proxy")
 
@@ -116,7 +117,7 @@ class Proxy:
                         ) from None
                 else:
                     refusals += 1
-                    if refusals > 4 * max(1, len(self.scheduler.table)):
+                    if refusals > self.scheduler.refusals_allowed:
                         raise Overloaded(f"every replica refused the request ({retry.reason})",
                                          retry_after=retry.retry_after or 1.0) from None
                 self.metrics.retried("replica_failed" if retry.failed else "replica_full")
@@ -124,81 +125,23 @@ class Proxy:
 
     async def _attempt(self, request: web.Request, lease: Lease, target: _Target, headers: dict,
                        body: bytes) -> web.StreamResponse:
-        replica = lease.replica
+        """One try on the lease's replica: send, then answer the client from what it sends."""
         ok = False  # the replica answered successfully: it holds the model
         clean = False  # the replica's response was read to its end: the connection is reusable
         upstream: aiohttp.ClientResponse | None = None
         try:
-            try:
-                async with asyncio.timeout(self.first_byte_timeout_s):
-                    upstream = await self.session.request(target.method, self._url(replica.url, target.path),
-                                                          data=body, headers=headers)
-                    self.scheduler.table.answered(replica, self.clock())
-                    if upstream.status == 503:
-                        await upstream.read()
-                        clean = True
-                        raise _Retry("503 " + (upstream.reason or ""), failed=False,
-                                     retry_after=_retry_after(upstream))
-                    first = await (upstream.read() if target.buffer else upstream.content.readany())
-            except _FAILURES as error:
-                # Refused, or dropped with the request: most likely dead. Out of rotation until
-                # discovery sees it alive again, so that neither this request's retry (once
-                # the replicas that refused it are allowed again) nor any other goes back to it.
-                self.scheduler.table.failed(replica, self.clock())
-                raise _Retry(type(error).__name__, failed=True) from None
-            except TimeoutError:
-                # Frozen or stuck: out of rotation until a poll finds it ready again.
-                self.scheduler.table.failed(replica, self.clock())
-                model = f" for model {lease.model!r}" if lease.model else ""
-                raise UpstreamTimeout(f"replica {replica.name} sent nothing{model} within "
-                                      f"requestTimeoutSeconds ({self.first_byte_timeout_s:g} s)") from None
-
+            upstream, first = await self._send(lease, target, headers, body)
             self._learn(lease, upstream.headers.get(LOADED_MODELS_HEADER))
             # Commit: from here on the client has the status line; no more retries.
-            out = CIMultiDict()
-            for name, value in upstream.headers.items():
-                if name.lower() not in HOP_BY_HOP:
-                    out.add(name, value)
-            out[REPLICA_HEADER] = replica.name
-            if upstream.content_type == "text/event-stream":
-                # Proxies in front of us (nginx, ingress controllers) buffer and caches keep
-                # answers unless told otherwise: an event stream must reach the client as sent.
-                out[hdrs.CACHE_CONTROL] = "no-cache"
-                out["X-Accel-Buffering"] = "no"
-            length = upstream.content_length
-            if target.buffer or (length is not None and len(first) == length and upstream.content.at_eof()):
+            answer_headers = _answer_headers(upstream, lease.replica.name)
+            if target.buffer or _whole(upstream, first):
                 # The whole (unary) answer came in one read: send headers and body in one write.
+                response = web.Response(status=upstream.status, reason=upstream.reason, body=first,
+                                        headers=answer_headers)
                 clean = True
-                ok = upstream.status < 400
-                return web.Response(status=upstream.status, reason=upstream.reason, body=first, headers=out)
-            response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=out)
-            if length is not None:
-                response.content_length = length
-            try:
-                await response.prepare(request)
-                if first:
-                    await response.write(first)
-                async for chunk in upstream.content.iter_any():
-                    await response.write(chunk)
-                clean = True
-                ok = upstream.status < 400
-                await response.write_eof()
-            except ConnectionResetError:
-                # The client went away. Returning (not raising) lets aiohttp close quietly;
-                # closing the replica's connection (below) stops the handler there.
-                response[ABORTED] = 499
-            except _FAILURES as error:
-                # The replica died mid-stream. The client must see a cut, never a clean end:
-                # an event stream gets an error event first; then the connection is closed
-                # before aiohttp could finish the chunked body.
-                log.warning("replica %s failed mid-response (%s); cutting the client's stream",
-                            replica.name, type(error).__name__)
-                if upstream.content_type == "text/event-stream":
-                    await _send_error_event(response, ReplicaFailed(
-                        f"replica {replica.name} failed mid-stream ({type(error).__name__})"))
-                if request.transport is not None:
-                    request.transport.close()
-                response[ABORTED] = 502
+            else:
+                response, clean = await self._relay(request, lease, upstream, first, answer_headers)
+            ok = clean and upstream.status < 400
             return response
         finally:
             if upstream is not None:
@@ -207,6 +150,80 @@ class Proxy:
                 else:
                     upstream.close()  # unread or broken: never hand the connection back
             lease.release(ok)
+
+    async def _send(self, lease: Lease, target: _Target, headers: dict,
+                    body: bytes) -> tuple[aiohttp.ClientResponse, bytes]:
+        """The replica's response and its first body chunk (its whole body with ``target.buffer``).
+        Nothing has reached the client yet: a replica that refuses or fails raises
+        :class:`_Retry`, for another one to answer."""
+        replica = lease.replica
+        try:
+            async with asyncio.timeout(self.first_byte_timeout_s):
+                return await self._first_chunk(replica, target, headers, body)
+        except _FAILURES as error:
+            # Refused, or dropped with the request: most likely dead. Out of rotation until
+            # discovery sees it alive again, so that neither this request's retry (once
+            # the replicas that refused it are allowed again) nor any other goes back to it.
+            self.scheduler.failed(replica)
+            raise _Retry(type(error).__name__, failed=True) from None
+        except TimeoutError:
+            # Frozen or stuck: out of rotation until a poll finds it ready again.
+            self.scheduler.failed(replica)
+            model = f" for model {lease.model!r}" if lease.model else ""
+            raise UpstreamTimeout(f"replica {replica.name} sent nothing{model} within "
+                                  f"requestTimeoutSeconds ({self.first_byte_timeout_s:g} s)") from None
+
+    async def _first_chunk(self, replica: Replica, target: _Target, headers: dict,
+                           body: bytes) -> tuple[aiohttp.ClientResponse, bytes]:
+        """Send the request (the caller bounds the time); the response and its first chunk."""
+        upstream = await self.session.request(target.method, self._url(replica.url, target.path),
+                                              data=body, headers=headers)
+        try:
+            self.scheduler.answered(replica)
+            if upstream.status != 503:
+                return upstream, await (upstream.read() if target.buffer else upstream.content.readany())
+            await upstream.read()
+        except BaseException:
+            upstream.close()  # unread or broken: never hand the connection back
+            raise
+        # Full or not ready: another replica may take it. Read to its end, the connection is reusable.
+        upstream.release()
+        raise _Retry("503 " + (upstream.reason or ""), failed=False, retry_after=_retry_after(upstream))
+
+    async def _relay(self, request: web.Request, lease: Lease, upstream: aiohttp.ClientResponse, first: bytes,
+                     headers: CIMultiDict) -> tuple[web.StreamResponse, bool]:
+        """Stream the replica's answer to the client, chunks as they come; returns the response
+        and whether the replica's body was read to its end."""
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+        if upstream.content_length is not None:
+            response.content_length = upstream.content_length
+        clean = False
+        try:
+            await response.prepare(request)
+            if first:
+                await response.write(first)
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+            clean = True
+            await response.write_eof()
+        except ConnectionResetError:
+            # The client went away. Returning (not raising) lets aiohttp close quietly;
+            # closing the replica's connection (the caller) stops the handler there.
+            response[ABORTED] = 499
+        except _FAILURES as error:
+            # The replica died mid-stream. The client must see a cut, never a clean end:
+            # an event stream gets an error event first; then the connection is closed
+            # before aiohttp could finish the chunked body.
+            name = lease.replica.name
+            log.warning("replica %s failed mid-response (%s); cutting the client's stream", name,
+                        type(error).__name__)
+            if upstream.content_type == "text/event-stream":
+                await _send_error_event(response, ReplicaFailed(
+                    f"replica {name} failed mid-stream ({type(error).__name__})"))
+            if request.transport is not None:
+                request.transport.close()
+            response[ABORTED] = 502
+        return response, clean
 
     def _learn(self, lease: Lease, header: str | None) -> None:
         """Take in the replica's loaded-models summary from its answer: a newer version makes
@@ -218,7 +235,7 @@ class Proxy:
         except ValueError:
             log.debug("replica %s sent a malformed %s header", lease.replica.name, LOADED_MODELS_HEADER)
             return
-        self.scheduler.table.heard_version(lease.replica, version)
+        self.scheduler.heard_version(lease.replica, version)
 
     def _url(self, base: str, path: str) -> URL:
         if path != INVOKE_PATH:
@@ -227,6 +244,27 @@ class Proxy:
         if url is None:
             url = self._urls[base] = URL(base + INVOKE_PATH)
         return url
+
+
+def _answer_headers(upstream: aiohttp.ClientResponse, replica: str) -> CIMultiDict:
+    """The client's response headers: the replica's, less those of one hop, plus which replica."""
+    out = CIMultiDict()
+    for name, value in upstream.headers.items():
+        if name.lower() not in HOP_BY_HOP:
+            out.add(name, value)
+    out[REPLICA_HEADER] = replica
+    if upstream.content_type == "text/event-stream":
+        # Proxies in front of us (nginx, ingress controllers) buffer and caches keep
+        # answers unless told otherwise: an event stream must reach the client as sent.
+        out[hdrs.CACHE_CONTROL] = "no-cache"
+        out["X-Accel-Buffering"] = "no"
+    return out
+
+
+def _whole(upstream: aiohttp.ClientResponse, first: bytes) -> bool:
+    """Whether ``first`` is the replica's whole body (its length known, and nothing follows)."""
+    length = upstream.content_length
+    return length is not None and len(first) == length and upstream.content.at_eof()
 
 
 @dataclass(frozen=True, slots=True)

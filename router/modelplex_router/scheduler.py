@@ -34,6 +34,8 @@ from modelplex_router.table import Replica, RoutingTable
 EXCLUDED_BACKOFF_S = 0.05
 #: Waiters asked, oldest first, for each freed slot before it is left to newcomers.
 HANDOFF_TRIES = 8
+#: Refusals (503) one request takes, per replica there is, before it is refused as overloaded.
+REFUSAL_ROUNDS = 4
 
 
 @dataclass(eq=False, slots=True)
@@ -168,6 +170,28 @@ class Scheduler:
             if not waiter.future.done():
                 waiter.future.cancel()  # the hand-off skips (and drops) it
             self.queued -= 1
+
+    # -- what the proxy learns from a replica ---------------------------------------------------
+
+    def answered(self, replica: Replica) -> None:
+        """``replica`` answered a request (any status): it is alive, whatever its polls say."""
+        self.table.answered(replica, self.clock())
+
+    def failed(self, replica: Replica) -> None:
+        """A connection to ``replica`` failed or it sent nothing in time: out of rotation until
+        discovery sees it alive again."""
+        self.table.failed(replica, self.clock())
+
+    def heard_version(self, replica: Replica, version: int) -> None:
+        """``replica``'s answer says its loaded-models document is at ``version`` (a newer one
+        is fetched)."""
+        self.table.heard_version(replica, version)
+
+    @property
+    def refusals_allowed(self) -> int:
+        """How many refusals (503) one request takes before it is refused as overloaded: a few
+        rounds of the replicas there are, since a full replica frees up."""
+        return REFUSAL_ROUNDS * max(1, len(self.table))
 
     def _gave_up(self, now: float, waited_s: float) -> Overloaded | NotReady:
         if not self.table.usable(now):
