@@ -43,7 +43,7 @@ from pathlib import Path
 from modelplex.autoscaling import (DEFAULT_TICK_S, ENV_PRELOAD_FILE, LOAD_PATH, Autoscaler, LoadReport, coldest_first,
                                    format_hot_models, hottest_models)
 from modelplex.names import MODEL_ID_HEADER, router_env_name
-from modelplex.processes import die_with_parent, free_ports, port_free, signal_group, spawn
+from modelplex.processes import free_ports, port_free, signal_group, spawn
 from modelplex.spec import DEFAULT_MAX_MODELS_PER_REPLICA, Deployment, SpecError, load_manifests
 
 #: Past a child's own grace (``spec.gracefulShutdownTimeoutSeconds``), before SIGKILL.
@@ -159,10 +159,6 @@ def _connect_host(host: str) -> str:
     if host == "::":
         return "[::1]"
     return f"[{host}]" if ":" in host else host
-
-
-#: In the child, before exec: SIGTERM when the supervisor dies (modelplex.serve.running uses it too).
-_die_with_parent = die_with_parent(signal.SIGTERM)
 
 
 class LocalRun:

@@ -63,13 +63,17 @@ def spawn(
     argv: Sequence[str],
     *,
     log: Path | None = None,
+    pipe: bool = False,
     env: Mapping[str, str] | None = None,
     cwd: str | Path | None = None,
     death_signal: int | None = signal.SIGTERM,
 ) -> subprocess.Popen:
     """Start ``argv`` in a process group of its own, stdin from /dev/null, its output appended
-    to ``log`` (else this process's own). The child gets ``death_signal`` when the thread that
-    spawned it dies (None: it may outlive it, as a daemon does)."""
+    to ``log``, or with ``pipe`` read from ``proc.stdout`` (else this process's own). The child
+    gets ``death_signal`` when the thread that spawned it dies (None: it may outlive it, as a
+    daemon does)."""
+    if pipe:
+        return _popen(argv, subprocess.PIPE, env, cwd, death_signal)
     if log is None:
         return _popen(argv, None, env, cwd, death_signal)
     log.parent.mkdir(parents=True, exist_ok=True)

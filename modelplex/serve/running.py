@@ -15,20 +15,18 @@ import io
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections import deque
 from pathlib import Path
 
 import cloudpickle
 import yaml
 
+from modelplex import processes
 from modelplex.forwarded import ENV_ROUTE_PREFIX, check_route_prefix
 from modelplex.handles import DeploymentHandle, handle
-from modelplex.local import _die_with_parent
 from modelplex.names import dns_label, router_env_name
 from modelplex.serve import graph
 from modelplex.serve.deployment import Application
@@ -51,12 +49,9 @@ class _Running:
         self.urls: dict[str, str] = {}
         self.tail: deque[str] = deque(maxlen=60)
         self.ready = threading.Event()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "modelplex.cli", "local", str(folder / "app.yaml"), "--port", str(port)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONPATH": import_path()},
-            preexec_fn=_die_with_parent,  # nothing outlives this process, however it ends
-        )
+        # In a group of its own that gets SIGTERM should this process die: nothing outlives it.
+        argv = [sys.executable, "-m", "modelplex.cli", "local", str(folder / "app.yaml"), "--port", str(port)]
+        self.proc = processes.spawn(argv, pipe=True, env={**os.environ, "PYTHONPATH": import_path()})
         self.echo = threading.Thread(target=self._echo, name="modelplex-serve-output", daemon=True)
         self.echo.start()
 
@@ -71,23 +66,20 @@ class _Running:
                 self.ready.set()
 
     def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not self.ready.wait(0.1):
-            if self.proc.poll() is not None:
-                self.echo.join(5)
-                raise RuntimeError(f"serve.run: modelplex local exited with code {self.proc.returncode}:\n"
-                                   + "".join(self.tail))
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"serve.run: not ready after {timeout_s:g} s:\n" + "".join(self.tail))
+        try:
+            processes.wait_for(self.ready.is_set, timeout_s, interval=0.1, what="modelplex local", guard=self._alive)
+        except processes.WaitTimeout:
+            raise TimeoutError(f"serve.run: not ready after {timeout_s:g} s:\n" + "".join(self.tail)) from None
+
+    def _alive(self) -> None:
+        if self.proc.poll() is not None and not self.ready.is_set():
+            self.echo.join(5)
+            raise RuntimeError(f"serve.run: modelplex local exited with code {self.proc.returncode}:\n"
+                               + "".join(self.tail))
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()  # local stops the routers, then the replicas, each within its grace
-            try:
-                self.proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        # SIGTERM: local stops the routers, then the replicas, each within its grace.
+        processes.stop(self.proc, grace=STOP_TIMEOUT_S)
         self.echo.join(5)
         for node in self.nodes:
             for name in (node.name, node.options.name):

@@ -38,6 +38,13 @@ def test_a_child_leads_a_group_of_its_own_and_appends_to_its_log(tmp_path):
     assert log.read_text() == f"before\n{proc.pid} True\n"  # its own group; stdin is /dev/null
 
 
+def test_a_piped_childs_output_and_errors_are_read_from_its_stdout():
+    script = "import os, sys; print(os.getpgid(0), flush=True); print('oops', file=sys.stderr)"
+    proc = spawn([sys.executable, "-c", script], pipe=True)
+    output, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and output.decode().split() == [str(proc.pid), "oops"]
+
+
 def test_stop_ends_the_whole_group_and_returns_the_exit_code(tmp_path):
     proc = spawn(PARENT_OF_ONE, log=tmp_path / "log")
     wait_for(lambda: (tmp_path / "log").read_text() == "started\n", timeout=30, interval=0.01)
