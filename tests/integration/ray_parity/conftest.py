@@ -23,13 +23,14 @@ DEPLOYMENTS = {
     "loader": "parity:Loader",
     "lru": "parity:Loader",
     "delegate": "parity:Delegate",
-    "one-request-each": "parity:OneRequestEach",
+    "async-text-streamer": "parity:AsyncTextStreamer",
+    "streaming-app": "parity:StreamingApp",
     "sync-gen-function": "parity:sync_gen_function",
     "async-gen-function": "parity:async_gen_function",
 }
 #: Spec fields per deployment, beyond one replica of its handler.
 SPECS = {"loader": {"replicas": 2, "maxOngoingRequests": 1}, "lru": {"multiplexing": {"maxModelsPerReplica": 2}},
-         "one-request-each": {"replicas": 2, "maxOngoingRequests": 1}}
+         "text-streamer": {"replicas": 2}, "async-text-streamer": {"replicas": 2}, "streaming-app": {"replicas": 2}}
 
 
 @pytest.fixture(scope="package")

@@ -152,9 +152,7 @@ class TextStreamer:
             yield "first result"
             raise RuntimeError("raised in generator")
         if kind == "until":
-            yield f"{os.getpid()}: before signal"
-            wait_for_flag(body["flag"])
-            yield f"{os.getpid()}: after signal"
+            yield from until_flag_sync(body["flag"])
             return
         if kind == "disconnect":
             yield from self._until_cancelled(Path(body["flag"]), body.get("gap_s", 0.1))
@@ -206,13 +204,29 @@ async def failing_async():
     raise RuntimeError("raised in generator")
 
 
+class AsyncTextStreamer:
+    """TextStreamer's plain HTTP streams, from an async generator; and what a handle streams."""
+
+    async def __call__(self, body):
+        kind = body.get("kind")
+        if kind == "fail":
+            yield "first result"
+            raise RuntimeError("raised in generator")
+        if kind == "proxy":
+            async for text in handle(body["target"]).options(stream=True).hi.remote():
+                yield text
+            return
+        stream = until_flag_async(body["flag"]) if kind == "until" else hi_async()
+        async for text in stream:
+            yield text
+
+
 streaming_app = FastAPI()
 
 
 @serve.ingress(streaming_app)
-class OneRequestEach:
-    """Ray's FastAPI streaming tests (a route returns Starlette's StreamingResponse), served by
-    two replicas that take one request at a time."""
+class StreamingApp:
+    """Ray's FastAPI streaming tests: a route returns Starlette's StreamingResponse."""
 
     def __init__(self):
         self.streamers = {name: handle(name) for name in ("async-streamer", "sync-streamer")}

@@ -1,7 +1,10 @@
 """Streams over plain HTTP through the router, as Ray's test_streaming_response.py and the
-batched-generator test of test_batching.py check them: a plain deployment's generator, and a
-``serve.ingress`` FastAPI route returning Starlette's StreamingResponse (on two replicas that
-take one request each)."""
+batched-generator test of test_batching.py check them: a plain deployment's sync or async
+generator, and a ``serve.ingress`` FastAPI route returning Starlette's StreamingResponse.
+
+Each streaming deployment here has two replicas: requests without a model id go to the least
+busy one (so two at once go to both), requests for one model id to the replica it hashes to
+(so two at once go to the same one)."""
 
 import asyncio
 import time
@@ -12,23 +15,27 @@ import pytest
 from modelplex.names import MODEL_ID_HEADER
 
 KINDS = ["sync", "async"]
+#: A plain deployment whose __call__ is a sync or an async generator.
+PLAIN = {"sync": "text-streamer", "async": "async-text-streamer"}
 HI = "".join(f"hi_{i}" for i in range(10))
 
 
-def ingress(stack, path):
-    return stack.url("one-request-each") + path
+def app(stack, path):
+    return stack.url("streaming-app") + path
 
 
-async def test_a_sync_generator_streams_text(stack, session):
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_generator_streams_text(stack, session, kind):
     """Sync generators used to answer 500 "internal"; now each item is computed in a thread."""
-    async with session.post(stack.url("text-streamer") + "/", json={}) as response:
+    async with session.post(stack.url(PLAIN[kind]) + "/", json={}) as response:
         assert response.status == 200, await response.text()
         assert response.content_type == "text/plain"
-        assert await response.text() == "".join(f"hi_{i}" for i in range(10))
+        assert await response.text() == HI
 
 
-async def test_a_failure_mid_stream_cuts_a_text_stream(stack, session):
-    async with session.post(stack.url("text-streamer") + "/", json={"kind": "fail"}) as response:
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_failure_mid_stream_cuts_a_text_stream(stack, session, kind):
+    async with session.post(stack.url(PLAIN[kind]) + "/", json={"kind": "fail"}) as response:
         assert response.status == 200
         first = await response.content.readany()
         assert first == b"first result"
@@ -64,6 +71,14 @@ async def test_a_deployment_streams_over_http_what_a_handle_streams(stack, sessi
         assert [text async for text in delegate.hi.remote({"target": target})] == [f"hi_{i}" for i in range(10)]
 
 
+@pytest.mark.parametrize("target", ["async-streamer", "sync-streamer"])
+async def test_a_generator_streams_over_http_what_a_handle_streams(stack, session, target):
+    async with session.post(stack.url("async-text-streamer") + "/", json={"kind": "proxy", "target": target}) \
+            as response:
+        assert response.status == 200, await response.text()
+        assert await response.text() == HI
+
+
 async def test_four_http_clients_share_one_batched_generator(stack, session):
     async def ask(index):
         async with session.post(stack.url("batched") + "/", json={"prompt": f"hola{index}"}) as response:
@@ -96,14 +111,14 @@ async def test_a_bytes_id_given_to_the_loader_fails_that_request_only(stack, ses
 
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_fastapi_streaming_response_streams_a_generator(stack, session, kind):
-    async with session.get(ingress(stack, "/hi"), params={"kind": kind}) as response:
+    async with session.get(app(stack, "/hi"), params={"kind": kind}) as response:
         assert response.status == 200, await response.text()
         assert response.content_type == "text/plain"
         assert await response.text() == HI
 
 
 async def test_a_fastapi_streaming_response_keeps_its_status_headers_and_media_type(stack, session):
-    async with session.get(ingress(stack, "/metadata"), allow_redirects=False) as response:
+    async with session.get(app(stack, "/metadata"), allow_redirects=False) as response:
         assert response.status == 301
         assert response.headers["hello"] == "world"
         assert response.headers["content-type"] == "foo/bar"
@@ -112,7 +127,7 @@ async def test_a_fastapi_streaming_response_keeps_its_status_headers_and_media_t
 
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_fastapi_stream_that_fails_midway_is_cut(stack, session, kind):
-    async with session.get(ingress(stack, "/fail"), params={"kind": kind}) as response:
+    async with session.get(app(stack, "/fail"), params={"kind": kind}) as response:
         assert response.status == 200
         assert await response.content.readany() == b"first result"
         with pytest.raises(aiohttp.ClientPayloadError):
@@ -121,7 +136,7 @@ async def test_a_fastapi_stream_that_fails_midway_is_cut(stack, session, kind):
 
 @pytest.mark.parametrize("target", ["async-streamer", "sync-streamer"])
 async def test_a_fastapi_route_streams_what_a_handle_streams(stack, session, target):
-    async with session.get(ingress(stack, "/proxy"), params={"target": target}) as response:
+    async with session.get(app(stack, "/proxy"), params={"target": target}) as response:
         assert response.status == 200, await response.text()
         assert await response.text() == HI
 
@@ -150,18 +165,19 @@ async def two_streams_before_and_after_a_signal(open_stream, flag) -> list[str]:
     return pids
 
 
+@pytest.mark.parametrize("replicas", ["one replica", "two replicas"])
 @pytest.mark.parametrize("kind", KINDS)
-async def test_a_fastapi_stream_arrives_as_yielded_from_two_replicas_at_once(stack, session, tmp_path, kind):
+@pytest.mark.parametrize("route", ["fastapi", "plain"])
+async def test_two_streams_arrive_as_yielded(stack, session, tmp_path, route, kind, replicas):
     flag = tmp_path / "go"
-    params = {"kind": kind, "flag": str(flag)}
-    pids = await two_streams_before_and_after_a_signal(
-        lambda: session.get(ingress(stack, "/until"), params=params), flag)
-    assert pids[0] != pids[1]  # one request each: the second went to the other replica
+    headers = {MODEL_ID_HEADER: "pinned"} if replicas == "one replica" else {}
+    if route == "fastapi":
+        def open_stream():
+            return session.get(app(stack, "/until"), params={"kind": kind, "flag": str(flag)}, headers=headers)
+    else:
+        def open_stream():
+            return session.post(stack.url(PLAIN[kind]) + "/", json={"kind": "until", "flag": str(flag)},
+                                headers=headers)
 
-
-async def test_a_generator_streams_two_requests_at_once_from_one_replica(stack, session, tmp_path):
-    flag = tmp_path / "go"
-    body = {"kind": "until", "flag": str(flag)}
-    pids = await two_streams_before_and_after_a_signal(
-        lambda: session.post(stack.url("text-streamer") + "/", json=body), flag)
-    assert pids[0] == pids[1]
+    pids = await two_streams_before_and_after_a_signal(open_stream, flag)
+    assert (pids[0] == pids[1]) == (replicas == "one replica"), pids
