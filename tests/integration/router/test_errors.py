@@ -17,26 +17,6 @@ async def _error(resp) -> dict:
     return body["error"]
 
 
-async def test_no_replica_ready_is_a_503_json(plex):
-    manifest = plex.write_manifest(replicas=1)
-    router_port, nobody = plex.free_port(), plex.free_port()
-    plex.processes.router(manifest, router_port, [f"http://127.0.0.1:{nobody}"])
-    url = f"http://127.0.0.1:{router_port}"
-    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
-        async def healthy():
-            async with session.get(url + "/healthz") as resp:
-                return resp.status == 200
-        await plex.wait_until(healthy, what="the router to serve")
-        async with session.get(url + "/readyz") as resp:
-            assert resp.status == 503
-        async with session.post(url + "/", json={}, headers={MODEL_ID_HEADER: "m"}) as resp:
-            assert resp.status == 503
-            assert resp.headers.get("Retry-After")
-            assert (await _error(resp))["code"] == "not_ready"
-        view = await plex.table(session, url)
-        assert [r["ready"] for r in view.values()] == [False]
-
-
 async def test_bad_requests_get_json_errors(plex):
     cluster = await plex.start(replicas=1)
     url = cluster.router_url

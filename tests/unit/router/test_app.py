@@ -1,0 +1,61 @@
+"""The router app's own answers, in-process: its app factory served by aiohttp's test server on
+loopback, found replicas through static discovery (a process adds nothing these tests check;
+tests/integration/router runs it as a process, with real replicas)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from modelplex.names import MODEL_ID_HEADER
+from modelplex.processes import free_port, wait_for_async
+from modelplex.spec import parse_deployment
+from modelplex_router.app import create_app
+from modelplex_router.config import ENV_QUEUE_TIMEOUT, RouterConfig
+from modelplex_router.discovery.static import StaticDiscovery
+
+
+def deployment():
+    return parse_deployment({"apiVersion": "modelplex.io/v1alpha1", "kind": "MultiplexedDeployment",
+                             "metadata": {"name": "plex"},
+                             "spec": {"replicas": 1, "image": "local", "handler": "handlers:Echo"}})
+
+
+@pytest.fixture
+async def router_with_nobody() -> AsyncIterator[TestClient]:
+    """A router whose one replica address has nothing listening (waits bounded at 1 s)."""
+    config = RouterConfig.from_deployment(deployment(), env={ENV_QUEUE_TIMEOUT: "1"})
+    app = create_app(config, StaticDiscovery([f"http://127.0.0.1:{free_port()}"], interval_s=config.poll_interval_s))
+    client = TestClient(TestServer(app, host="127.0.0.1"))
+    await client.start_server()
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+async def error_of(response) -> dict:
+    body = await response.json()
+    assert set(body) == {"error"} and {"code", "message"} <= set(body["error"]), body
+    return body["error"]
+
+
+async def test_no_replica_ready_is_a_503_json_with_retry_after(router_with_nobody):
+    client = router_with_nobody
+
+    async def polled() -> bool:  # discovery has tried the replica: the table knows it
+        async with client.get("/v1/replicas") as response:
+            return bool((await response.json())["replicas"])
+
+    await wait_for_async(polled, timeout=30, what="the replica in the router's table")
+    async with client.get("/healthz") as response:
+        assert response.status == 200  # alive, though nothing can be served
+    async with client.get("/readyz") as response:
+        assert response.status == 503
+    async with client.post("/", json={}, headers={MODEL_ID_HEADER: "m"}) as response:
+        assert response.status == 503 and response.headers.get("Retry-After")
+        assert (await error_of(response))["code"] == "not_ready"
+    async with client.get("/v1/replicas") as response:
+        assert [r["ready"] for r in (await response.json())["replicas"]] == [False]
