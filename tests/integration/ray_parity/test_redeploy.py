@@ -55,7 +55,9 @@ async def test_running_the_application_again_releases_the_old_replicas_models(tm
     url = f"http://127.0.0.1:{port}/"
     try:
         serve.run(Model.bind(str(record)), _port=port)
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        # No kept-alive connection: the router answering after the second run is a new process.
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60),
+                                         connector=aiohttp.TCPConnector(force_close=True)) as session:
             async with session.post(url, json={}, headers={MODEL_ID_HEADER: "1"}) as response:
                 assert response.status == 200, await response.text()
                 old_pid = await response.json()
