@@ -253,7 +253,6 @@ class StreamingApp:
         return StreamingResponse(self.streamers[target].options(stream=True).hi.remote(), media_type="text/plain")
 
 
-
 class Echo:
     """Types and errors across a handle."""
 
@@ -364,7 +363,6 @@ class Delegate:
         echo = handle("echo")
         first = echo.echo.remote(x)
         return await echo.echo.remote(first)
-
 
     async def function_streams(self) -> dict:
         """Generator-function deployments streamed from inside a deployment."""
