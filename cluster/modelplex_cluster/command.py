@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import signal
 import sys
@@ -246,6 +247,14 @@ def load_project_images(socket: Path) -> dict[str, str]:
             say(f"    loaded in {time.monotonic() - t0:.1f}s")
     for tag in tags.values():
         node.tag_image(socket, tag, f"{tag.rsplit(':', 1)[0]}:{version}")
+    # Older content tags of our images go (the node's image store is kept between clusters;
+    # containerd's collector then frees what only they held).
+    current = {node.normalize(tag) for tag in tags.values()}
+    ours = re.compile("|".join(re.escape(node.normalize(tag)[:-12]) + "[0-9a-f]{12}" for tag in tags.values()))
+    superseded = sorted(name for name in present if name not in current and ours.fullmatch(name))
+    if superseded:
+        node.ctr(socket, "images", "remove", *superseded)
+        say(f"    removed {len(superseded)} superseded image tags from the node")
     say("==> the project's images are on the node: " + ", ".join(f"{tag.rsplit(':', 1)[0]}:{version}"
                                                                  for tag in tags.values()))
     return tags

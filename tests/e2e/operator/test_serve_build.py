@@ -72,16 +72,12 @@ def app_folder():
 
 @pytest.fixture(scope="module")
 def app_image(control_plane, project_images, app_folder):
-    """The project's replica image with the application's module in /app."""
-    from modelplex_cluster import images, node
+    """The project's replica image with the application's module in /app (what ``FROM`` the replica
+    image and ``COPY serve_app.py /app/`` make), put on the node as one more layer."""
+    from modelplex_cluster import node
 
-    with images.docker_engine() as env:
-        dockerfile = f"FROM {project_images['replica']}\nCOPY serve_app.py /app/serve_app.py\n"
-        proc = subprocess.run(["docker", "build", "--network", "host", "-t", IMAGE, "-f", "-", str(app_folder)],
-                              input=dockerfile, text=True, capture_output=True, timeout=600,
-                              env=dict(env, DOCKER_BUILDKIT="0"))
-        assert proc.returncode == 0, f"docker build of {IMAGE} failed:\n{proc.stdout}\n{proc.stderr}"
-        node.load_docker_images(control_plane.containerd_socket, [IMAGE], env=env)
+    node.derive_image(control_plane.containerd_socket, project_images["replica"], IMAGE,
+                      {"app/serve_app.py": ((app_folder / "serve_app.py").read_bytes(), 0o644)})
     return IMAGE
 
 
