@@ -73,8 +73,9 @@ e2e: venv cluster-prereqs
 	$(PY) -m pytest tests/e2e
 
 # Everything `make test` needs. The Go build is CPU-bound and the longest step of a cold run, so
-# it runs beside the rest (venv, promtool, lint, images), which mostly wait on downloads.
-test-prereqs:
+# it runs beside the rest (venv, promtool, lint, images), which mostly wait on downloads. The
+# Debian packages come first, alone: apt takes one process at a time.
+test-prereqs: node-packages
 	$(MAKE) --no-print-directory -j2 control-plane tools lint images
 
 # pytest exits 5 when it collected no test: that fails here, as any non-zero exit does.
