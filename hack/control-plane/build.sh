@@ -122,11 +122,14 @@ render() { # render TEMPLATE_DIR DEST_DIR
   done
 }
 
-step() { # step NAME VERSION ESTIMATE DIR PACKAGE LDFLAGS
+step() { # step NAME VERSION ESTIMATE DIR PACKAGES LDFLAGS (several packages: binaries named after them)
   local name="$1" version="$2" estimate="$3" dir="$4" pkg="$5" ldflags="$6"
   local t0; t0=$(date +%s)
   log "==> building $name $version (cold build takes ~$estimate on 2 cores; less with a warm Go build cache)"
-  (cd "$dir" && "${GO_BUILD[@]}" -ldflags="-s -w $ldflags" -o "$PARTIAL/$name" "$pkg") \
+  local -a pkgs; read -r -a pkgs <<< "$pkg"
+  local out="$PARTIAL/$name"
+  (( ${#pkgs[@]} == 1 )) || out="$PARTIAL/"  # several main packages: each binary under its own name
+  (cd "$dir" && "${GO_BUILD[@]}" -ldflags="-s -w $ldflags" -o "$out" "${pkgs[@]}") \
     || die "building $name failed (work dir: $dir)"
   log "    $name built in $(( $(date +%s) - t0 ))s"
 }
@@ -159,12 +162,12 @@ for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 
 step etcd "$ETCD_VERSION" "1 min" "$SRC/etcd" "." ""
-step kube-apiserver "$KUBERNETES_VERSION" "8 min" "$SRC/kubernetes" k8s.io/kubernetes/cmd/kube-apiserver "$kube_ld"
-step kube-controller-manager "$KUBERNETES_VERSION" "2 min" "$SRC/kubernetes" k8s.io/kubernetes/cmd/kube-controller-manager "$kube_ld"
-step kube-scheduler "$KUBERNETES_VERSION" "1 min" "$SRC/kubernetes" k8s.io/kubernetes/cmd/kube-scheduler "$kube_ld"
-step kubelet "$KUBERNETES_VERSION" "2 min" "$SRC/kubernetes" k8s.io/kubernetes/cmd/kubelet "$kube_ld"
-step kube-proxy "$KUBERNETES_VERSION" "1 min" "$SRC/kubernetes" k8s.io/kubernetes/cmd/kube-proxy "$kube_ld"
-step kubectl "$KUBERNETES_VERSION" "1 min" "$SRC/kubernetes" k8s.io/kubernetes/cmd/kubectl "$kube_ld"
+# The six Kubernetes binaries in one go build: it compiles their shared packages once and links
+# one binary while it compiles the next one's packages (six builds in a row leave a core idle
+# during each link).
+step "kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy and kubectl" \
+  "$KUBERNETES_VERSION" "15 min" "$SRC/kubernetes" "$(printf 'k8s.io/kubernetes/cmd/%s ' \
+  kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)" "$kube_ld"
 step helm "$HELM_VERSION" "2 min" "$SRC/helm" helm.sh/helm/v3/cmd/helm \
   "-X helm.sh/helm/v3/internal/version.version=v$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
 step coredns "$COREDNS_VERSION" "4 min" "$SRC/coredns" "." \
