@@ -1,6 +1,7 @@
 """``@batch``: dynamic batching per model id, with Ray Serve's ``@serve.batch`` semantics.
 
-Callers make single calls; the decorated function receives lists. A function of several
+Callers make single calls; the decorated function receives lists, and returns one result per
+request in a list (or any sequence: a tensor with one row per request). A function of several
 parameters gets one list per parameter (``f(key1, key2)`` called as ``f("a", key2="b")`` and
 ``f("c", "d")`` runs once as ``f(["a", "c"], ["b", "d"])``), whatever mix of positional and
 keyword arguments the callers used.
@@ -30,6 +31,7 @@ import functools
 import inspect
 import logging
 from collections import deque
+from collections.abc import Mapping, Sized
 from dataclasses import dataclass, field
 from numbers import Real
 from typing import Any, Callable
@@ -345,7 +347,8 @@ class _BatchQueue:
                 _check_length(outputs, items)
                 for index in sorted(open_items):
                     item, output = items[index], outputs[index]
-                    if output in _STOP_TOKENS or isinstance(output, _STOP_TOKENS):
+                    # By identity: ``in`` would compare with ==, which an array or tensor answers elementwise.
+                    if any(output is token for token in _STOP_TOKENS) or isinstance(output, _STOP_TOKENS):
                         item.stream.put_nowait(_END)
                         open_items.discard(index)
                     elif isinstance(output, BaseException):
@@ -379,9 +382,14 @@ def _observe(model_id: str, size: int, waited_s: float) -> None:
 
 
 def _check_length(results: Any, items: list[_Pending]) -> None:
-    if not isinstance(results, (list, tuple)) or len(results) != len(items):
-        got = len(results) if isinstance(results, (list, tuple)) else type(results).__name__
-        raise HandlerError(f"batched function returned {got} results for a batch of {len(items)}")
+    """One result per request, in a list or any other sequence (a tensor or an array whose first
+    dimension is the batch, as a model returns it)."""
+    if isinstance(results, (str, bytes, Mapping)) or not isinstance(results, Sized) \
+            or not hasattr(results, "__getitem__"):
+        raise TypeError(f"a batched function returns a list of one result per request; it returned "
+                        f"{type(results).__name__} for a batch of {len(items)}")
+    if len(results) != len(items):
+        raise HandlerError(f"batched function returned {len(results)} results for a batch of {len(items)}")
 
 
 # -- the caller's side of a batched generator -------------------------------------------------------

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy
 import torch
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from modelplex import batch, get_multiplexed_model_id, handle, multiplexed, serve
@@ -39,6 +39,8 @@ class Batched:
         self.count = 0
         self.by_model = []
         self.at_barrier = 0
+        self.in_flight = {"batches": 0, "requests": 0}
+        self.sizes = []
 
     @batch(batch_wait_timeout_s=0.1, max_batch_size=4)
     async def run(self, multiple_samples: list[int]) -> list[int]:
@@ -86,6 +88,48 @@ class Batched:
 
     def batches_by_model(self) -> list:
         return self.by_model
+
+    @batch(max_batch_size=5, batch_wait_timeout_s=1, max_concurrent_batches=2)
+    async def concurrent(self, requests):
+        """Each answer says how many batches and requests were in flight half way through."""
+        self.in_flight["batches"] += 1
+        self.in_flight["requests"] += len(requests)
+        await asyncio.sleep(0.5)
+        answers = [(request, self.in_flight["batches"], self.in_flight["requests"]) for request in requests]
+        await asyncio.sleep(0.5)
+        self.in_flight["batches"] -= 1
+        self.in_flight["requests"] -= len(requests)
+        return answers
+
+    @batch(max_batch_size=5)
+    async def quick(self, requests):
+        await asyncio.sleep(0.05)
+        return ["fake-response"] * len(requests)
+
+    @batch(max_batch_size=3)
+    async def digits(self, requests):
+        await asyncio.sleep(0.05)
+        for i in range(10):
+            yield [str(i)] * len(requests)
+
+    # batch_size_fn: a batch is full by the sum of its requests' sizes (tokens, graph nodes), not their count.
+    @batch(max_batch_size=100, batch_wait_timeout_s=0.5, batch_size_fn=lambda items: sum(i["size"] for i in items))
+    async def by_size(self, requests):
+        self.sizes.append(sum(request["size"] for request in requests))
+        return [request["value"] for request in requests]
+
+    @batch(max_batch_size=10, batch_wait_timeout_s=0.5, batch_size_fn=lambda items: sum(i["size"] for i in items))
+    async def by_size_10(self, requests):
+        self.sizes.append(sum(request["size"] for request in requests))
+        return [request["value"] for request in requests]
+
+    @batch(max_batch_size=1000, batch_wait_timeout_s=0.5,
+           batch_size_fn=lambda sequences: sum(len(sequence.split()) for sequence in sequences))
+    async def by_tokens(self, sequences):
+        return [len(sequence.split()) for sequence in sequences]
+
+    def batch_sizes_by_size_fn(self) -> list[int]:
+        return self.sizes
 
     def batches_at_barrier(self) -> int:
         return self.at_barrier
@@ -226,7 +270,7 @@ streaming_app = FastAPI()
 
 @serve.ingress(streaming_app)
 class StreamingApp:
-    """Ray's FastAPI streaming tests: a route returns Starlette's StreamingResponse."""
+    """Ray's FastAPI tests: a route returns Starlette's StreamingResponse; a route calls a batched method."""
 
     def __init__(self):
         self.streamers = {name: handle(name) for name in ("async-streamer", "sync-streamer")}
@@ -251,6 +295,14 @@ class StreamingApp:
     @streaming_app.get("/proxy")
     def proxy(self, target: str) -> StreamingResponse:
         return StreamingResponse(self.streamers[target].options(stream=True).hi.remote(), media_type="text/plain")
+
+    @batch(max_batch_size=10, batch_wait_timeout_s=0.5, batch_size_fn=lambda items: sum(i["size"] for i in items))
+    async def by_size(self, requests):
+        return [request["value"] for request in requests]
+
+    @streaming_app.post("/sized")
+    async def sized(self, request: Request):
+        return await self.by_size(await request.json())
 
 
 class Echo:

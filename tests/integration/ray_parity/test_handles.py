@@ -51,7 +51,7 @@ async def test_twenty_calls_share_batches(stack):
 
 
 async def test_a_batched_method_that_returns_no_list_fails_its_callers(stack):
-    with pytest.raises(HandlerError, match="returned int results for a batch of 1"):
+    with pytest.raises(TypeError, match="returned int for a batch of 1"):
         await deployment(stack, "batched").not_a_list.remote(1)
 
 

@@ -8,7 +8,9 @@ and a 1000 s batch timeout cost no real time, and nothing waits on a sleep to sy
 import asyncio
 import logging
 
+import numpy
 import pytest
+import torch
 
 from modelplex import batch, get_multiplexed_model_id
 from modelplex.context import reset_multiplexed_model_id, set_multiplexed_model_id
@@ -595,3 +597,38 @@ async def test_a_batch_larger_than_max_ongoing_requests_is_a_warning(caplog):
 
 async def _echo(requests):
     return requests
+
+
+# -- what a batched function may return (Ray's deployment-level test_batching.py) --------------------
+
+
+async def test_a_batched_function_may_return_a_tensor_with_one_row_per_request():
+    @batch(max_batch_size=3, batch_wait_timeout_s=1000)
+    async def model(rows):
+        return torch.tensor(rows) * 2  # as a model answers a stacked batch
+
+    answers = await asyncio.gather(*(model([i, i + 1]) for i in range(3)))
+    assert [answer.tolist() for answer in answers] == [[0, 2], [2, 4], [4, 6]]
+
+
+async def test_a_batched_function_that_returns_no_sequence_is_a_type_error():
+    @batch(max_batch_size=2, batch_wait_timeout_s=1000)
+    async def count(requests):
+        return len(requests)
+
+    for result in await asyncio.gather(count(1), count(2), return_exceptions=True):
+        assert isinstance(result, TypeError) and "returned int for a batch of 2" in str(result)
+
+
+async def test_a_batched_generator_may_yield_arrays_and_dicts_then_stop_one_caller():
+    @batch(max_batch_size=2, batch_wait_timeout_s=1000)
+    async def steps(ids):
+        yield [numpy.array([i, i]) for i in ids]  # compared elementwise by ==: never taken for a stop token
+        yield [{"id": i} for i in ids]
+        yield [StopIteration, {"id": ids[1], "last": True}]
+
+    first, second = steps(0), steps(1)
+    got_first = [item async for item in first]
+    got_second = [item async for item in second]
+    assert got_first[0].tolist() == [0, 0] and got_first[1:] == [{"id": 0}]
+    assert got_second[0].tolist() == [1, 1] and got_second[1:] == [{"id": 1}, {"id": 1, "last": True}]
