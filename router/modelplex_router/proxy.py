@@ -136,12 +136,16 @@ class Proxy:
             answer_headers = _answer_headers(upstream, lease.replica.name)
             if target.buffer or _whole(upstream, first):
                 # The whole (unary) answer came in one read: send headers and body in one write.
-                response = web.Response(status=upstream.status, reason=upstream.reason, body=first,
-                                        headers=answer_headers)
-                clean = True
-            else:
-                response, clean = await self._relay(request, lease, upstream, first, answer_headers)
+                clean, ok = True, upstream.status < 400
+                return web.Response(status=upstream.status, reason=upstream.reason, body=first,
+                                    headers=answer_headers)
+            response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=answer_headers)
+            if upstream.content_length is not None:
+                response.content_length = upstream.content_length
+            clean = await self._relay(request, lease, upstream, first, response)
             ok = clean and upstream.status < 400
+            if clean:
+                await _end(response)
             return response
         finally:
             if upstream is not None:
@@ -191,21 +195,16 @@ class Proxy:
         raise _Retry("503 " + (upstream.reason or ""), failed=False, retry_after=_retry_after(upstream))
 
     async def _relay(self, request: web.Request, lease: Lease, upstream: aiohttp.ClientResponse, first: bytes,
-                     headers: CIMultiDict) -> tuple[web.StreamResponse, bool]:
-        """Stream the replica's answer to the client, chunks as they come; returns the response
-        and whether the replica's body was read to its end."""
-        response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
-        if upstream.content_length is not None:
-            response.content_length = upstream.content_length
-        clean = False
+                     response: web.StreamResponse) -> bool:
+        """Stream the replica's body to the client, chunks as they come. True when it was read
+        to its end; False when the stream was cut (``response[ABORTED]`` says why)."""
         try:
             await response.prepare(request)
             if first:
                 await response.write(first)
             async for chunk in upstream.content.iter_any():
                 await response.write(chunk)
-            clean = True
-            await response.write_eof()
+            return True
         except ConnectionResetError:
             # The client went away. Returning (not raising) lets aiohttp close quietly;
             # closing the replica's connection (the caller) stops the handler there.
@@ -223,7 +222,7 @@ class Proxy:
             if request.transport is not None:
                 request.transport.close()
             response[ABORTED] = 502
-        return response, clean
+        return False
 
     def _learn(self, lease: Lease, header: str | None) -> None:
         """Take in the replica's loaded-models summary from its answer: a newer version makes
@@ -274,6 +273,13 @@ class _Target:
     method: str
     path: str
     buffer: bool
+
+
+async def _end(response: web.StreamResponse) -> None:
+    try:
+        await response.write_eof()
+    except ConnectionResetError:
+        response[ABORTED] = 499  # the client went away just before the end
 
 
 async def _send_error_event(response: web.StreamResponse, error: ReplicaFailed) -> None:
