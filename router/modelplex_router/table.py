@@ -146,7 +146,6 @@ class RoutingTable:
         self.quarantine_s = quarantine_s
         self.learned_max_age_s = max(learned_max_age_s, lag_s)
         self._replicas: dict[str, Replica] = {}
-        self._usable: list[Replica] | None = None  # cache of ready, unquarantined replicas
         self._next_refresh = float("-inf")
         #: Called with ``True`` when a slot frees up, ``False`` when anything else changed
         #: (a replica came or went, a load showed up): the scheduler hands slots to waiters.
@@ -166,12 +165,11 @@ class RoutingTable:
         return list(self._replicas.values())
 
     def usable(self, now: float) -> list[Replica]:
-        """The replicas a request may go to now (ready, not quarantined). Do not mutate."""
+        """The replicas a request may go to now (ready, not quarantined), derived on each call:
+        a pass over tens of replicas costs less than keeping a cached list right."""
         if now >= self._next_refresh:
             self._refresh(now)
-        if self._usable is None:
-            self._usable = [r for r in self._replicas.values() if r.ready and r.down_at is None]
-        return self._usable
+        return [r for r in self._replicas.values() if r.ready and r.down_at is None]
 
     def snapshot(self) -> list[dict]:
         return [r.to_dict() for r in sorted(self._replicas.values(), key=lambda r: r.name)]
@@ -183,7 +181,6 @@ class RoutingTable:
         replica = self._replicas.get(info.name)
         if replica is None:
             replica = self._replicas[info.name] = Replica(name=info.name, url=info.url)
-            self._usable = None
         models = replica.models if info.models is None else frozenset(info.models)
         loading = replica.reported_loading if info.loading is None else frozenset(info.loading)
         changed = (
@@ -192,8 +189,6 @@ class RoutingTable:
             or replica.models != models
             or replica.reported_loading != loading
         )
-        if replica.ready != info.ready or replica.url != info.url:
-            self._usable = None
         replica.url = info.url
         replica.ready = info.ready
         replica.models = models
@@ -210,7 +205,6 @@ class RoutingTable:
                 changed = True
         if replica.down_at is not None and info.ready and replica.down_at <= settled:
             replica.down_at = None  # seen alive after it failed
-            self._usable = None
             changed = True
         if changed:
             self._notify(False)
@@ -283,7 +277,6 @@ class RoutingTable:
         """A connection to ``replica`` failed: out of rotation until seen alive again."""
         if replica.down_at is None:
             replica.down_at = now
-            self._usable = None
 
     def has_room(self, now: float, limit: int) -> bool:
         """Whether some usable replica has fewer than ``limit`` requests in flight."""
@@ -292,7 +285,6 @@ class RoutingTable:
     # -- internals ---------------------------------------------------------------------------
 
     def _changed_now(self) -> None:
-        self._usable = None
         self._notify(False)
 
     def _notify(self, freed: bool) -> None:
@@ -309,7 +301,6 @@ class RoutingTable:
                     del replica.learned[model]
             if replica.down_at is not None and now - replica.down_at >= self.quarantine_s:
                 replica.down_at = None
-                self._usable = None
                 back = True
         if back:
             self._notify(False)
