@@ -8,6 +8,9 @@ import pytest
 from modelplex.cache import ModelCache, ModelInUse
 from modelplex.errors import ModelLoadError, ModelNotFound
 
+# On looptime's virtual clock: waits and timeouts cost no real time.
+pytestmark = pytest.mark.looptime
+
 
 class Model:
     def __init__(self, model_id, log):
@@ -395,7 +398,6 @@ async def test_a_model_larger_than_the_whole_budget_is_refused_and_not_loaded_ag
     assert cache.loaded == [] and cache.bytes_used == 0
 
 
-@pytest.mark.looptime
 async def test_at_most_max_concurrent_loads_run_and_queued_loads_start_in_order():
     order = []
 
@@ -425,7 +427,6 @@ async def test_at_most_max_concurrent_loads_run_and_queued_loads_start_in_order(
     assert asyncio.get_running_loop().time() == pytest.approx(4, abs=0.01)  # 7 loads of 1 s, 2 at a time
 
 
-@pytest.mark.looptime
 async def test_a_queued_load_whose_callers_all_left_is_dropped():
     store = Store()
     store.gate("busy")
@@ -448,7 +449,6 @@ async def test_a_queued_load_whose_callers_all_left_is_dropped():
     assert store.loads == ["busy", "queued"]
 
 
-@pytest.mark.looptime
 async def test_a_load_past_its_timeout_answers_504_to_every_waiter_and_is_not_cached():
     from modelplex.errors import ModelLoadTimeout
 
@@ -472,7 +472,6 @@ async def test_a_load_past_its_timeout_answers_504_to_every_waiter_and_is_not_ca
     assert store.loads == ["slow", "next", "slow"]
 
 
-@pytest.mark.looptime
 async def test_the_loaders_own_timeout_error_is_a_load_failure_not_a_504():
     async def load(model_id):
         raise TimeoutError("the object store did not answer")
@@ -607,7 +606,6 @@ def test_the_cache_refuses_nonsense_limits():
             ModelCache(load, 1, **options)
 
 
-@pytest.mark.looptime
 async def test_loads_that_both_outgrow_their_reservations_do_not_wait_for_each_other():
     from modelplex.cache import current_load
 

@@ -12,6 +12,9 @@ from modelplex_router.policy import Kind, Params
 from modelplex_router.scheduler import Scheduler
 from modelplex_router.table import ReplicaInfo, RoutingTable
 
+# On looptime's virtual clock: waits and timeouts cost no real time.
+pytestmark = pytest.mark.looptime
+
 
 class FakeClock:
     def __init__(self, now: float = 100.0):
@@ -200,7 +203,6 @@ def test_excluded_replicas_are_skipped(clock):
 # -- waiting (real event loop; bounded) ------------------------------------------------------
 
 
-@pytest.mark.looptime
 async def test_a_request_held_while_no_replica_is_ready_goes_to_the_first_that_becomes_ready():
     loop = asyncio.get_running_loop()
     table, scheduler = make(loop.time, queue_timeout_s=10.0)
@@ -212,7 +214,6 @@ async def test_a_request_held_while_no_replica_is_ready_goes_to_the_first_that_b
     assert lease.replica.name == "a" and loop.time() == pytest.approx(5.0, abs=0.01)
 
 
-@pytest.mark.looptime
 async def test_a_request_held_past_the_bound_with_no_ready_replica_gets_503_not_ready():
     loop = asyncio.get_running_loop()
     table, scheduler = make(loop.time, queue_timeout_s=10.0)
