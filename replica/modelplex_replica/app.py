@@ -35,6 +35,7 @@ from modelplex_replica.asgi import HttpIngress, ingress_for
 from modelplex_replica.metrics import ReplicaMetrics
 from modelplex_replica.preload import preload_hot_models
 from modelplex_replica.reporter import AnnotationReporter, Patch
+from modelplex_replica.streams import STREAM_FAILED, cut_stream
 from modelplex_replica.usercode import UserCodeLoop
 
 log = logging.getLogger("modelplex.replica")
@@ -99,8 +100,6 @@ class ReplicaState:
 
 
 STATE = web.AppKey("state", ReplicaState)
-#: Marks a streamed response whose handler failed after the first chunk.
-STREAM_FAILED = "modelplex_stream_failed"
 
 
 def create_app(deployment: Deployment, handler: Any, *, patch_pod: Patch | None = None,
@@ -369,11 +368,7 @@ async def _stream(request: web.Request, state: ReplicaState, call: Invocation, m
                 await response.write(call.error_frame(_handler_error(error), sse))
             except ConnectionResetError:
                 pass
-            # Close before aiohttp could end the chunked body: the client sees a cut, not an end.
-            if request.transport is not None:
-                request.transport.close()
-            response[STREAM_FAILED] = True
-            return response
+            return cut_stream(request, response)
         await response.write_eof()
         return response
     finally:

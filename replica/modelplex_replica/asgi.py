@@ -30,6 +30,7 @@ from modelplex.forwarded import ENV_ROUTE_PREFIX, NO_ROUTE, PATH_HEADER, check_r
     original, under_prefix
 from modelplex.names import LOADED_MODELS_HEADER
 from modelplex.serve.ingress import asgi_app, current_instance
+from modelplex_replica.streams import cut_stream
 from modelplex_replica.usercode import UserCodeLoop
 
 log = logging.getLogger("modelplex.replica.asgi")
@@ -37,8 +38,6 @@ log = logging.getLogger("modelplex.replica.asgi")
 #: The app's response headers that describe one hop; aiohttp sets its own.
 _HOP_BY_HOP = frozenset((b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"upgrade",
                          b"te", b"trailer"))
-#: Marks a response cut part way (the replica app counts it as a 500): app.STREAM_FAILED.
-STREAM_FAILED = "modelplex_stream_failed"
 LIFESPAN_TIMEOUT_S = 60.0
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 _DONE = object()
@@ -115,10 +114,7 @@ class HttpIngress:
                 raise  # the client went away: closing the stream (below) cancels the app
             except Exception as error:  # noqa: BLE001 - the user's app
                 log.error("the ingress app failed mid-response: %r", error)
-                if request.transport is not None:
-                    request.transport.close()  # before aiohttp could end the chunked body
-                response[STREAM_FAILED] = True
-                return response
+                return cut_stream(request, response)
             await response.write_eof()
             return response
         finally:
