@@ -36,6 +36,7 @@ import torch
 from modelplex import batch, get_multiplexed_model_id, multiplexed
 from modelplex.cache import current_load
 from modelplex.errors import BadRequest, ModelLoadError
+from modelplex.names import ENV_WARM_DIR
 from modelplex.oip import DTYPES, InferRequest, InferResponse, datatype_of, tensor_metadata
 from modelplex.runtime import current_runtime
 from modelplex_replica.sources import ModelSource
@@ -103,7 +104,7 @@ class TorchScriptHandler:
         if self.device.type != "cpu" or not budget:
             return None
         if self._disk is None:
-            self._disk = DiskTier(budget, os.environ.get("MODELPLEX_WARM_DIR") or None)
+            self._disk = DiskTier(budget, os.environ.get(ENV_WARM_DIR) or None)
             weakref.finalize(self, self._disk.close)
         return self._disk
 
