@@ -8,6 +8,7 @@ binaries the control-plane script built.
 from __future__ import annotations
 
 import json
+import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -99,7 +100,8 @@ def pods(api_client, namespace: str, name: str, role: str = "replica", live_only
 
 def router_url(cp, namespace: str, name: str) -> str:
     """The router through its Service ``name``: the ClusterIP (kube-proxy's rules), once the
-    Service has a ready endpoint."""
+    Service has a ready endpoint and kube-proxy has programmed it (until then a ClusterIP with no
+    endpoints in its rules refuses connections)."""
     api_client = cp.api_client()
     try:
         core, discovery = client.CoreV1Api(api_client), client.DiscoveryV1Api(api_client)
@@ -111,7 +113,14 @@ def router_url(cp, namespace: str, name: str) -> str:
 
         wait_for(ready_endpoint, timeout=READY_TIMEOUT, what=f"a ready endpoint of Service {namespace}/{name}")
         svc = core.read_namespaced_service(name, namespace)
-        return f"http://{svc.spec.cluster_ip}:{svc.spec.ports[0].port}"
+        address = (svc.spec.cluster_ip, svc.spec.ports[0].port)
+
+        def accepts():
+            with socket.create_connection(address, timeout=2):
+                return True
+
+        wait_for(accepts, timeout=READY_TIMEOUT, what=f"Service {namespace}/{name} accepting at {address[0]}:{address[1]}")
+        return f"http://{address[0]}:{address[1]}"
     finally:
         api_client.close()
 
