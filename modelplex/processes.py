@@ -20,6 +20,7 @@ import asyncio
 import ctypes
 import inspect
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -174,14 +175,41 @@ def descendants(pid: int) -> list[int]:
 # --------------------------------------------------------------------------- ports
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct ports nothing listens on now (all held open until all are found)."""
-    sockets = []
+#: Where the kernel takes the source ports of outgoing connections (Linux's default, if unreadable).
+_EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LOWEST_PORT = 10000
+
+
+def _ephemeral_range() -> tuple[int, int]:
     try:
-        for _ in range(count):
+        low, high = map(int, _EPHEMERAL_RANGE_FILE.read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports nothing listens on now (all held open until all are found).
+
+    They are drawn below the kernel's ephemeral range: a port from that range (what binding port 0
+    gives) can be taken as the source port of any outgoing connection on the machine between this
+    call and the server's own bind, which then fails with "address already in use"."""
+    low, _ = _ephemeral_range()
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count * 50):
+            if len(sockets) == count:
+                break
+            port = random.randrange(_LOWEST_PORT, low) if low - _LOWEST_PORT >= 1000 else 0
             sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.bind((host, port))
+            except OSError:
+                sock.close()
+                continue
             sockets.append(sock)
-            sock.bind((host, 0))
+        if len(sockets) < count:
+            raise OSError(f"no {count} free ports on {host}")
         return [sock.getsockname()[1] for sock in sockets]
     finally:
         for sock in sockets:

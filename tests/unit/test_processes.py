@@ -143,3 +143,12 @@ async def test_wait_for_async_is_timed_by_the_event_loops_clock():
     with pytest.raises(WaitTimeout, match="timed out after 60 s waiting for nothing; last: False"):
         await wait_for_async(never, timeout=60, interval=1, what="nothing")
     assert loop.time() - start == pytest.approx(70)
+
+
+def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range():
+    # Outgoing connections take their source ports from the ephemeral range: a port handed out
+    # from there could be taken before the server binds it.
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    ports = free_ports(20)
+    assert len(set(ports)) == 20 and all(p < low for p in ports), (ports, low)
+    assert all(port_free("127.0.0.1", p) for p in ports)
