@@ -180,12 +180,11 @@ _EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _LOWEST_PORT = 10000
 
 
-def _ephemeral_range() -> tuple[int, int]:
+def _ephemeral_low() -> int:
     try:
-        low, high = map(int, _EPHEMERAL_RANGE_FILE.read_text().split())
-        return low, high
-    except (OSError, ValueError):
-        return 32768, 60999
+        return int(_EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -194,7 +193,7 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     They are drawn below the kernel's ephemeral range: a port from that range (what binding port 0
     gives) can be taken as the source port of any outgoing connection on the machine between this
     call and the server's own bind, which then fails with "address already in use"."""
-    low, _ = _ephemeral_range()
+    low = _ephemeral_low()
     sockets: list[socket.socket] = []
     try:
         for _ in range(count * 50):
