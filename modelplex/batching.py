@@ -512,13 +512,17 @@ def _wrap(handler: Callable, settings: _Settings) -> Callable:
 
     def join(args: tuple, kwargs: dict) -> tuple[_BatchQueue, _Pending]:
         owner, args = (args[0], args[1:]) if takes_self else (wrapper, args)
-        bound = signature.bind(*args, **kwargs)  # a wrong call fails here, in its caller
-        bound.apply_defaults()
+        if not kwargs and len(args) == len(positional) and not keyword_only:
+            arguments = dict(zip(positional, args))  # the usual call: what bind would give, cheaper
+        else:
+            bound = signature.bind(*args, **kwargs)  # a wrong call fails here, in its caller
+            bound.apply_defaults()
+            arguments = dict(bound.arguments)
         loop = asyncio.get_running_loop()
         if streaming:
-            item = _Pending(dict(bound.arguments), loop.time(), stream=asyncio.Queue())
+            item = _Pending(arguments, loop.time(), stream=asyncio.Queue())
         else:
-            item = _Pending(dict(bound.arguments), loop.time(), future=loop.create_future())
+            item = _Pending(arguments, loop.time(), future=loop.create_future())
         queue = _queue_for(owner, handler.__qualname__, settings, lambda model_id, on_idle: _BatchQueue(
             call=functools.partial(call_batch, owner),
             model_id=model_id,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Iterator
@@ -55,12 +56,31 @@ def _has_call(handler: Any) -> bool:
     return inspect.isroutine(handler) or any("__call__" in vars(klass) for klass in type(handler).__mro__)
 
 
+def _no_call(handler: Any) -> NotFound:
+    return NotFound(f"{type(handler).__qualname__} has no __call__; call one of its methods through a "
+                    f"handle: {', '.join(public_methods(handler)) or 'none'}")
+
+
+def _whole_call_mode(handler: Any) -> str | None:
+    """:func:`call_mode` of ``handler`` itself (None: it has no ``__call__``), known once per
+    class: every plain HTTP request asks."""
+    if inspect.isroutine(handler):
+        return call_mode(handler)
+    return _class_call_mode(type(handler))
+
+
+@functools.lru_cache(maxsize=256)
+def _class_call_mode(klass: type) -> str | None:
+    if not any("__call__" in vars(base) for base in klass.__mro__):
+        return None
+    return call_mode(klass.__call__)
+
+
 def method_of(handler: Any, name: str) -> Callable:
     """The bound method ``name`` of ``handler``; a private or missing one is a clear error."""
     if name == "__call__":
         if not _has_call(handler):
-            raise NotFound(f"{type(handler).__qualname__} has no __call__; call one of its methods through a "
-                           f"handle: {', '.join(public_methods(handler)) or 'none'}")
+            raise _no_call(handler)
         return handler
     target = getattr(handler, name, None) if not name.startswith("_") else None
     if target is None or not callable(target):
@@ -176,8 +196,10 @@ def invocation(handler: Any, content_type: str, body: Any) -> Invocation:
             raise BadRequest(f"{name} is a generator: call it with .options(stream=True)")
         # A method that is not a generator function may still return one: known once it ran.
         return Invocation(target, call.args, call.kwargs, mode, typed=True, stream_requested=call.stream, name=name)
-    target = method_of(handler, "__call__")
-    return Invocation(target, (body,), {}, call_mode(target), name=type(handler).__qualname__)
+    mode = _whole_call_mode(handler)
+    if mode is None:
+        raise _no_call(handler)
+    return Invocation(handler, (body,), {}, mode, name=type(handler).__qualname__)
 
 
 async def iterate_in_thread(generator: Iterator[Any]) -> AsyncIterator[Any]:

@@ -86,7 +86,7 @@ def _short(frame: str) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("workload", choices=["batched", "unbatched", "stream", "mux", "busy-stream", "busy-unary"])
+    parser.add_argument("workload", choices=["batched", "batched-echo", "unbatched", "stream", "mux", "busy-stream", "busy-unary"])
     parser.add_argument("--tree", type=Path, default=None, help="run Modelplex from this checkout (as run.py --tree)")
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--concurrency", type=int, default=None)
@@ -106,8 +106,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="modelplex-profile-") as tmp:
         workdir = Path(tmp)
         env = {}
-        if args.workload in ("batched", "unbatched"):
-            cls = "BatchedMLP" if args.workload == "batched" else "MLP"
+        if args.workload in ("batched", "batched-echo", "unbatched"):
+            cls = {"batched": "BatchedMLP", "batched-echo": "BatchedEcho", "unbatched": "MLP"}[args.workload]
             spec = {"replicas": 1, "handler": f"mp_handlers:{cls}", "maxOngoingRequests": 128}
             concurrency = args.concurrency or 32
         elif args.workload.startswith("busy-"):
@@ -143,7 +143,7 @@ def main() -> int:
                 if args.workload == "busy-stream":
                     return await loadgen.streams(stack.url, mlp_body(MLP_SIZES[0]), BUSY_CHUNKS, concurrency,
                                                  args.seconds, warmup_s=0)
-                if args.workload in ("batched", "unbatched", "busy-unary"):
+                if args.workload in ("batched", "batched-echo", "unbatched", "busy-unary"):
                     return await loadgen.unary(stack.url, mlp_body(MLP_SIZES[0]), concurrency, args.seconds,
                                                warmup_s=0)
                 if args.workload == "stream":

@@ -247,7 +247,7 @@ async def invoke(request: web.Request) -> web.StreamResponse:
         # Admitted work keeps its place: a request whose load finished takes a slot at once.
         state.inflight += 1
         in_slot = True
-        state.metrics.inflight.labels(state.deployment.name).inc()
+        state.metrics.inflight_now.inc()
         if ingress is not None and ingress.app is not None:
             response = await ingress.respond(request, state.user, model_id, state.models_header)
             status = 500 if response.get(STREAM_FAILED) else response.status
@@ -273,7 +273,7 @@ async def invoke(request: web.Request) -> web.StreamResponse:
         state.active -= 1
         if in_slot:
             state.inflight -= 1
-            state.metrics.inflight.labels(state.deployment.name).dec()
+            state.metrics.inflight_now.dec()
         state.metrics.observe_request(model_id, status, time.perf_counter() - started)
 
 

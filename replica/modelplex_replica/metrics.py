@@ -66,6 +66,11 @@ class ReplicaMetrics:
         self.inflight = Gauge("modelplex_replica_inflight_requests", "Requests in flight on the replica.", ("deployment",),
                               registry=r)
         self._sized: set[str] = set()  # models with a modelplex_model_bytes series
+        # Children looked up once: ``labels()`` takes a lock and builds a key on every call,
+        # which every request would pay several times.
+        self.inflight_now = self.inflight.labels(deployment)
+        self._answered: dict[int, Counter] = {}
+        self._latency_all = None if per_model else self.latency.labels(deployment)
         self._zeros()
 
     def _zeros(self) -> None:
@@ -116,5 +121,9 @@ class ReplicaMetrics:
         self.batch_wait.labels(self.deployment).observe(waited_s)
 
     def observe_request(self, model_id: str, code: int, seconds: float) -> None:
-        self.requests.labels(self.deployment, str(code)).inc()
-        self.latency.labels(*self._labels(model_id)).observe(seconds)
+        answered = self._answered.get(code)
+        if answered is None:
+            answered = self._answered[code] = self.requests.labels(self.deployment, str(code))
+        answered.inc()
+        latency = self._latency_all or self.latency.labels(*self._labels(model_id))
+        latency.observe(seconds)

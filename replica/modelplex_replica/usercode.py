@@ -11,10 +11,11 @@ of hops (a batch's 32 answers, the requests that arrived while a batch computed)
 wake-up of the other loop, not one each. Waking a loop writes to its self-pipe, which releases
 the GIL to the other thread; per hop, that hand-over dominated the cost of a batched request.
 
-Two threads share one GIL. torch releases it inside each op and takes it back between ops;
-while the server thread runs Python, each take waits up to the interpreter's switch interval
-(5 ms by default), so a forward pass of a few ops could take several times its compute while
-requests arrive. The replica shortens the interval to :data:`GIL_SWITCH_INTERVAL_S`.
+Two threads share one GIL. The interpreter's switch interval stays at its default (5 ms):
+a shorter one (0.5 ms was tried) lets user code take the GIL back sooner between torch ops,
+but each forced hand-over costs both threads futex calls and a context switch, and under
+batched load they cost more than they saved (10.6 against 5.1 futex calls per request, and
+about 7% of batched throughput: bench/results/busy-replicas).
 
 A thread of its own is not enough on a machine whose cores the model saturates (torch starts
 one compute thread per core): the server thread would wait for a core behind them. So user
@@ -30,7 +31,6 @@ import collections
 import logging
 import os
 import selectors
-import sys
 import threading
 import time
 from typing import Any, AsyncIterator, Callable, Coroutine, TypeVar
@@ -45,10 +45,6 @@ USER_CODE_NICENESS = 10
 #: Chunks a stream's producer may run ahead of the client: enough to keep the user loop busy
 #: while the server loop writes, few enough that backpressure still reaches the generator.
 STREAM_WINDOW = 4
-
-#: How long a thread that wants the GIL waits before it asks the holder to let go (Python's
-#: default is 5 ms): between torch ops, user code takes the GIL back from the server thread.
-GIL_SWITCH_INTERVAL_S = 0.0005
 
 #: A user loop that waits on a timer at most this far away (a batch waiting for more requests)
 #: is not woken by new work: the work waits for the timer, which comes soon anyway.
@@ -195,12 +191,9 @@ class UserCodeLoop:
         self.inbox: Mailbox = _Inbox(self.loop, selector)
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._outboxes: dict[asyncio.AbstractEventLoop, Outbox] = {}
-        self._switch_interval: float | None = None
 
     def start(self) -> None:
         """Start the loop; called from the server's thread, which keeps its priority."""
-        self._switch_interval = sys.getswitchinterval()
-        sys.setswitchinterval(min(self._switch_interval, GIL_SWITCH_INTERVAL_S))
         server = threading.get_native_id()
         # Threads that exist already were started by the handler's construction (torch's
         # compute pool, for one): they are user code too.
@@ -253,8 +246,6 @@ class UserCodeLoop:
             log.warning("user code did not stop within %g s", timeout)
         self.loop.call_soon_threadsafe(self.loop.stop)
         await asyncio.to_thread(self._thread.join, timeout)
-        if self._switch_interval is not None:
-            sys.setswitchinterval(self._switch_interval)
 
 
 # -- the two ends of a hop: _start and _cancel on the user loop, _reply on the caller's ---------

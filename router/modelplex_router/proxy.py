@@ -229,12 +229,16 @@ class Proxy:
         the table fetch the replica's document."""
         if not header:
             return
-        try:
-            version = LoadedSummary.parse(header).version
-        except ValueError:
-            log.debug("replica %s sent a malformed %s header", lease.replica.name, LOADED_MODELS_HEADER)
-            return
-        self.scheduler.heard_version(lease.replica, version)
+        replica = lease.replica
+        last_header, version = replica.heard_summary
+        if header != last_header:  # most answers repeat the last summary: parsed once
+            try:
+                version = LoadedSummary.parse(header).version
+            except ValueError:
+                log.debug("replica %s sent a malformed %s header", replica.name, LOADED_MODELS_HEADER)
+                return
+            replica.heard_summary = (header, version)
+        self.scheduler.heard_version(replica, version)
 
     def _url(self, base: str, path: str) -> URL:
         if path != INVOKE_PATH:

@@ -69,6 +69,7 @@ class Replica:
     learned: dict[str, float] = field(default_factory=dict)
     down_at: float | None = None  # last connection failure, while quarantined
     answered_at: float = float("-inf")  # when it last answered a request (any status)
+    heard_summary: tuple[str, int] = ("", 0)  # the last summary header its answers carried, its version
 
     @property
     def inflight(self) -> int:

@@ -167,21 +167,6 @@ async def test_an_answer_and_its_error_cross_back_in_bulk_without_losing_one(use
     assert isinstance(results[13], ValueError)
 
 
-async def test_the_gil_changes_hands_within_half_a_millisecond_while_user_code_runs():
-    import sys
-
-    from modelplex_replica.usercode import GIL_SWITCH_INTERVAL_S
-
-    before = sys.getswitchinterval()
-    user = UserCodeLoop()
-    user.start()
-    try:
-        assert sys.getswitchinterval() == min(before, GIL_SWITCH_INTERVAL_S) <= 0.0005
-    finally:
-        await user.stop()
-    assert sys.getswitchinterval() == before
-
-
 async def test_work_posted_while_the_user_loop_naps_on_a_short_timer_is_run_when_the_nap_ends(user):
     import time
 
