@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import typing
 from http import HTTPStatus
 from typing import Awaitable, Callable
 
@@ -58,18 +59,69 @@ class JsonErrorProtocol(RequestHandler):
         return response
 
 
+class ConnectionHandoff(typing.Protocol):
+    """Serves some connections somewhere else, chosen by their first bytes (the replica sends
+    connections that open with an invoke to its user-code loop)."""
+
+    def wants(self, first: bytes) -> bool:
+        """Whether a connection whose first received bytes are ``first`` is served elsewhere."""
+
+    def take(self, transport: asyncio.Transport, first: bytes) -> None:
+        """Serve the connection (reading paused, ``first`` already read from it) elsewhere."""
+
+
+#: An app's :class:`ConnectionHandoff`, consulted on every new connection.
+HANDOFF = web.AppKey("connection_handoff", ConnectionHandoff)
+
+
+class _FirstBytes(asyncio.Protocol):
+    """A new connection until its first bytes arrive: then handed off, or served here."""
+
+    def __init__(self, server: _JsonErrorServer, handoff: ConnectionHandoff):
+        self._server = server
+        self._handoff = handoff
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        transport = self._transport
+        if self._handoff.wants(data):
+            transport.pause_reading()
+            self._handoff.take(transport, data)
+            return
+        protocol = self._server.protocol()
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+        protocol.data_received(data)
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._transport = None
+
+
 class _JsonErrorServer(web.Server):
-    def __call__(self) -> RequestHandler:
+    handoff: ConnectionHandoff | None = None
+
+    def __call__(self) -> asyncio.Protocol:
+        return self.protocol() if self.handoff is None else _FirstBytes(self, self.handoff)
+
+    def protocol(self) -> RequestHandler:
         return JsonErrorProtocol(self, loop=self._loop, **self._kwargs)
 
 
 class JsonErrorRunner(web.AppRunner):
-    """An ``AppRunner`` whose connections answer parser errors with :class:`JsonErrorProtocol`."""
+    """An ``AppRunner`` whose connections answer parser errors with :class:`JsonErrorProtocol`,
+    and go to the app's :data:`HANDOFF` when it wants them."""
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
         # The app's own Server, built by aiohttp as usual; only the protocol it makes differs.
         server.__class__ = _JsonErrorServer
+        server.handoff = self._app.get(HANDOFF)
         return server
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -29,9 +30,11 @@ from modelplex.loaded import LoadedModels, LoadedSummary
 from modelplex.multiplex import find_cache
 from modelplex.names import DASHED_MODEL_ID_HEADER, LOADED_MODELS_HEADER, MODEL_ID_HEADER
 from modelplex.runtime import Runtime, current_runtime
+from modelplex.serving import HANDOFF
 from modelplex.spec import Deployment, SpecError
 from modelplex_replica import oip
 from modelplex_replica.asgi import HttpIngress, ingress_for
+from modelplex_replica.handoff import UserLoopConnections
 from modelplex_replica.metrics import ReplicaMetrics
 from modelplex_replica.preload import preload_hot_models
 from modelplex_replica.reporter import AnnotationReporter, Patch
@@ -84,6 +87,10 @@ class ReplicaState:
     #: What the cache holds, replaced whole by the user loop on every cache change, so the
     #: server loop reads it without a lock.
     published: Published = Published.of(LoadedModels())
+    #: Invoke connections served on the user loop (handoff.py); set by create_app.
+    connections: UserLoopConnections | None = None
+    #: Held to change ``inflight`` and ``active``: requests are served on both loops.
+    counting: threading.Lock = field(default_factory=threading.Lock)
 
     def models_header(self) -> str:
         """The fixed-size summary, for every answer's header."""
@@ -119,9 +126,16 @@ def create_app(deployment: Deployment, handler: Any, *, patch_pod: Patch | None 
         metrics=metrics,
         ingress=ingress_for(handler),
     )
-    app = web.Application(middlewares=[error_middleware], client_max_size=spec.max_request_bytes)
-    app[STATE] = state
+    app = _app(state)
+    app[HANDOFF] = state.connections = UserLoopConnections(state.user, lambda: _app(state))
     app.cleanup_ctx.append(_lifecycle(patch_pod, runtime or current_runtime()))
+    return app
+
+
+def _app(state: ReplicaState) -> web.Application:
+    """The replica's routes over ``state``: the server loop's app, and the user loop's (handoff.py)."""
+    app = web.Application(middlewares=[error_middleware], client_max_size=state.deployment.spec.max_request_bytes)
+    app[STATE] = state
     app.router.add_post("/v1/invoke", invoke)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model_id}/metadata", model_metadata)
@@ -138,6 +152,7 @@ def _lifecycle(patch_pod: Patch | None, runtime: Runtime):
         state = app[STATE]
         state.server_loop = asyncio.get_running_loop()
         state.user.start()
+        await state.user.run(state.connections.start())
         if state.ingress is not None:
             await state.user.run(state.ingress.startup())
         observers = [(runtime.batch_observers, state.metrics.on_batch),
@@ -155,6 +170,7 @@ def _lifecycle(patch_pod: Patch | None, runtime: Runtime):
         await asyncio.gather(prewarm, return_exceptions=True)
         if state.reporter is not None:
             await state.reporter.stop()
+        await state.user.run(state.connections.stop())
         if state.cache is not None:
             await state.user.run(state.cache.close())
         if state.ingress is not None:
@@ -238,14 +254,16 @@ async def invoke(request: web.Request) -> web.StreamResponse:
         state.metrics.observe_request(model_id, 503, 0.0)
         raise Overloaded(f"replica is at maxOngoingRequests ({limit})", retry_after=1)
     started = time.perf_counter()
-    state.active += 1
+    with state.counting:
+        state.active += 1
     in_slot = False
     status = 500
     try:
         if loads:
             await state.user.run(_load(state, model_id))
         # Admitted work keeps its place: a request whose load finished takes a slot at once.
-        state.inflight += 1
+        with state.counting:
+            state.inflight += 1
         in_slot = True
         state.metrics.inflight_now.inc()
         if ingress is not None and ingress.app is not None:
@@ -270,9 +288,11 @@ async def invoke(request: web.Request) -> web.StreamResponse:
         status = error.status
         raise
     finally:
-        state.active -= 1
+        with state.counting:
+            state.active -= 1
+            if in_slot:
+                state.inflight -= 1
         if in_slot:
-            state.inflight -= 1
             state.metrics.inflight_now.dec()
         state.metrics.observe_request(model_id, status, time.perf_counter() - started)
 

@@ -3,8 +3,11 @@
 An ``async def`` handler that computes (a torch forward pass, as users write them) holds the
 loop it runs on. On the server's loop that would stall ``/readyz``, ``/v1/models`` and
 ``/metrics`` behind it, and a busy replica would look dead to its router and its kubelet. As in
-Ray Serve, user code gets a thread and an event loop of its own; the server loop only does I/O
-and hands work over: one hop there and one back per request, one hop per streamed chunk.
+Ray Serve, user code gets a thread and an event loop (uvloop's) of its own. Connections that
+open with an invoke (a router's) are served on the user loop itself (``handoff.py``): their
+requests call user code directly. What arrives on the server loop (model loads, metadata, an
+invoke on a connection that began with something else, and every request of an in-process test
+server) hops: :meth:`UserCodeLoop.run` there and one back, one hop per streamed chunk.
 
 Hops are cheap because they travel in bulk: each direction has a :class:`Mailbox`, and a burst
 of hops (a batch's 32 answers, the requests that arrived while a batch computed) costs one
@@ -30,10 +33,11 @@ import asyncio
 import collections
 import logging
 import os
-import selectors
 import threading
 import time
 from typing import Any, AsyncIterator, Callable, Coroutine, TypeVar
+
+import uvloop
 
 log = logging.getLogger("modelplex.replica")
 
@@ -45,10 +49,6 @@ USER_CODE_NICENESS = 10
 #: Chunks a stream's producer may run ahead of the client: enough to keep the user loop busy
 #: while the server loop writes, few enough that backpressure still reaches the generator.
 STREAM_WINDOW = 4
-
-#: A user loop that waits on a timer at most this far away (a batch waiting for more requests)
-#: is not woken by new work: the work waits for the timer, which comes soon anyway.
-NAP_S = 0.002
 
 #: Posts to a caller's loop within this long of its last wake-up ride with the next one.
 COALESCE_S = 0.002
@@ -84,51 +84,6 @@ class Mailbox:
                 callback(*args)
             except Exception as error:  # noqa: BLE001 - one failed call must not strand the rest
                 self.loop.call_exception_handler({"message": "mailbox call failed", "exception": error})
-
-
-class _NappingSelector(selectors.DefaultSelector):
-    """The user loop's selector: while the loop naps (waits on a timer at most :data:`NAP_S`
-    away, as a batch does for more requests), a post does not wake it; the nap's end brings
-    the posts in. Requests that arrive while a batch forms then cost no wake-up each."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.napping = False
-        self.inbox: _Inbox | None = None
-
-    def select(self, timeout: float | None = None):  # noqa: ANN201 - the selector's own signature
-        inbox = self.inbox
-        self.napping = timeout is not None and 0 < timeout <= NAP_S  # before the look at the inbox
-        if inbox is not None and inbox.parked:
-            timeout = 0
-        try:
-            return super().select(timeout)
-        finally:
-            self.napping = False
-            if inbox is not None and inbox.parked:
-                inbox.parked = False
-                inbox.loop.call_soon(inbox._drain)  # on the loop's own thread
-
-
-class _Inbox(Mailbox):
-    """The user loop's mailbox: a post while the loop naps is parked for the nap's end."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, selector: _NappingSelector):
-        super().__init__(loop)
-        self._selector = selector
-        self.parked = False
-        selector.inbox = self
-
-    def post(self, callback: Callable[..., Any], *args: Any) -> None:
-        self._calls.append((callback, args))
-        if not self._scheduled:
-            self._scheduled = True
-            if self._selector.napping:
-                # Read after the selector set it, and the selector looks at ``parked`` after
-                # its nap: either it sees this, or its next select does (with timeout 0).
-                self.parked = True
-            else:
-                self.loop.call_soon_threadsafe(self._drain)
 
 
 class Outbox(Mailbox):
@@ -186,9 +141,8 @@ class UserCodeLoop:
     """An event loop in its own thread; :meth:`run` awaits a coroutine on it from another loop."""
 
     def __init__(self, name: str = "modelplex-user-code"):
-        selector = _NappingSelector()
-        self.loop: asyncio.AbstractEventLoop = asyncio.SelectorEventLoop(selector)
-        self.inbox: Mailbox = _Inbox(self.loop, selector)
+        self.loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()  # it serves invoke connections too
+        self.inbox = Mailbox(self.loop)
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._outboxes: dict[asyncio.AbstractEventLoop, Outbox] = {}
 
@@ -222,6 +176,8 @@ class UserCodeLoop:
     async def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """The result of ``coroutine``, run on the user loop; cancelling the caller cancels it there."""
         caller = asyncio.get_running_loop()
+        if caller is self.loop:  # a request served on the user loop itself (handoff.py): no hop
+            return await coroutine
         job = _Job(coroutine, caller.create_future(), self.outbox(caller))
         self.inbox.post(_start, job)
         try:
@@ -232,9 +188,13 @@ class UserCodeLoop:
         finally:
             del job  # see _run_job
 
-    def stream(self, open_stream: Callable[[], AsyncIterator[Any]], *, window: int = STREAM_WINDOW) -> Stream:
+    def stream(self, open_stream: Callable[[], AsyncIterator[Any]], *,
+               window: int = STREAM_WINDOW) -> Stream | TakingTurns:
         """Iterate ``open_stream()`` on the user loop; read its items from the calling loop."""
-        return Stream(self, open_stream, asyncio.get_running_loop(), window)
+        reader = asyncio.get_running_loop()
+        if reader is self.loop:
+            return TakingTurns(open_stream)
+        return Stream(self, open_stream, reader, window)
 
     async def stop(self, timeout: float = 10.0) -> None:
         """Cancel what still runs there, then end the thread."""
@@ -445,3 +405,31 @@ class Stream:
             finally:
                 self._producer_waits = False
         return waited
+
+
+class TakingTurns:
+    """A stream read on the user loop itself (no hop): before each item after the first, the
+    loop goes round once, so generators that compute (and never await) take turns chunk by
+    chunk with each other and with new requests, as :class:`Stream`'s producers do."""
+
+    def __init__(self, open_stream: Callable[[], AsyncIterator[Any]]):
+        self._open: Callable[[], AsyncIterator[Any]] | None = open_stream
+        self._iterator: AsyncIterator[Any] | None = None
+
+    def __aiter__(self) -> TakingTurns:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._iterator is not None:
+            await asyncio.sleep(0)  # the other streams' turn
+        elif self._open is not None:
+            self._iterator, self._open = self._open().__aiter__(), None
+        else:
+            raise StopAsyncIteration  # closed
+        return await self._iterator.__anext__()
+
+    async def aclose(self) -> None:
+        """Close the generator (its ``finally`` blocks run) if it was opened."""
+        iterator, self._iterator, self._open = self._iterator, None, None
+        if iterator is not None and hasattr(iterator, "aclose"):
+            await iterator.aclose()

@@ -156,6 +156,46 @@ async def test_generators_that_compute_take_turns_chunk_by_chunk(user):
     assert max(len(run) for run in runs) <= 2, produced
 
 
+async def test_streams_read_on_the_user_loop_itself_take_turns_and_close_their_generators(user):
+    import time
+
+    produced: list[str] = []
+    closed: list[str] = []
+
+    def chunks(name: str):
+        async def generate():
+            try:
+                for i in range(6):
+                    time.sleep(0.01)  # computing, never awaiting
+                    produced.append(name)
+                    yield i
+            finally:
+                closed.append(name)
+        return generate
+
+    async def read_both() -> tuple[list[int], list[int], list[int]]:
+        async def read(name: str, limit: int) -> list[int]:
+            stream = user.stream(chunks(name))  # on the user loop: read in place, no hop
+            items = []
+            try:
+                async for item in stream:
+                    items.append(item)
+                    if len(items) == limit:
+                        break
+            finally:
+                await stream.aclose()
+            return items
+
+        whole = asyncio.gather(read("a", 6), read("b", 6))
+        return (*await whole, await read("c", 2))
+
+    a, b, c = await user.run(read_both())
+    assert a == b == list(range(6)) and c == [0, 1]
+    runs = "".join(p for p in produced if p != "c").replace("ab", "a b").replace("ba", "b a").split()
+    assert max(len(run) for run in runs) <= 2, produced
+    assert sorted(closed) == ["a", "b", "c"]  # the one left after two items too
+
+
 async def test_an_answer_and_its_error_cross_back_in_bulk_without_losing_one(user):
     async def square(i: int) -> int:
         if i == 13:
