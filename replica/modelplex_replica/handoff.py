@@ -1,9 +1,9 @@
 """Invoke connections move to the user-code loop, so their requests reach user code without a hop.
 
 The server loop accepts every connection. One whose first request is ``POST /v1/invoke`` (a
-router's pooled connection: it carries invokes, and the model endpoints a router forwards,
-never polls, which the router sends over a session of their own) moves to the user loop, where
-the replica's routes serve it and user code runs in the request's own task. The hop to the
+router's pooled connection: it carries invokes and the model endpoints the router forwards; the
+router polls over a session of its own) moves to the user loop, where the replica's routes serve
+it and user code runs in the request's own task. The hop to the
 user loop and back costs each request two wake-ups of the other thread and the GIL changing
 hands with them (bench/results/busy-replicas: 10.6 futex calls per request, ~10% of batched
 throughput); served here, a request costs neither.
