@@ -53,7 +53,11 @@ def check_handler(handler: Any) -> None:
 
 def _has_call(handler: Any) -> bool:
     # Not getattr(type(handler), "__call__"): every class has one, its metaclass's.
-    return inspect.isroutine(handler) or any("__call__" in vars(klass) for klass in type(handler).__mro__)
+    return inspect.isroutine(handler) or _defines_call(type(handler))
+
+
+def _defines_call(klass: type) -> bool:
+    return any("__call__" in vars(base) for base in klass.__mro__)
 
 
 def _no_call(handler: Any) -> NotFound:
@@ -71,7 +75,7 @@ def _whole_call_mode(handler: Any) -> str | None:
 
 @functools.lru_cache(maxsize=256)
 def _class_call_mode(klass: type) -> str | None:
-    if not any("__call__" in vars(base) for base in klass.__mro__):
+    if not _defines_call(klass):
         return None
     return call_mode(klass.__call__)
 

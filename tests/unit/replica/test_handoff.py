@@ -103,7 +103,7 @@ async def test_a_stream_on_a_moved_connection_arrives_whole():
 async def test_readiness_is_answered_while_a_moved_connections_handler_blocks_its_loop(echo):
     url, connections = echo
     async with _one_connection() as invoking, _one_connection() as probing:
-        blocked = asyncio.ensure_future(invoking.post(url + "/v1/invoke", json={"block_s": 1.0}))
+        blocked = asyncio.ensure_future(invoking.post(url + "/v1/invoke", json={"block_s": 3.0}))
         await asyncio.sleep(0.2)  # the handler is blocking the user loop now
         async with probing.get(url + "/readyz") as response:
             assert response.status == 200
