@@ -147,7 +147,9 @@ class _Pending:
 
 @dataclass(eq=False)
 class _Batch:
-    items: list[_Pending]
+    limit: int
+    taken: asyncio.Future  # done once the batch has taken its requests from the queue
+    items: list[_Pending] = field(default_factory=list)
     task: asyncio.Task | None = None
 
     def abandoned(self) -> bool:
@@ -225,9 +227,8 @@ class _BatchQueue:
                 self._drop_gone()
                 if not self.pending:
                     break
-            batch = self._take(limit)
-            if batch:
-                self._start(batch, loop)
+            if self.pending:
+                await self._start(limit, loop)
 
     def _worker_ended(self, worker: asyncio.Task) -> None:
         if self.worker is not worker:
@@ -299,16 +300,18 @@ class _BatchQueue:
             self.pending.popleft()
         return batch
 
-    def _start(self, items: list[_Pending], loop: asyncio.AbstractEventLoop) -> None:
-        batch = _Batch(items)
-        for item in items:
-            item.batch = batch
-        _observe(self.model_id, len(items), loop.time() - items[0].arrived)
+    async def _start(self, limit: int, loop: asyncio.AbstractEventLoop) -> None:
+        """Start a batch of up to ``limit``, and return once it has taken its requests. It takes
+        them when it begins to run, not now: requests that join in between (the loop serves
+        others before the batch's task runs) ride along instead of waiting through it."""
+        batch = _Batch(limit, loop.create_future())
         batch.task = loop.create_task(self._run(batch))
         self.running.add(batch)
         batch.task.add_done_callback(lambda _: self._batch_ended(batch))
+        await batch.taken
 
     def _batch_ended(self, batch: _Batch) -> None:
+        _resolve(batch.taken)  # cancelled before it ran: the worker goes on
         self.running.discard(batch)
         task = batch.task
         if task.cancelled():
@@ -320,10 +323,16 @@ class _BatchQueue:
     # -- running a batch ---------------------------------------------------------------------
 
     async def _run(self, batch: _Batch) -> None:
-        if self.streaming:
-            await self._run_streaming(batch.items)
+        items = batch.items = self._take(batch.limit)
+        _resolve(batch.taken)
+        if not items:
             return
-        items = batch.items
+        for item in items:
+            item.batch = batch
+        _observe(self.model_id, len(items), asyncio.get_running_loop().time() - items[0].arrived)
+        if self.streaming:
+            await self._run_streaming(items)
+            return
         try:
             results = await self.call(items)
             _check_length(results, items)

@@ -184,7 +184,9 @@ def main() -> int:
               + (f", ttfc p99 {s['ttfc_p99_ms']:.1f} ms" if "ttfc_p99_ms" in s else ""))
         count = batches_after[1] - batches_before[1]
         if count:
-            print(f"batches: {count:.0f}, mean size {(batches_after[0] - batches_before[0]) / count:.1f}")
+            waited_ms = (batches_after[2] - batches_before[2]) / count * 1000
+            print(f"batches: {count:.0f}, mean size {(batches_after[0] - batches_before[0]) / count:.1f}, "
+                  f"a batch's first request waited {waited_ms:.2f} ms on average")
         print(f"load average {os.getloadavg()[0]:.2f}; CPU per process (cores, of {os.cpu_count()}):")
         for name, share in cpu.items():
             per_request = share / s["rps"] * 1e6 if s["rps"] else float("nan")
@@ -196,11 +198,12 @@ def main() -> int:
     return 0
 
 
-async def _batch_stats(urls: list[str]) -> tuple[float, float]:
-    """(sum, count) of ``modelplex_batch_size`` over the replicas."""
+async def _batch_stats(urls: list[str]) -> tuple[float, float, float]:
+    """(sum, count) of ``modelplex_batch_size`` and the sum of ``modelplex_batch_wait_seconds``
+    over the replicas."""
     import aiohttp
 
-    total = count = 0.0
+    total = count = waited = 0.0
     async with aiohttp.ClientSession() as session:
         for url in urls:
             async with session.get(url + "/metrics") as resp:
@@ -209,7 +212,9 @@ async def _batch_stats(urls: list[str]) -> tuple[float, float]:
                         total += float(line.rsplit(" ", 1)[1])
                     elif line.startswith("modelplex_batch_size_count"):
                         count += float(line.rsplit(" ", 1)[1])
-    return total, count
+                    elif line.startswith("modelplex_batch_wait_seconds_sum"):
+                        waited += float(line.rsplit(" ", 1)[1])
+    return total, count, waited
 
 
 async def _warm(url: str, workload: str, concurrency: int) -> None:

@@ -153,6 +153,24 @@ async def test_zero_timeout_batches_what_waits_while_the_previous_batch_runs(use
         await third
 
 
+async def test_a_request_that_joins_before_its_batch_begins_rides_along():
+    # The batch is due when the worker looks, but its task runs only after what the loop had
+    # queued before it (in a replica: other requests' handlers). A request that joins then
+    # must not wait through the batch's synchronous compute and go alone after it.
+    batches = []
+
+    @batch(max_batch_size=8, batch_wait_timeout_s=0)
+    async def double(xs):
+        batches.append(list(xs))
+        return [2 * x for x in xs]
+
+    first = asyncio.ensure_future(double(1))
+    await asyncio.sleep(0)  # the first call joins; the worker is due next
+    second = asyncio.ensure_future(double(2))  # queued behind the worker, ahead of the batch
+    assert await asyncio.gather(first, second) == [2, 4]
+    assert batches == [[1, 2]]
+
+
 async def test_a_batch_waits_the_full_timeout_after_an_idle_queue():
     @batch(max_batch_size=10, batch_wait_timeout_s=0.25)
     async def no_op(requests):
