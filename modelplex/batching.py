@@ -323,6 +323,7 @@ class _BatchQueue:
     # -- running a batch ---------------------------------------------------------------------
 
     async def _run(self, batch: _Batch) -> None:
+        self._drop_gone()  # callers may have left since the worker looked
         items = batch.items = self._take(batch.limit)
         _resolve(batch.taken)
         if not items:
