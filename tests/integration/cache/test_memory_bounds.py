@@ -15,7 +15,7 @@ import aiohttp
 
 from modelplex.names import MODEL_ID_HEADER
 
-from support.servers import metric, wait_ready
+from support.servers import metric, wait_ready, wait_until
 
 MB = 1_000_000
 MODEL_BYTES = (2236 * 2236 + 2236) * 4  # weights.py's Linear
@@ -157,14 +157,17 @@ async def test_loads_whose_callers_left_are_dropped_and_memory_stays_flat(proces
 
         async with RssPeak(replica.popen.pid) as memory:
             outcomes = await asyncio.gather(*(give_up(f"slow-{i}") for i in range(200)))
-            await asyncio.sleep(3)  # the loads that had started finish
+
+            async def no_load_left():  # the loads that had started finish, the queued ones are dropped
+                return (await models(session, replica.url))["loading"] == []
+
+            await wait_until(no_load_left, timeout=30, what="no load in flight")
         seconds = time.monotonic() - started
         assert outcomes.count("gone") == 200
         loads = await metric(session, replica.url, "modelplex_model_loads_total")
         # Two slots, 1 s each: only the loads that started before their callers left ran.
         assert loads - 1 <= 2 * (seconds + 1), (loads, seconds)
         assert memory.peak <= base + 100 * MB + SLACK
-        assert (await models(session, replica.url))["loading"] == []
         assert (await call(session, replica.url, "warm-up"))[0] == 200
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import aiohttp
 
 from support.chaos import Outcome, Tally, request
+from support.servers import wait_until
 from support.stacks import manifest, start_local, write_documents
 
 GRACE_S = 15
@@ -30,6 +31,16 @@ async def stream(session: aiohttp.ClientSession, url: str) -> Outcome:
         return Outcome(started, time.monotonic() - started, None, error=repr(error))
 
 
+async def all_in_flight(session: aiohttp.ClientSession, stack, expected: dict[str, int]) -> bool:
+    """Whether each deployment's router has handed its expected count of requests to replicas."""
+    for deployment, count in expected.items():
+        async with session.get(stack.url(deployment) + "/v1/replicas") as response:
+            table = await response.json()
+        if sum(replica["inflight"] for replica in table["replicas"]) != count:
+            return False
+    return True
+
+
 async def test_sigterm_of_local_mode_under_load_finishes_every_accepted_request(chaos_processes, chaos_report):
     path = write_documents(chaos_processes.folder / "drain.yaml", [
         manifest("unary", "handlers:Models", replicas=1, gracefulShutdownTimeoutSeconds=GRACE_S,
@@ -41,7 +52,8 @@ async def test_sigterm_of_local_mode_under_load_finishes_every_accepted_request(
         unary = [asyncio.create_task(request(session, stack.url("unary") + "/", "m0", {"work": 6.0}))
                  for _ in range(8)]
         streams = [asyncio.create_task(stream(session, stack.url("stream") + "/")) for _ in range(4)]
-        await asyncio.sleep(1.0)  # all of them accepted and running
+        await wait_until(lambda: all_in_flight(session, stack, {"unary": 8, "stream": 4}),
+                         timeout=30, what="all 12 requests accepted and running")
         children = stack.pids()
         stack.proc.popen.send_signal(signal.SIGTERM)
         stopping = time.monotonic()

@@ -148,8 +148,10 @@ async def test_max_ongoing_requests_is_enforced_with_retry_after(processes, mani
     async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
         await wait_ready(session, replica)
         busy = [asyncio.create_task(invoke(session, replica.url, "m", {"i": i})) for i in range(2)]
-        await wait_until(lambda: metric(session, replica.url, "modelplex_replica_inflight_requests"), what="2 in flight")
-        await asyncio.sleep(0.2)
+        async def both_in_flight():
+            return await metric(session, replica.url, "modelplex_replica_inflight_requests") == 2
+
+        await wait_until(both_in_flight, what="2 in flight")
         status, body, headers = await invoke(session, replica.url, "m", {"i": 3})
         assert status == 503
         assert body["error"]["code"] == "overloaded"

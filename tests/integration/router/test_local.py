@@ -7,31 +7,16 @@ import os
 import re
 import shlex
 import signal
-import socket
 import time
 from pathlib import Path
 
 import aiohttp
 
 from modelplex.names import MODEL_ID_HEADER
+from modelplex.processes import consecutive_free_ports
 from support.servers import MODELPLEX, descendants
 
 TIMEOUT = aiohttp.ClientTimeout(total=60)
-
-
-def two_free_ports() -> int:
-    """A port P with P+1 free too (local mode puts the second router on P+1)."""
-    for _ in range(50):
-        with socket.socket() as first:
-            first.bind(("127.0.0.1", 0))
-            port = first.getsockname()[1]
-            with socket.socket() as second:
-                try:
-                    second.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-        return port
-    raise AssertionError("no two adjacent free ports")
 
 
 def alive(pid: int) -> bool:
@@ -68,7 +53,7 @@ def manifests(folder: Path, names: list[str]) -> Path:
 async def test_local_runs_two_deployments_and_ctrl_c_stops_everything(plex):
     plex.write_manifest()  # copies handlers.py beside the manifests
     manifest = manifests(plex.folder, ["alpha", "beta-two"])
-    port = two_free_ports()
+    port = consecutive_free_ports(2)
     local = plex.processes.start("local", [*MODELPLEX, "local", str(manifest), "--port", str(port)])
     output = await wait_for_output(plex, local, "Press Ctrl-C")
 
@@ -106,7 +91,7 @@ async def test_local_runs_two_deployments_and_ctrl_c_stops_everything(plex):
 async def test_local_sigterm_stops_everything_and_restarts_a_crashed_replica(plex):
     plex.write_manifest()
     manifest = manifests(plex.folder, ["solo"])
-    port = two_free_ports()
+    port = consecutive_free_ports(2)
     local = plex.processes.start("local", [*MODELPLEX, "local", str(manifest), "--port", str(port)])
     await wait_for_output(plex, local, "Press Ctrl-C")
     url = f"http://127.0.0.1:{port}"
