@@ -1,7 +1,7 @@
 """Static discovery: a fixed list of replica URLs, each polled every ~150 ms.
 
-Each poll reads ``GET /v1/models`` (models, capacity, version, loading) and ``GET /readyz``
-at once. A poll that started at T shows everything the replica did before T, so the table
+Each poll reads ``GET /readyz``, then ``GET /v1/models`` (models, capacity, version, loading).
+A poll that started at T shows everything the replica did before T, so the table
 gets it with ``observed_at=T`` (lag 0). A failed poll alone does not take a replica out of
 rotation (:mod:`modelplex_router.discovery.health`).
 """
@@ -94,7 +94,11 @@ class StaticDiscovery(Discovery):
 
     async def _read(self, session: aiohttp.ClientSession, name: str, url: str) -> tuple[Poll, ReplicaInfo | None]:
         try:
-            models_doc, ready = await asyncio.gather(self._models(session, url), self._ready(session, url))
+            # Readiness first: a replica turns ready once its pre-loaded models are published, so a
+            # model list read after a ready answer holds them (read side by side, a list answered
+            # just before the preload ended could pair with a ready answered just after it).
+            ready = await self._ready(session, url)
+            models_doc = await self._models(session, url)
         except aiohttp.ClientConnectorError:
             return Poll.REFUSED, None
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):

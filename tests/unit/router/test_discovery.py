@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import pytest
+from aiohttp import web
 
+from modelplex.loaded import LoadedModels
 from modelplex.names import ANNOTATION_LOADED_MODELS
+from modelplex.processes import free_port
 from modelplex_router.discovery.kubernetes import Gone, PodTracker, apply_ops, replica_from_pod, selector
 from modelplex_router.discovery.static import StaticDiscovery, parse_replica_arg
 from modelplex_router.table import ReplicaInfo, RoutingTable
@@ -160,3 +165,44 @@ def test_bad_replica_arguments_are_refused(arg):
 def test_static_replica_names_must_be_distinct():
     with pytest.raises(ValueError):
         StaticDiscovery(["a=http://127.0.0.1:1", "a=http://127.0.0.1:2"])
+
+
+async def test_a_replica_that_turns_ready_is_first_seen_with_the_models_it_preloaded():
+    # A replica turns ready once its pre-loaded models are published. This one turns ready just
+    # after answering a model list (if one is asked for within 0.2 s): a poll must not pair that
+    # older, empty list with the ready answer.
+    replica = {"ready": False, "models": LoadedModels(version=1, capacity=4)}
+    models_asked = asyncio.Event()
+
+    async def models(request):
+        answer = web.json_response(replica["models"].to_dict())
+        models_asked.set()
+        return answer
+
+    async def readyz(request):
+        if not replica["ready"]:
+            try:
+                await asyncio.wait_for(models_asked.wait(), 0.2)
+            except TimeoutError:
+                pass
+            replica.update(ready=True, models=LoadedModels(version=2, capacity=4, models=("preloaded",)))
+        return web.Response(status=200 if replica["ready"] else 503)
+
+    app = web.Application()
+    app.add_routes([web.get("/v1/models", models), web.get("/readyz", readyz)])
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    table = RoutingTable(lag_s=0.0)
+    polling = asyncio.create_task(StaticDiscovery([f"r=http://127.0.0.1:{port}"], interval_s=0.05).run(table, time.monotonic))
+    try:
+        deadline = time.monotonic() + 10
+        while not table.usable(time.monotonic()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.001)
+        (first_seen,) = table.usable(time.monotonic())
+        assert first_seen.all_models() == {"preloaded"}
+    finally:
+        polling.cancel()
+        await asyncio.gather(polling, return_exceptions=True)
+        await runner.cleanup()
