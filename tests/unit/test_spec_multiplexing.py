@@ -27,7 +27,7 @@ def test_byte_quantities_read_as_kubernetes_reads_them(quantity, expected):
 def test_the_cache_defaults():
     spec = multiplexing()
     assert spec.max_model_bytes is None and spec.memory_fraction is None
-    assert spec.max_concurrent_loads == DEFAULT_MAX_CONCURRENT_LOADS == 2
+    assert spec.max_concurrent_loads == DEFAULT_MAX_CONCURRENT_LOADS == 3
     assert spec.load_timeout_seconds == DEFAULT_LOAD_TIMEOUT_S
     assert spec.host_cache_bytes == 0 and spec.eviction_policy == "lru"
 

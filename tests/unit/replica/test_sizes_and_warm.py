@@ -59,7 +59,7 @@ def test_the_spec_configures_the_cache_and_a_memory_fraction_is_a_share_of_the_d
                                 "multiplexing": {"memoryFraction": 0.25, "evictionPolicy": "lfu"}}), runtime)
     assert runtime.max_model_bytes == int(device_memory_bytes(torch.device("cpu")) * 0.25) > 0
     assert runtime.eviction_policy == "lfu" and runtime.max_waiting_per_model == 7
-    assert runtime.max_concurrent_loads == 2 and runtime.load_timeout_s == 300
+    assert runtime.max_concurrent_loads == 3 and runtime.load_timeout_s == 300
     assert runtime.warm_tier is None  # no GPU here: the warm tier is the loader's disk copy
 
 
