@@ -3,7 +3,8 @@
 The client's response is committed only when the replica's first body chunk arrives (or its
 empty body ends): until then nothing has reached the client, so a replica that refuses (503,
 full or not ready) or fails (connection refused or dropped, body cut short) is replaced by
-another one. After that, chunks are relayed as they come, ``iter_any()`` to ``write()``,
+another one; when only refusing ones are left, they are tried again after a wait that doubles
+with each refusal (50 ms up to 1 s), until the request's queue bound. After that, chunks are relayed as they come, ``iter_any()`` to ``write()``,
 with no per-chunk parsing; the replica's status, content type and encoding pass through
 (the session never decompresses).
 """
@@ -20,7 +21,7 @@ from aiohttp import hdrs, web
 from multidict import CIMultiDict
 from yarl import URL
 
-from modelplex.errors import Overloaded, ReplicaFailed, UpstreamTimeout
+from modelplex.errors import ReplicaFailed, UpstreamTimeout
 from modelplex.http import to_json
 from modelplex.loaded import LoadedSummary
 from modelplex.names import LOADED_MODELS_HEADER, MODEL_ID_HEADER
@@ -62,11 +63,10 @@ _FAILURES = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
 class _Retry(Exception):
     """This replica cannot answer; another may (nothing reached the client yet)."""
 
-    def __init__(self, reason: str, *, failed: bool, retry_after: float | None = None):
+    def __init__(self, reason: str, *, failed: bool):
         super().__init__(reason)
         self.reason = reason
         self.failed = failed  # a connection failure (limited retries), not a refusal
-        self.retry_after = retry_after
 
 
 class Proxy:
@@ -103,7 +103,7 @@ class Proxy:
         exclude: set[str] = set()
         since = self.clock()  # one bound on waiting for the whole request, retries included
         while True:
-            lease = await self.scheduler.acquire(model, exclude, since=since)
+            lease = await self.scheduler.acquire(model, exclude, since=since, refusals=refusals)
             self.metrics.routed(lease.kind, model)
             try:
                 return await self._attempt(request, lease, target, forwarded, body)
@@ -116,10 +116,7 @@ class Proxy:
                             f"replica {lease.replica.name} failed ({retry.reason}) and so did the retry"
                         ) from None
                 else:
-                    refusals += 1
-                    if refusals > self.scheduler.refusals_allowed:
-                        raise Overloaded(f"every replica refused the request ({retry.reason})",
-                                         retry_after=retry.retry_after or 1.0) from None
+                    refusals += 1  # tried again after a growing wait, within the request's bound
                 self.metrics.retried("replica_failed" if retry.failed else "replica_full")
                 log.debug("retrying a request for %r elsewhere: %s %s", model, lease.replica.name, retry.reason)
 
@@ -192,7 +189,7 @@ class Proxy:
             raise
         # Full or not ready: another replica may take it. Read to its end, the connection is reusable.
         upstream.release()
-        raise _Retry("503 " + (upstream.reason or ""), failed=False, retry_after=_retry_after(upstream))
+        raise _Retry("503 " + (upstream.reason or ""), failed=False)
 
     async def _relay(self, request: web.Request, lease: Lease, upstream: aiohttp.ClientResponse, first: bytes,
                      response: web.StreamResponse) -> bool:
@@ -294,9 +291,3 @@ async def _send_error_event(response: web.StreamResponse, error: ReplicaFailed) 
     except ConnectionResetError:
         pass
 
-
-def _retry_after(response: aiohttp.ClientResponse) -> float | None:
-    try:
-        return float(response.headers.get(hdrs.RETRY_AFTER, ""))
-    except ValueError:
-        return None

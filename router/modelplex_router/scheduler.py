@@ -30,12 +30,13 @@ from modelplex_router.demand import RequestRates
 from modelplex_router.policy import POLICIES, Decision, Kind, Params
 from modelplex_router.table import Replica, RoutingTable
 
-#: How long a request that every remaining replica refused waits before trying them again.
+#: How long a request that every remaining replica refused waits before trying them again,
+#: doubling with each refusal up to the cap (a replica that took a burst of loaded requests at
+#: once frees its slots in a second or two; ~0.4 s of refusals was too short under load).
 EXCLUDED_BACKOFF_S = 0.05
+MAX_EXCLUDED_BACKOFF_S = 1.0
 #: Waiters asked, oldest first, for each freed slot before it is left to newcomers.
 HANDOFF_TRIES = 8
-#: Refusals (503) one request takes, per replica there is, before it is refused as overloaded.
-REFUSAL_ROUNDS = 4
 
 
 @dataclass(eq=False, slots=True)
@@ -63,6 +64,12 @@ class _Waiter:
     start: float
     exclude: set[str] | None
     future: asyncio.Future = field(default=None)  # type: ignore[assignment]
+    retry_at: float = float("-inf")  # the replicas in ``exclude`` are not tried again before
+
+
+def excluded_backoff(refusals: int) -> float:
+    """The wait before a request tries again the replicas that refused it ``refusals`` times."""
+    return min(EXCLUDED_BACKOFF_S * 2 ** max(0, refusals - 1), MAX_EXCLUDED_BACKOFF_S)
 
 
 class Scheduler:
@@ -117,13 +124,15 @@ class Scheduler:
         marked = self.table.dispatched(replica, model)
         return Lease(replica, model, decision.kind, marked, self.table, self.clock)
 
-    async def acquire(self, model: str, exclude: set[str] | None = None, *, since: float | None = None) -> Lease:
+    async def acquire(self, model: str, exclude: set[str] | None = None, *, since: float | None = None,
+                      refusals: int = 0) -> Lease:
         """A lease for a request for ``model``, waiting (bounded) while every candidate is full.
 
         ``exclude``: replicas this request already tried (a 503 or a failure); when they are
         all that is left, they are allowed again after a short wait, since a full replica
         frees up. ``since``: when the request started waiting (its first attempt), so that
-        retries share one bound and one matching timeout.
+        retries share one bound and one matching timeout. ``refusals``: how many times it was
+        refused so far (the wait before trying refusing replicas again doubles with each).
         """
         start = self.clock() if since is None else since
         if model and not exclude:
@@ -136,7 +145,8 @@ class Scheduler:
         deadline = start + self.queue_timeout_s
         held_at_zero = False
         match_at = start + self.params.matching_timeout_s
-        waiter = _Waiter(model, start, exclude, asyncio.get_running_loop().create_future())
+        waiter = _Waiter(model, start, exclude, asyncio.get_running_loop().create_future(),
+                         retry_at=self.clock() + excluded_backoff(refusals) if exclude else float("-inf"))
         self._line.append(waiter)
         self.queued += 1
         try:
@@ -147,13 +157,13 @@ class Scheduler:
                     held_at_zero = True
                     deadline = start + self.hold_at_zero_s
                 if now >= deadline:
-                    raise self._gave_up(now, deadline - start)
+                    raise self._gave_up(now, deadline - start, refusals)
                 # Wake at the matching timeout too: the policy may then place the request elsewhere.
                 wake = deadline if now >= match_at else min(deadline, match_at)
-                if exclude:
+                if exclude and now < waiter.retry_at:
                     # Replicas that refused this request (503) may free up without this
-                    # router noticing (other routers' traffic): look again soon.
-                    wake = min(wake, now + EXCLUDED_BACKOFF_S)
+                    # router noticing (other routers' traffic): look again then.
+                    wake = min(wake, waiter.retry_at)
                 await asyncio.wait((waiter.future,), timeout=wake - now)
                 if waiter.future.done():
                     return waiter.future.result()  # handed a lease
@@ -187,22 +197,20 @@ class Scheduler:
         is fetched)."""
         self.table.heard_version(replica, version)
 
-    @property
-    def refusals_allowed(self) -> int:
-        """How many refusals (503) one request takes before it is refused as overloaded: a few
-        rounds of the replicas there are, since a full replica frees up."""
-        return REFUSAL_ROUNDS * max(1, len(self.table))
-
-    def _gave_up(self, now: float, waited_s: float) -> Overloaded | NotReady:
+    def _gave_up(self, now: float, waited_s: float, refusals: int) -> Overloaded | NotReady:
         if not self.table.usable(now):
             return NotReady(f"no replica of deployment {self.deployment!r} became ready within "
                             f"{waited_s:g} s", retry_after=1.0)
+        if refusals:
+            return Overloaded(f"the replicas of {self.deployment!r} refused the request as full "
+                              f"({refusals} times) for {waited_s:g} s")
         return Overloaded(f"every replica of {self.deployment!r} stayed at maxOngoingRequests="
                           f"{self.params.max_ongoing} for {waited_s:g} s")
 
     def _try_for(self, waiter: _Waiter, now: float) -> Lease | None:
         lease = self.try_acquire(waiter.model, now - waiter.start, waiter.exclude or ())
-        if lease is None and waiter.exclude and self._only_excluded_left(waiter.exclude):
+        if (lease is None and waiter.exclude and now >= waiter.retry_at
+                and self._only_excluded_left(waiter.exclude)):
             waiter.exclude.clear()
             lease = self.try_acquire(waiter.model, now - waiter.start)
         return lease

@@ -4,11 +4,14 @@ tests/integration/router runs it as a process, with real replicas)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from modelplex.loaded import LoadedModels
 from modelplex.names import MODEL_ID_HEADER
 from modelplex.processes import free_port, wait_for_async
 from modelplex.spec import parse_deployment
@@ -59,3 +62,47 @@ async def test_no_replica_ready_is_a_503_json_with_retry_after(router_with_nobod
         assert (await error_of(response))["code"] == "not_ready"
     async with client.get("/v1/replicas") as response:
         assert [r["ready"] for r in (await response.json())["replicas"]] == [False]
+
+
+async def test_a_replica_that_refuses_for_a_while_is_tried_again_with_growing_waits_until_it_answers():
+    # A replica that took a burst of requests whose loads ended at once refuses (503) until they
+    # are through: the router waits and tries again (50 ms, doubling), within the request's bound.
+    refusing_for_s, tries = 1.2, []
+
+    async def invoke(request):
+        tries.append(asyncio.get_running_loop().time())
+        if tries[-1] - tries[0] < refusing_for_s:
+            return web.json_response({"error": {"code": "overloaded", "message": "full"}}, status=503,
+                                     headers={"Retry-After": "1"})
+        return web.json_response({"ok": True})
+
+    async def models(request):
+        return web.json_response(LoadedModels(version=1, capacity=4, models=("m",)).to_dict())
+
+    replica = web.Application()
+    replica.add_routes([web.post("/v1/invoke", invoke), web.get("/v1/models", models),
+                        web.get("/readyz", lambda request: web.json_response({"ready": True}))])
+    runner = web.AppRunner(replica)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    config = RouterConfig.from_deployment(deployment(), env={ENV_QUEUE_TIMEOUT: "10"})
+    router = TestClient(TestServer(create_app(config, StaticDiscovery([f"http://127.0.0.1:{port}"],
+                                                                       interval_s=config.poll_interval_s)),
+                                   host="127.0.0.1"))
+    await router.start_server()
+    try:
+        async def ready() -> bool:
+            async with router.get("/readyz") as response:
+                return response.status == 200
+
+        await wait_for_async(ready, timeout=30, what="the router ready")
+        async with router.post("/", json={}, headers={MODEL_ID_HEADER: "m"}) as response:
+            assert response.status == 200, await response.text()
+            assert await response.json() == {"ok": True}
+        gaps = [later - earlier for earlier, later in zip(tries, tries[1:])]
+        assert len(tries) <= 7, gaps  # 0.05 + 0.1 + 0.2 + 0.4 + 0.8 s: the 6th try is past 1.2 s
+        assert all(later > earlier for earlier, later in zip(gaps, gaps[1:])), gaps
+    finally:
+        await router.close()
+        await runner.cleanup()

@@ -64,10 +64,3 @@ def test_a_newer_version_heard_in_an_answer_makes_the_replicas_document_stale():
     assert scheduler.table.stale_replicas() == [] and fetches == []
     scheduler.heard_version(scheduler.table.get("a"), 4)
     assert [r.name for r in scheduler.table.stale_replicas()] == ["a"] and fetches == [True]
-
-
-def test_a_request_takes_four_rounds_of_refusals_before_it_is_refused():
-    clock = FakeClock()
-    assert scheduler_of(clock).refusals_allowed == 4  # no replica yet: one round's worth
-    assert scheduler_of(clock, "a").refusals_allowed == 4
-    assert scheduler_of(clock, "a", "b", "c").refusals_allowed == 12
