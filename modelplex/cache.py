@@ -1,9 +1,10 @@
 """The per-replica multiplexed model cache: a count and a byte budget, bounded loads, a warm tier.
 
 Past Ray Serve's cache:
-- loads of *different* models run in parallel, up to ``max_concurrent_loads`` at once; the
-  loads waiting for a slot start in the order they were asked for, and one whose callers have
-  all gone before it started is dropped; the same model requested concurrently loads once;
+- loads of *different* models run in parallel, up to ``max_concurrent_loads`` (and at most
+  ``capacity``) at once; the loads waiting for a slot start in the order they were asked for,
+  and one whose callers have all gone before it started is dropped; the same model requested
+  concurrently loads once;
 - with a byte budget (``max_bytes``), a load first reserves its expected size (the last
   measured size of that id, else what the loader declares with :meth:`LoadContext.expect`,
   else the mean measured size of the deployment, else nothing) and evicts idle models until
@@ -225,7 +226,9 @@ class ModelCache:
         self._wall_clock = wall_clock  # only to date failures for readers
         self._models: OrderedDict[str, _Entry] = OrderedDict()  # least recently used first
         self._loading: dict[str, _Load] = {}
-        self._slots = _Slots(max_concurrent_loads)
+        # Never more loads at once than models fit: the extra one's model would be the victim of
+        # the others as they land, before its callers had used it.
+        self._slots = _Slots(min(max_concurrent_loads, capacity) if max_concurrent_loads else None)
         self._stats: OrderedDict[str, _Stats] = OrderedDict()  # least recently requested first
         self._measured_sum = 0
         self._measured_count = 0

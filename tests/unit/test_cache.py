@@ -427,6 +427,19 @@ async def test_at_most_max_concurrent_loads_run_and_queued_loads_start_in_order(
     assert asyncio.get_running_loop().time() == pytest.approx(4, abs=0.01)  # 7 loads of 1 s, 2 at a time
 
 
+async def test_no_more_loads_run_at_once_than_models_fit():
+    async def load(model_id):
+        await asyncio.sleep(1)
+        return model_id
+
+    cache = ModelCache(load, 2, max_concurrent_loads=3)
+    tasks = [asyncio.create_task(cache.get(model_id)) for model_id in ("a", "b", "c")]
+    await asyncio.sleep(0.5)
+    assert cache.loads_running == 2 and cache.loads_queued == 1
+    assert await asyncio.gather(*tasks) == ["a", "b", "c"]
+    assert asyncio.get_running_loop().time() == pytest.approx(2, abs=0.01)
+
+
 async def test_a_queued_load_whose_callers_all_left_is_dropped():
     store = Store()
     store.gate("busy")
