@@ -4,9 +4,9 @@ The client's response is committed only when the replica's first body chunk arri
 empty body ends): until then nothing has reached the client, so a replica that refuses (503,
 full or not ready) or fails (connection refused or dropped, body cut short) is replaced by
 another one; when only refusing ones are left, they are tried again after a wait that doubles
-with each refusal (50 ms up to 1 s), until the request's queue bound. After that, chunks are relayed as they come, ``iter_any()`` to ``write()``,
-with no per-chunk parsing; the replica's status, content type and encoding pass through
-(the session never decompresses).
+with each refusal (50 ms up to 1 s), until the request's queue bound. After that, chunks are
+relayed as they come, ``iter_any()`` to ``write()``, with no per-chunk parsing; the replica's
+status, content type and encoding pass through (the session never decompresses).
 """
 
 from __future__ import annotations

@@ -129,8 +129,7 @@ class Scheduler:
         """A lease for a request for ``model``, waiting (bounded) while every candidate is full.
 
         ``exclude``: replicas this request already tried (a 503 or a failure); when they are
-        all that is left, they are allowed again after a short wait, since a full replica
-        frees up. ``since``: when the request started waiting (its first attempt), so that
+        all that is left, they are allowed again after a wait, since a full replica frees up. ``since``: when the request started waiting (its first attempt), so that
         retries share one bound and one matching timeout. ``refusals``: how many times it was
         refused so far (the wait before trying refusing replicas again doubles with each).
         """

@@ -100,9 +100,9 @@ async def test_a_replica_that_refuses_for_a_while_is_tried_again_with_growing_wa
         async with router.post("/", json={}, headers={MODEL_ID_HEADER: "m"}) as response:
             assert response.status == 200, await response.text()
             assert await response.json() == {"ok": True}
-        gaps = [later - earlier for earlier, later in zip(tries, tries[1:])]
-        assert len(tries) <= 7, gaps  # 0.05 + 0.1 + 0.2 + 0.4 + 0.8 s: the 6th try is past 1.2 s
-        assert all(later > earlier for earlier, later in zip(gaps, gaps[1:])), gaps
+        # Waits of 0.05 + 0.1 + 0.2 + 0.4 + 0.8 s: the 6th try is past 1.2 s (at a fixed 50 ms, ~25
+        # tries). A slow machine only makes fewer.
+        assert len(tries) <= 7, tries
     finally:
         await router.close()
         await runner.cleanup()
