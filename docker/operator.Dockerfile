@@ -16,6 +16,7 @@ COPY modelplex ./modelplex
 COPY replica ./replica
 COPY router ./router
 COPY operator ./operator
+COPY launcher ./launcher
 RUN python3 install_deps.py --venv /opt/modelplex --project . --target /opt/app
 
 FROM ${BASE_IMAGE}

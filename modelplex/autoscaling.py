@@ -33,7 +33,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-from modelplex.spec import Autoscaling
+from modelplex.wire.spec import Autoscaling
 
 #: The router's endpoint serving its :class:`LoadReport` (JSON).
 LOAD_PATH = "/v1/load"

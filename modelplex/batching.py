@@ -37,9 +37,9 @@ from numbers import Real
 from typing import Any, Callable
 
 from modelplex.context import get_multiplexed_model_id
-from modelplex.errors import BatchItemTooLarge, HandlerError
+from modelplex.wire.errors import BatchItemTooLarge, HandlerError
 from modelplex.runtime import current_runtime
-from modelplex.spec import DEFAULT_BATCH_WAIT_TIMEOUT_S, DEFAULT_MAX_BATCH_SIZE
+from modelplex.wire.spec import DEFAULT_BATCH_WAIT_TIMEOUT_S, DEFAULT_MAX_BATCH_SIZE
 
 log = logging.getLogger("modelplex.batching")
 

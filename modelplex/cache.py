@@ -44,8 +44,8 @@ from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Literal, Protocol
 
-from modelplex.errors import ModelLoadError, ModelLoadTimeout, ModelplexError, ModelTooLarge, Overloaded
-from modelplex.loaded import MAX_ERROR_CHARS, MAX_FAILURES, LoadFailure
+from modelplex.wire.errors import ModelLoadError, ModelLoadTimeout, ModelplexError, ModelTooLarge, Overloaded
+from modelplex.wire.loaded import MAX_ERROR_CHARS, MAX_FAILURES, LoadFailure
 
 log = logging.getLogger("modelplex.cache")
 

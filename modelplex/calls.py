@@ -1,7 +1,7 @@
 """What a request asks a handler to run: which method, with which arguments, answered how.
 
 Pure logic the replica applies to each request. A handle's request carries a call envelope
-(:mod:`modelplex.codec`): a method by name, its arguments with their types, and whether the
+(:mod:`modelplex.wire.codec`): a method by name, its arguments with their types, and whether the
 caller reads a stream; the answer uses the codec too. A plain HTTP request calls
 ``__call__`` with its body and is answered as JSON, text or bytes.
 """
@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Iterator
 
 from modelplex.batching import STREAMING_ATTR
-from modelplex.codec import (
+from modelplex.wire.codec import (
     CALL_CONTENT_TYPE, STREAM_CONTENT_TYPE, VALUE_CONTENT_TYPE, decode_call, encode_stream_error,
     encode_stream_item, encode_value,
 )
-from modelplex.errors import BadRequest, HandlerError, ModelplexError, NotFound
+from modelplex.wire.errors import BadRequest, HandlerError, ModelplexError, NotFound
 from modelplex.http import encode_body, to_json
 
 def call_mode(target: Callable) -> str:

@@ -14,10 +14,10 @@ background loop thread; either is awaitable from anywhere. A response passed as 
 to another call is awaited first; so is a reference from Ray's ``_to_object_ref()`` or
 ``_to_object_ref_gen()`` (:class:`ObjectRef`: the value itself, there being no object store).
 
-Arguments and results keep their Python types (:mod:`modelplex.codec`: str, bytes, None,
+Arguments and results keep their Python types (:mod:`modelplex.wire.codec`: str, bytes, None,
 tuples, sets, numpy arrays, tensors); an exception raised by the deployment's code arrives
 with its type name and message (a built-in type is raised as itself: ``except ValueError``
-works), other failures as the :mod:`modelplex.errors` class of their HTTP answer.
+works), other failures as the :mod:`modelplex.wire.errors` class of their HTTP answer.
 
 Calls go through the deployment's router, so routing stays cache-aware and the model id
 travels in the ``serve_multiplexed_model_id`` header. A handle resolves a deployment name to
@@ -44,14 +44,14 @@ from typing import Any, AsyncIterator, Awaitable, Coroutine
 import aiohttp
 import orjson
 
-from modelplex.codec import (
+from modelplex.wire.codec import (
     CALL_CONTENT_TYPE, STREAM_CONTENT_TYPE, VALUE_CONTENT_TYPE, Call, RemoteStreamError, decode_value, encode_call,
     from_plain,
 )
-from modelplex.errors import BadRequest, ModelplexError, ReplicaFailed, UpstreamTimeout, error_for_status
+from modelplex.wire.errors import BadRequest, ModelplexError, ReplicaFailed, UpstreamTimeout, error_for_status
 from modelplex.http import from_json, is_json
-from modelplex.ids import InvalidModelId, validate_model_id
-from modelplex.names import ENV_POD_NAMESPACE, MODEL_ID_HEADER, ROUTER_PORT, dns_label, router_env_name
+from modelplex.wire.ids import InvalidModelId, validate_model_id
+from modelplex.wire.names import ENV_POD_NAMESPACE, MODEL_ID_HEADER, ROUTER_PORT, dns_label, router_env_name
 
 #: The longest record (one streamed item) a stream may send; one is held at a time.
 MAX_RECORD_BYTES = 64 * 1024 * 1024

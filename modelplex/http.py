@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from modelplex.errors import ModelplexError
+from modelplex.wire.errors import ModelplexError
 
 log = logging.getLogger(__name__)
 

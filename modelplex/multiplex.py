@@ -7,10 +7,10 @@ import inspect
 from typing import Any, Callable
 
 from modelplex.cache import ModelCache
-from modelplex.errors import BadRequest
-from modelplex.ids import InvalidModelId, validate_model_id
+from modelplex.wire.errors import BadRequest
+from modelplex.wire.ids import InvalidModelId, validate_model_id
 from modelplex.runtime import Runtime, current_runtime
-from modelplex.spec import DEFAULT_MAX_MODELS_PER_REPLICA
+from modelplex.wire.spec import DEFAULT_MAX_MODELS_PER_REPLICA
 
 _CACHES_ATTR = "__modelplex_caches__"
 
@@ -22,7 +22,7 @@ def multiplexed(func: Callable | None = None, *, max_num_models_per_replica: int
     Works on methods (one cache per instance) and on plain functions (one cache per function).
     The loader takes the model id as its one argument; a call without one, or with anything
     but a string, is a ``TypeError`` (nothing is loaded), and an empty or invalid id a
-    :class:`~modelplex.errors.BadRequest`.
+    :class:`~modelplex.wire.errors.BadRequest`.
     """
     if isinstance(max_num_models_per_replica, bool) or not isinstance(max_num_models_per_replica, int):
         raise TypeError(f"max_num_models_per_replica must be an integer >= 1 (got {max_num_models_per_replica!r})")

@@ -66,6 +66,14 @@ MPX = "Modelplex"
 WORKLOADS = ["batching", "multiplexing", "streaming", "busy", "gpu"]
 #: The checkout whose Modelplex the stacks run (``--tree``); this one by default.
 product_root = ROOT
+#: The `modelplex` command's module by where it lives: a tree from before the launcher moved out
+#: of the core (A/B runs against older commits) has it in modelplex/.
+CLI_PATHS = {"modelplex_launcher.cli": "launcher/modelplex_launcher/cli.py", "modelplex.cli": "modelplex/cli.py"}
+
+
+def cli_module() -> str:
+    """The module that runs the `modelplex` command in the tree under test."""
+    return next(module for module, path in CLI_PATHS.items() if (product_root / path).exists())
 
 
 def log(message: str) -> None:
@@ -224,7 +232,7 @@ class Monitor:
 
 def bench_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    tree = [] if product_root == ROOT else [str(product_root / p) for p in ("", "replica", "router", "operator")]
+    tree = [] if product_root == ROOT else [str(product_root / p) for p in ("", "replica", "router", "operator", "launcher")]
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), *tree, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
@@ -250,7 +258,7 @@ class ModelplexStack:
         self.log_path = workdir / f"{name}.log"
 
     def __enter__(self) -> ModelplexStack:
-        argv = [sys.executable, "-m", "modelplex.cli", "--log-level", self.log_level, "local", str(self.manifest),
+        argv = [sys.executable, "-m", cli_module(), "--log-level", self.log_level, "local", str(self.manifest),
                 "--port", str(self.port)]
         if self.group is not None:
             argv = self.group.wrap(argv)
@@ -955,8 +963,8 @@ def main(argv: list[str] | None = None) -> int:
     global product_root, cpu_groups
     if args.tree is not None:
         product_root = args.tree.resolve()
-        if not (product_root / "modelplex" / "cli.py").exists():
-            parser.error(f"--tree {args.tree}: not a Modelplex checkout (no modelplex/cli.py)")
+        if not any((product_root / path).exists() for path in CLI_PATHS.values()):
+            parser.error(f"--tree {args.tree}: not a Modelplex checkout (no {' or '.join(CLI_PATHS.values())})")
     settings = settings_for(args)
     out_dir = args.out or (ROOT / "bench" / "results" / ("quick" if args.quick else ""))
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -93,7 +93,7 @@ class LocalStack:
         deployments = sum(1 for doc in yaml.safe_load_all(manifest.read_text()) if doc)
         port = consecutive_free_ports(deployments)
         self.log.write_bytes(b"")
-        self.proc = spawn([sys.executable, "-m", "modelplex.cli", "--log-level", "warning", "local", str(manifest),
+        self.proc = spawn([sys.executable, "-m", "modelplex_launcher.cli", "--log-level", "warning", "local", str(manifest),
                            "--port", str(port)], log=self.log, env=self.env)
         try:
             output = wait_for(lambda: "Press Ctrl-C" in (text := self.log.read_text(errors="replace")) and text,

@@ -112,7 +112,7 @@ async def closed_loop(url: str, concurrency: int, seconds: float) -> dict:
 def start_replica(manifest: Path, port: int, log: Path) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "LOG_LEVEL": "warning"}
     log.write_bytes(b"")
-    return spawn([sys.executable, "-m", "modelplex.cli", "replica", "--spec", str(manifest), "--port", str(port)],
+    return spawn([sys.executable, "-m", "modelplex_launcher.cli", "replica", "--spec", str(manifest), "--port", str(port)],
                  log=log, env=env)
 
 

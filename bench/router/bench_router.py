@@ -67,7 +67,7 @@ class Stack:
         self.procs.append(spawn(argv, log=log, env=env))
 
     def __enter__(self) -> Stack:
-        cli = [sys.executable, "-m", "modelplex.cli", "--log-level", "warning"]
+        cli = [sys.executable, "-m", "modelplex_launcher.cli", "--log-level", "warning"]
         folder = self.manifest.parent
         try:
             for i in range(self.replicas):

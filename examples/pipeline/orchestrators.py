@@ -21,7 +21,7 @@ import os
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from modelplex import get_multiplexed_model_id, handle
-from modelplex.errors import PayloadTooLarge
+from modelplex.wire.errors import PayloadTooLarge
 
 #: Chunks between "read from the decoder" and "sent to the client", at most (the backpressure).
 WINDOW = int(os.environ.get("PIPELINE_WINDOW", "4"))

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from frames import check_frames, cost_s, pack, unpack
 from modelplex import get_multiplexed_model_id, multiplexed
-from modelplex.errors import BadRequest
+from modelplex.wire.errors import BadRequest
 
 #: Seconds of accelerator time per chunk, in the seed's proportions (decode : detect : encode).
 DECODE_S = cost_s("decode", 0.02)

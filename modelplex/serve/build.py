@@ -20,7 +20,7 @@ import yaml
 from modelplex.serve import graph
 from modelplex.serve.deployment import Application
 from modelplex.serve.hosted import APP_HANDLER, ENV_APP, ENV_APP_DIR, import_app
-from modelplex.spec import SpecError, parse_deployment
+from modelplex.wire.spec import SpecError, parse_deployment
 
 _APP_TARGET = re.compile(r"^(?P<path>[^:]+?)(?:\.py)?:(?P<attribute>[A-Za-z_]\w*)$")
 

@@ -12,7 +12,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-from modelplex.names import API_GROUP, API_VERSION, KIND, dns_label
+from modelplex.wire.names import API_GROUP, API_VERSION, KIND, dns_label
 from modelplex.serve.deployment import Application, DeploymentOptions
 
 #: The annotation that lists a deployment's edges: the deployments its handles call.

@@ -25,9 +25,9 @@ import cloudpickle
 import yaml
 
 from modelplex import processes
-from modelplex.forwarded import ENV_ROUTE_PREFIX, check_route_prefix
+from modelplex.wire.forwarded import ENV_ROUTE_PREFIX, check_route_prefix
 from modelplex.handles import DeploymentHandle, handle
-from modelplex.names import dns_label, router_env_name
+from modelplex.wire.names import dns_label, router_env_name
 from modelplex.serve import graph
 from modelplex.serve.deployment import Application
 from modelplex.serve.hosted import ENV_PAYLOAD, HANDLER
@@ -50,7 +50,7 @@ class _Running:
         self.tail: deque[str] = deque(maxlen=60)
         self.ready = threading.Event()
         # In a group of its own that gets SIGTERM should this process die: nothing outlives it.
-        argv = [sys.executable, "-m", "modelplex.cli", "local", str(folder / "app.yaml"), "--port", str(port)]
+        argv = [sys.executable, "-m", "modelplex_launcher.cli", "local", str(folder / "app.yaml"), "--port", str(port)]
         self.proc = processes.spawn(argv, pipe=True, env={**os.environ, "PYTHONPATH": import_path()})
         self.echo = threading.Thread(target=self._echo, name="modelplex-serve-output", daemon=True)
         self.echo.start()

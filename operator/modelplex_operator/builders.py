@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import yaml
 
 from modelplex.autoscaling import ENV_PRELOAD_FILE, HOT_MODELS_KEY, format_hot_models
-from modelplex.names import (
+from modelplex.wire.names import (
     API_GROUP,
     API_VERSION,
     ENV_POD_IP,
@@ -44,7 +44,7 @@ from modelplex.names import (
     ROLE_REPLICA,
     ROLE_ROUTER,
 )
-from modelplex.spec import Deployment, Multiplexing, to_manifest
+from modelplex.wire.spec import Deployment, Multiplexing, to_manifest
 from modelplex_operator import MANAGED_BY
 from modelplex_operator.config import DEFAULT_ROUTER_IMAGE
 

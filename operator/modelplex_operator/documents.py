@@ -1,7 +1,7 @@
 """The replicas' loaded-models documents, as the operator reads them for status and Events.
 
 A replica pod's annotation carries only a fixed-size summary with a ``version``
-(:class:`modelplex.loaded.LoadedSummary`); the full document (every model, its size, the
+(:class:`modelplex.wire.loaded.LoadedSummary`); the full document (every model, its size, the
 latest load failures) is the replica's ``GET /v1/models``. :class:`ReplicaDocuments` reads it
 from a ready pod's IP only when the pod's summary announces a version newer than the one
 last read (or an older one: the replica restarted), so a quiet pool costs no requests.
@@ -27,8 +27,8 @@ from typing import Callable, Iterable
 
 import aiohttp
 
-from modelplex.loaded import LoadedModels, LoadFailure
-from modelplex.names import REPLICA_PORT
+from modelplex.wire.loaded import LoadedModels, LoadFailure
+from modelplex.wire.names import REPLICA_PORT
 from modelplex_operator.status import Key, PodView
 
 log = logging.getLogger("modelplex.operator.documents")

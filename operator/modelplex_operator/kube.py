@@ -25,7 +25,7 @@ from typing import Any
 
 import urllib3.exceptions
 
-from modelplex.names import API_GROUP, API_VERSION, PLURAL
+from modelplex.wire.names import API_GROUP, API_VERSION, PLURAL
 from modelplex_operator import FIELD_MANAGER
 
 log = logging.getLogger("modelplex.operator.kube")

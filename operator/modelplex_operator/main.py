@@ -29,7 +29,7 @@ from typing import Any
 
 import kopf
 
-from modelplex.names import API_GROUP, API_VERSION, LABEL_DEPLOYMENT, PLURAL
+from modelplex.wire.names import API_GROUP, API_VERSION, LABEL_DEPLOYMENT, PLURAL
 from modelplex_operator import MANAGED_BY
 from modelplex_operator.config import ConfigError, OperatorConfig
 from modelplex_operator.handlers import lifecycle, observe, reconcile

@@ -23,9 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from modelplex.loaded import LoadedModels, LoadedSummary
-from modelplex.names import ANNOTATION_LOADED_MODELS, LABEL_ROLE, ROLE_REPLICA, ROLE_ROUTER
-from modelplex.spec import DEFAULT_ROUTER_REPLICAS
+from modelplex.wire.loaded import LoadedModels, LoadedSummary
+from modelplex.wire.names import ANNOTATION_LOADED_MODELS, LABEL_ROLE, ROLE_REPLICA, ROLE_ROUTER
+from modelplex.wire.spec import DEFAULT_ROUTER_REPLICAS
 from modelplex_operator.builders import selector_string
 
 READY = "Ready"

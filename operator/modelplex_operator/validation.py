@@ -1,4 +1,4 @@
-"""What the CRD's schema cannot check, checked with the one spec type (``modelplex.spec``).
+"""What the CRD's schema cannot check, checked with the one spec type (``modelplex.wire.spec``).
 
 The apiserver already refused wrong types, out-of-range numbers, missing required fields and
 (with kubectl's strict field validation) unknown fields. What is left, the model source's URI
@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-from modelplex.names import API_GROUP, API_VERSION, KIND
-from modelplex.spec import Deployment, SpecError, parse_deployment
+from modelplex.wire.names import API_GROUP, API_VERSION, KIND
+from modelplex.wire.spec import Deployment, SpecError, parse_deployment
 
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 

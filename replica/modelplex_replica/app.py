@@ -22,16 +22,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from modelplex.cache import ModelCache
 from modelplex.calls import CALL_CONTENT_TYPE, Invocation, check_handler, invocation
 from modelplex.context import set_multiplexed_model_id
-from modelplex.errors import BadRequest, HandlerError, ModelplexError, NotFound, NotReady, Overloaded
+from modelplex.wire.errors import BadRequest, HandlerError, ModelplexError, NotFound, NotReady, Overloaded
 from modelplex.handles import close_handles
 from modelplex.http import error_middleware, from_json, is_json, to_json
-from modelplex.ids import InvalidModelId, validate_model_id
-from modelplex.loaded import LoadedModels, LoadedSummary
+from modelplex.wire.ids import InvalidModelId, validate_model_id
+from modelplex.wire.loaded import LoadedModels, LoadedSummary
 from modelplex.multiplex import find_cache
-from modelplex.names import DASHED_MODEL_ID_HEADER, LOADED_MODELS_HEADER, MODEL_ID_HEADER
+from modelplex.wire.names import DASHED_MODEL_ID_HEADER, LOADED_MODELS_HEADER, MODEL_ID_HEADER
 from modelplex.runtime import Runtime, current_runtime
 from modelplex.serving import HANDOFF
-from modelplex.spec import Deployment, SpecError
+from modelplex.wire.spec import Deployment, SpecError
 from modelplex_replica import oip
 from modelplex_replica.asgi import HttpIngress, ingress_for
 from modelplex_replica.handoff import UserLoopConnections

@@ -2,7 +2,7 @@
 its route prefix.
 
 The router forwards every request to the replica's ``POST /v1/invoke`` with the client's
-method, raw path and headers (:mod:`modelplex.forwarded`). A request outside the deployment's
+method, raw path and headers (:mod:`modelplex.wire.forwarded`). A request outside the deployment's
 route prefix is a 404; one inside it goes to the ASGI app (a FastAPI app), run on the user-code
 loop like every handler, with ``root_path`` set to the prefix, the deployment's instance as a
 class-based route's ``self`` and the request's model id for ``serve.get_multiplexed_model_id()``.
@@ -25,10 +25,10 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from modelplex.context import set_multiplexed_model_id
-from modelplex.errors import HandlerError, ModelplexError, NotFound
-from modelplex.forwarded import ENV_ROUTE_PREFIX, NO_ROUTE, PATH_HEADER, check_route_prefix, is_forwarding_header, \
+from modelplex.wire.errors import HandlerError, ModelplexError, NotFound
+from modelplex.wire.forwarded import ENV_ROUTE_PREFIX, NO_ROUTE, PATH_HEADER, check_route_prefix, is_forwarding_header, \
     original, under_prefix
-from modelplex.names import LOADED_MODELS_HEADER
+from modelplex.wire.names import LOADED_MODELS_HEADER
 from modelplex.serve.ingress import asgi_app, current_instance
 from modelplex_replica.streams import cut_stream
 from modelplex_replica.usercode import UserCodeLoop

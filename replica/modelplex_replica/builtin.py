@@ -4,7 +4,7 @@ Two request shapes, batched together:
 
 - native JSON: ``{"inputs": [x1, x2, ...]}`` (one row) or ``{"inputs": [[...], [...]]}`` (several
   rows), answered ``{"outputs": [...]}`` with the same nesting;
-- Open Inference Protocol: an :class:`~modelplex.oip.InferRequest` whose tensors (first
+- Open Inference Protocol: an :class:`~modelplex.wire.oip.InferRequest` whose tensors (first
   dimension = batch) are the module's positional arguments, answered with named outputs.
 
 Requests for the same model whose tensors agree in dtype and trailing shape are concatenated
@@ -35,9 +35,9 @@ import torch
 
 from modelplex import batch, get_multiplexed_model_id, multiplexed
 from modelplex.cache import current_load
-from modelplex.errors import BadRequest, ModelLoadError
-from modelplex.names import ENV_WARM_DIR
-from modelplex.oip import DTYPES, InferRequest, InferResponse, datatype_of, tensor_metadata
+from modelplex.wire.errors import BadRequest, ModelLoadError
+from modelplex.wire.names import ENV_WARM_DIR
+from modelplex.wire.oip import DTYPES, InferRequest, InferResponse, datatype_of, tensor_metadata
 from modelplex.runtime import current_runtime
 from modelplex_replica.sources import ModelSource
 from modelplex_replica.warm import DiskTier

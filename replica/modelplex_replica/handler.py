@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from modelplex.runtime import Runtime
-from modelplex.spec import Deployment, DeploymentSpec, SpecError
+from modelplex.wire.spec import Deployment, DeploymentSpec, SpecError
 from modelplex_replica.sizes import ModelSizer, device, device_memory_bytes, give_freed_weights_back
 from modelplex_replica.warm import HostTier
 

@@ -1,5 +1,5 @@
 """The replica's side of the Open Inference Protocol: decode the router's forwarded bodies into
-:class:`~modelplex.oip.InferRequest` for the handler, encode what it returns, and answer
+:class:`~modelplex.wire.oip.InferRequest` for the handler, encode what it returns, and answer
 model metadata.
 
 The router marks an OIP request with ``X-Modelplex-Protocol: oip-v2`` on ``/v1/invoke``; the
@@ -14,8 +14,8 @@ from typing import Any
 from aiohttp import web
 
 from modelplex.calls import Invocation, invocation
-from modelplex.errors import HandlerError
-from modelplex.oip import (HEADER_LENGTH, PROTOCOL, PROTOCOL_HEADER, VERSION_HEADER, InferRequest, as_outputs,
+from modelplex.wire.errors import HandlerError
+from modelplex.wire.oip import (HEADER_LENGTH, PROTOCOL, PROTOCOL_HEADER, VERSION_HEADER, InferRequest, as_outputs,
                            decode_request, encode_response)
 
 

@@ -13,8 +13,8 @@ import logging
 import os
 from typing import Any, Callable
 
-from modelplex.loaded import LoadedSummary
-from modelplex.names import ANNOTATION_LOADED_MODELS, ENV_POD_NAME, ENV_POD_NAMESPACE
+from modelplex.wire.loaded import LoadedSummary
+from modelplex.wire.names import ANNOTATION_LOADED_MODELS, ENV_POD_NAME, ENV_POD_NAMESPACE
 
 log = logging.getLogger("modelplex.reporter")
 

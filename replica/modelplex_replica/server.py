@@ -9,7 +9,7 @@ from aiohttp import web
 
 from modelplex.runtime import runtime_scope
 from modelplex.serving import serve
-from modelplex.spec import Deployment
+from modelplex.wire.spec import Deployment
 from modelplex_replica.app import STATE, create_app
 from modelplex_replica.handler import build_handler, runtime_for
 from modelplex_replica.reporter import pod_patcher_from_environment

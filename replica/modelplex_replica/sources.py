@@ -14,8 +14,8 @@ from urllib.parse import urlparse
 
 import aiohttp
 
-from modelplex.errors import ModelLoadError, ModelNotFound
-from modelplex.ids import source_key
+from modelplex.wire.errors import ModelLoadError, ModelNotFound
+from modelplex.wire.ids import source_key
 
 
 class ModelSource:
@@ -29,7 +29,7 @@ class ModelSource:
 
     def locate(self, model_id: str) -> str:
         """The model's URI: ``org/name`` ids keep their folders; the rest of the id is
-        percent-escaped by :func:`~modelplex.ids.source_key` and used as it stands (file names
+        percent-escaped by :func:`~modelplex.wire.ids.source_key` and used as it stands (file names
         and S3 keys hold the escapes literally, never decoded), so no id leaves the source."""
         return self.uri.replace("{model_id}", source_key(model_id))
 

@@ -27,9 +27,9 @@ import aiohttp
 from aiohttp import web
 
 from modelplex.autoscaling import LOAD_PATH
-from modelplex.forwarded import forwarded_headers
+from modelplex.wire.forwarded import forwarded_headers
 from modelplex.http import error_middleware
-from modelplex.names import DASHED_MODEL_ID_HEADER, MODEL_ID_HEADER
+from modelplex.wire.names import DASHED_MODEL_ID_HEADER, MODEL_ID_HEADER
 from modelplex_router import load, oip
 from modelplex_router.config import RouterConfig
 from modelplex_router.discovery.base import Discovery

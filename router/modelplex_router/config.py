@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from modelplex.autoscaling import DEFAULT_HOLD_AT_ZERO_S
-from modelplex.spec import Deployment
+from modelplex.wire.spec import Deployment
 from modelplex_router.policy import POLICIES, Params
 
 # Not MODELPLEX_ROUTER_*: local mode exports MODELPLEX_ROUTER_<DEPLOYMENT> for every

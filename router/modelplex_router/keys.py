@@ -9,8 +9,8 @@ from typing import Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
-from modelplex.errors import BadRequest, ModelplexError
-from modelplex.ids import InvalidModelId, validate_model_id
+from modelplex.wire.errors import BadRequest, ModelplexError
+from modelplex.wire.ids import InvalidModelId, validate_model_id
 from modelplex_router.config import RouterConfig
 from modelplex_router.discovery.base import Discovery
 from modelplex_router.metrics import RouterMetrics

@@ -15,7 +15,7 @@ import time
 from aiohttp import web
 
 from modelplex.autoscaling import LoadReport, ReplicaLoad
-from modelplex.names import ENV_POD_NAME
+from modelplex.wire.names import ENV_POD_NAME
 from modelplex_router.keys import CLOCK, CONFIG, SCHEDULER, TABLE
 
 _ROUTER_NAME = os.environ.get(ENV_POD_NAME) or socket.gethostname()

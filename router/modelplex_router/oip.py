@@ -21,9 +21,9 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from modelplex.errors import ModelNotFound, ModelplexError
+from modelplex.wire.errors import ModelNotFound, ModelplexError
 from modelplex.http import error_response
-from modelplex.oip import (HEADER_LENGTH, PROTOCOL, PROTOCOL_HEADER, VERSION_HEADER, error_body, parse_header,
+from modelplex.wire.oip import (HEADER_LENGTH, PROTOCOL, PROTOCOL_HEADER, VERSION_HEADER, error_body, parse_header,
                            split_body)
 from modelplex_router.keys import CLOCK, PROXY, SESSION, TABLE, checked_model_id, measured
 

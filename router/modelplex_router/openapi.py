@@ -12,9 +12,9 @@ from typing import Any
 
 from aiohttp import web
 
-from modelplex.ids import MAX_MODEL_ID_LENGTH as MODEL_ID_MAX_LENGTH
-from modelplex.names import MODEL_ID_HEADER
-from modelplex.oip import DATATYPES, HEADER_LENGTH
+from modelplex.wire.ids import MAX_MODEL_ID_LENGTH as MODEL_ID_MAX_LENGTH
+from modelplex.wire.names import MODEL_ID_HEADER
+from modelplex.wire.oip import DATATYPES, HEADER_LENGTH
 
 _JSON = "application/json"
 

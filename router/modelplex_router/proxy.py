@@ -21,10 +21,10 @@ from aiohttp import hdrs, web
 from multidict import CIMultiDict
 from yarl import URL
 
-from modelplex.errors import ReplicaFailed, UpstreamTimeout
+from modelplex.wire.errors import ReplicaFailed, UpstreamTimeout
 from modelplex.http import to_json
-from modelplex.loaded import LoadedSummary
-from modelplex.names import LOADED_MODELS_HEADER, MODEL_ID_HEADER
+from modelplex.wire.loaded import LoadedSummary
+from modelplex.wire.names import LOADED_MODELS_HEADER, MODEL_ID_HEADER
 from modelplex_router.metrics import RouterMetrics
 from modelplex_router.scheduler import Lease, Scheduler
 from modelplex_router.table import Replica

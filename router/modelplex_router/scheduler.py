@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Collection
 
-from modelplex.errors import NotReady, Overloaded
+from modelplex.wire.errors import NotReady, Overloaded
 from modelplex_router.demand import RequestRates
 from modelplex_router.policy import POLICIES, Decision, Kind, Params
 from modelplex_router.table import Replica, RoutingTable

@@ -7,9 +7,9 @@ import os
 
 from aiohttp import web
 
-from modelplex.names import ENV_POD_NAMESPACE
+from modelplex.wire.names import ENV_POD_NAMESPACE
 from modelplex.serving import serve
-from modelplex.spec import Deployment
+from modelplex.wire.spec import Deployment
 from modelplex_router.app import create_app
 from modelplex_router.config import RouterConfig
 from modelplex_router.discovery.base import Discovery

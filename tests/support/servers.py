@@ -16,7 +16,7 @@ from modelplex.processes import descendants, free_port, log_tail, running, spawn
 __all__ = ["MODELPLEX", "START_TIMEOUT_S", "Proc", "Processes", "descendants", "free_port", "metric", "metric_value",
            "wait_ready", "wait_until"]
 
-MODELPLEX = [sys.executable, "-m", "modelplex.cli"]
+MODELPLEX = [sys.executable, "-m", "modelplex_launcher.cli"]
 START_TIMEOUT_S = 90.0  # two cores and cold torch imports: generous
 #: What a poll of a server that is still starting may raise: not yet, try again.
 NOT_YET = (aiohttp.ClientError, OSError, ValueError)

@@ -18,7 +18,7 @@ from modelplex.autoscaling import (
     parse_hot_models,
     rehome,
 )
-from modelplex.spec import Autoscaling, SpecError, parse_spec
+from modelplex.wire.spec import Autoscaling, SpecError, parse_spec
 
 
 class FakeClock:

@@ -8,8 +8,8 @@ import random
 import pytest
 
 from modelplex.autoscaling import LoadReport
-from modelplex.errors import NotReady, Overloaded
-from modelplex.spec import parse_deployment
+from modelplex.wire.errors import NotReady, Overloaded
+from modelplex.wire.spec import parse_deployment
 from modelplex_router.app import create_app
 from modelplex_router.config import ENV_HOLD_AT_ZERO, RouterConfig
 from modelplex_router.demand import RequestRates

@@ -10,7 +10,7 @@ import pytest
 
 from modelplex import batch, get_multiplexed_model_id
 from modelplex.context import reset_multiplexed_model_id, set_multiplexed_model_id
-from modelplex.errors import HandlerError
+from modelplex.wire.errors import HandlerError
 from modelplex.runtime import Runtime, current_runtime, runtime_scope
 
 pytestmark = pytest.mark.looptime

@@ -6,7 +6,7 @@ import gc
 import pytest
 
 from modelplex.cache import ModelCache, ModelInUse
-from modelplex.errors import ModelLoadError, ModelNotFound
+from modelplex.wire.errors import ModelLoadError, ModelNotFound
 
 # On looptime's virtual clock: waits and timeouts cost no real time.
 pytestmark = pytest.mark.looptime
@@ -195,7 +195,7 @@ async def test_failed_load_is_not_cached_and_every_waiter_gets_the_error():
 
 
 async def test_failures_are_remembered_per_id_counted_dated_and_bounded():
-    from modelplex.loaded import MAX_FAILURES
+    from modelplex.wire.loaded import MAX_FAILURES
 
     store = Store()
     cache = ModelCache(store.load, 2, listener=store.listener, wall_clock=lambda: 1_767_225_600.0)
@@ -386,7 +386,7 @@ async def test_a_declared_size_grows_the_reservation_and_evicts_first():
 
 
 async def test_a_model_larger_than_the_whole_budget_is_refused_and_not_loaded_again():
-    from modelplex.errors import ModelTooLarge
+    from modelplex.wire.errors import ModelTooLarge
 
     store = Sized({"huge": 300 * MB})
     cache = sized_cache(store, max_bytes=100 * MB)
@@ -463,7 +463,7 @@ async def test_a_queued_load_whose_callers_all_left_is_dropped():
 
 
 async def test_a_load_past_its_timeout_answers_504_to_every_waiter_and_is_not_cached():
-    from modelplex.errors import ModelLoadTimeout
+    from modelplex.wire.errors import ModelLoadTimeout
 
     store = Store()
     store.gate("slow")
@@ -551,7 +551,7 @@ async def test_waiters_for_a_warm_model_are_never_turned_away_and_need_no_load_s
 
 
 async def test_requests_waiting_for_one_load_are_bounded():
-    from modelplex.errors import Overloaded
+    from modelplex.wire.errors import Overloaded
 
     store = Store()
     store.gate("a")

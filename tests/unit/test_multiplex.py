@@ -3,7 +3,7 @@
 import pytest
 
 from modelplex import multiplexed
-from modelplex.errors import BadRequest
+from modelplex.wire.errors import BadRequest
 
 
 class Server:

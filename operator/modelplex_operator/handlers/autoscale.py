@@ -46,8 +46,8 @@ from modelplex.autoscaling import (
     merge,
     parse_hot_models,
 )
-from modelplex.names import LABEL_DEPLOYMENT, LABEL_ROLE, REPLICA_PORT, ROLE_REPLICA, ROLE_ROUTER
-from modelplex.spec import Autoscaling, Deployment, SpecError
+from modelplex.wire.names import LABEL_DEPLOYMENT, LABEL_ROLE, REPLICA_PORT, ROLE_REPLICA, ROLE_ROUTER
+from modelplex.wire.spec import Autoscaling, Deployment, SpecError
 from modelplex_operator import builders, scaling
 from modelplex_operator.handlers.context import OperatorContext
 from modelplex_operator.handlers.reconcile import post

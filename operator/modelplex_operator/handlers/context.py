@@ -7,7 +7,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from modelplex.names import ROLE_REPLICA
+from modelplex.wire.names import ROLE_REPLICA
 from modelplex_operator.builders import BuildSettings
 from modelplex_operator.config import OperatorConfig
 from modelplex_operator.handlers.observe import Indexes

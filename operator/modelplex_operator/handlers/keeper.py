@@ -22,7 +22,7 @@ from typing import Any, Awaitable, Callable, Mapping
 
 import kopf
 
-from modelplex.spec import SpecError
+from modelplex.wire.spec import SpecError
 from modelplex_operator.documents import ReplicaDocuments
 from modelplex_operator.handlers.context import OperatorContext
 from modelplex_operator.handlers.observe import resource_of

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from modelplex.names import API_GROUP, API_VERSION, KIND, LABEL_DEPLOYMENT
+from modelplex.wire.names import API_GROUP, API_VERSION, KIND, LABEL_DEPLOYMENT
 from modelplex_operator.status import DeploymentView, Key, PodView, Resource, deployment_view, pod_view
 from modelplex_operator.validation import plain
 

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping
 
 import kopf
 
-from modelplex.spec import Deployment, SpecError
+from modelplex.wire.spec import Deployment, SpecError
 from modelplex_operator import builders
 from modelplex_operator.handlers.context import OperatorContext
 from modelplex_operator.kube import ApplyResult, KubeError, NotOwned

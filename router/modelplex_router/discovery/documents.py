@@ -1,7 +1,7 @@
 """The document fetcher: brings a stale replica's entry up to the version its summary announced.
 
 Pod annotations and response headers carry only a fixed-size summary of a replica's loaded
-models (:class:`modelplex.loaded.LoadedSummary`). When one announces a version newer than the
+models (:class:`modelplex.wire.loaded.LoadedSummary`). When one announces a version newer than the
 document the table holds, this fetches ``GET /v1/models`` from that replica (one fetch in
 flight per replica; a failed one is retried after a second) and applies it as observed when
 the fetch started.
@@ -15,7 +15,7 @@ from typing import Callable
 
 import aiohttp
 
-from modelplex.loaded import LoadedModels
+from modelplex.wire.loaded import LoadedModels
 from modelplex_router.table import Replica, ReplicaInfo, RoutingTable
 
 log = logging.getLogger("modelplex.router.discovery")

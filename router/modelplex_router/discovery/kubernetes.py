@@ -19,8 +19,8 @@ import os
 import threading
 from typing import Any, Callable, Iterable
 
-from modelplex.loaded import LoadedSummary
-from modelplex.names import ANNOTATION_LOADED_MODELS, LABEL_DEPLOYMENT, LABEL_ROLE, REPLICA_PORT, ROLE_REPLICA
+from modelplex.wire.loaded import LoadedSummary
+from modelplex.wire.names import ANNOTATION_LOADED_MODELS, LABEL_DEPLOYMENT, LABEL_ROLE, REPLICA_PORT, ROLE_REPLICA
 from modelplex_router.discovery.base import Discovery
 from modelplex_router.table import ReplicaInfo, RoutingTable
 

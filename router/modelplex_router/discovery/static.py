@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from modelplex.loaded import LoadedModels
+from modelplex.wire.loaded import LoadedModels
 from modelplex_router.discovery.base import Discovery, unreachable
 from modelplex_router.discovery.health import FAILURE_THRESHOLD, Poll, PollHealth
 from modelplex_router.table import ReplicaInfo, RoutingTable

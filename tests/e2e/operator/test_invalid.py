@@ -110,7 +110,7 @@ def test_the_example_manifests_pass_the_schema(control_plane, modelplex_operator
 
 def test_an_object_the_api_refuses_is_reported_and_not_retried(control_plane, modelplex_operator, kube_namespace,
                                                                api):
-    # Neither the schema nor modelplex.spec check environment variable names; the apiserver
+    # Neither the schema nor modelplex.wire.spec check environment variable names; the apiserver
     # refuses the Deployment that carries one it cannot take. The operator says so and stops.
     ns, name = kube_namespace, "badenv"
     kubectl_apply(control_plane, ns, manifest(name, env=[{"name": "NOT=VALID", "value": "x"}]))

@@ -84,7 +84,7 @@ def app_image(control_plane, project_images, app_folder):
 def test_a_built_composed_app_answers_through_the_router_service_for_the_model_upstream_names(
         control_plane, modelplex_operator, app_image, app_folder, kube_namespace, api):
     manifests = app_folder / "app.yaml"
-    built = subprocess.run([sys.executable, "-m", "modelplex.cli", "build", "serve_app.py:app", "--image", app_image,
+    built = subprocess.run([sys.executable, "-m", "modelplex_launcher.cli", "build", "serve_app.py:app", "--image", app_image,
                             "-o", str(manifests)], cwd=app_folder, capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr
     documents = list(yaml.safe_load_all(manifests.read_text()))

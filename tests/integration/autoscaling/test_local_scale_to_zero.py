@@ -10,7 +10,7 @@ from pathlib import Path
 import aiohttp
 import torch
 
-from modelplex.names import MODEL_ID_HEADER
+from modelplex.wire.names import MODEL_ID_HEADER
 from support.servers import MODELPLEX, Processes, descendants, free_port, metric, wait_until
 
 TIMEOUT = aiohttp.ClientTimeout(total=150)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import aiohttp
 
-from modelplex.names import MODEL_ID_HEADER
+from modelplex.wire.names import MODEL_ID_HEADER
 
 from support.servers import metric, wait_ready, wait_until
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from aiohttp import web
 
-from modelplex.names import MODEL_ID_HEADER
+from modelplex.wire.names import MODEL_ID_HEADER
 
 from support.servers import free_port, metric, wait_ready
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from modelplex.names import MODEL_ID_HEADER
+from modelplex.wire.names import MODEL_ID_HEADER
 from modelplex_cluster.images import docker_engine, ensure_images
 
 from support.servers import free_port

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from modelplex.oip import InferRequest
+from modelplex.wire.oip import InferRequest
 
 
 class Tensors:

@@ -17,7 +17,7 @@ import tritonclient.http as triton
 from kserve import InferenceRESTClient, InferInput, InferRequest, RESTConfig
 from tritonclient.utils import InferenceServerException
 
-from modelplex.names import MODEL_ID_HEADER
+from modelplex.wire.names import MODEL_ID_HEADER
 
 ROWS = np.linspace(-1, 1, 3 * 16, dtype=np.float32).reshape(3, 16)
 

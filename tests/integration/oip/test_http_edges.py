@@ -9,7 +9,7 @@ import json
 import aiohttp
 import numpy as np
 
-from modelplex.names import MODEL_ID_HEADER
+from modelplex.wire.names import MODEL_ID_HEADER
 from support.servers import metric_value
 
 TIMEOUT = aiohttp.ClientTimeout(total=60)

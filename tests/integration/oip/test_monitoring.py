@@ -16,7 +16,7 @@ import pytest
 import yaml
 from jsonschema import Draft7Validator, ValidationError
 
-from modelplex.names import MODEL_ID_HEADER
+from modelplex.wire.names import MODEL_ID_HEADER
 
 CHART = Path(__file__).resolve().parents[3] / "charts" / "modelplex"
 TIMEOUT = aiohttp.ClientTimeout(total=60)

@@ -11,7 +11,7 @@ import asyncio
 import os
 
 from modelplex import get_multiplexed_model_id, handle, multiplexed
-from modelplex.errors import ModelplexError
+from modelplex.wire.errors import ModelplexError
 
 
 class Downstream:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from modelplex.names import MODEL_ID_HEADER
+from modelplex.wire.names import MODEL_ID_HEADER
 
 
 async def test_upstream_passes_the_model_id_it_chose_and_gets_the_result(composition, session):

@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from modelplex.names import MODEL_ID_HEADER
+from modelplex.wire.names import MODEL_ID_HEADER
 
 #: A chunk of 8 frames of 3 x 96 x 96 bytes: 221 KB of frames (295 KB as a JSON record).
 CHUNK_FRAMES, SIDE = 8, 96

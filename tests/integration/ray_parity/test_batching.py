@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from modelplex import handle
-from modelplex.errors import BadRequest
+from modelplex.wire.errors import BadRequest
 
 
 def batched(stack):

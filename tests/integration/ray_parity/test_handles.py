@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from modelplex import handle
-from modelplex.errors import BadRequest, HandlerError, ModelplexError
+from modelplex.wire.errors import BadRequest, HandlerError, ModelplexError
 
 
 def deployment(stack, name):

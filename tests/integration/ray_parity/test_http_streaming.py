@@ -12,7 +12,7 @@ import time
 import aiohttp
 import pytest
 
-from modelplex.names import MODEL_ID_HEADER
+from modelplex.wire.names import MODEL_ID_HEADER
 
 KINDS = ["sync", "async"]
 #: A plain deployment whose __call__ is a sync or an async generator.

@@ -7,7 +7,7 @@ model id)."""
 import asyncio
 
 from modelplex import handle
-from modelplex.names import MODEL_ID_HEADER
+from modelplex.wire.names import MODEL_ID_HEADER
 
 
 async def replicas(session, stack, name):

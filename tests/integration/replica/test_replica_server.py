@@ -5,7 +5,7 @@ import json
 
 import aiohttp
 
-from modelplex.names import MODEL_ID_HEADER
+from modelplex.wire.names import MODEL_ID_HEADER
 
 from support.servers import metric, wait_ready, wait_until
 

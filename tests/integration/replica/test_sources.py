@@ -3,8 +3,8 @@
 import pytest
 from aiohttp import web
 
-from modelplex.errors import ModelNotFound
-from modelplex.ids import InvalidModelId
+from modelplex.wire.errors import ModelNotFound
+from modelplex.wire.ids import InvalidModelId
 from modelplex_replica.sources import ModelSource
 from support.servers import free_port
 

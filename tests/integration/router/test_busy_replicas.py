@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from modelplex.names import MODEL_ID_HEADER
+from modelplex.wire.names import MODEL_ID_HEADER
 
 CLIENTS = 16
 LOAD_S = 20.0

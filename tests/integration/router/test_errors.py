@@ -6,7 +6,7 @@ import asyncio
 
 import aiohttp
 
-from modelplex.names import MODEL_ID_HEADER
+from modelplex.wire.names import MODEL_ID_HEADER
 
 TIMEOUT = aiohttp.ClientTimeout(total=60)
 

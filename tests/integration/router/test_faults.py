@@ -9,7 +9,7 @@ import signal
 import aiohttp
 import pytest
 
-from modelplex.names import MODEL_ID_HEADER
+from modelplex.wire.names import MODEL_ID_HEADER
 
 TIMEOUT = aiohttp.ClientTimeout(total=60)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import aiohttp
 
-from modelplex.names import MODEL_ID_HEADER
+from modelplex.wire.names import MODEL_ID_HEADER
 from modelplex.processes import consecutive_free_ports
 from support.servers import MODELPLEX, descendants
 

@@ -10,7 +10,7 @@ from collections import Counter, defaultdict
 
 import aiohttp
 
-from modelplex.names import MODEL_ID_HEADER
+from modelplex.wire.names import MODEL_ID_HEADER
 
 REPLICA_HEADER = "X-Modelplex-Replica"
 TIMEOUT = aiohttp.ClientTimeout(total=60)

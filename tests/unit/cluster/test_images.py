@@ -29,7 +29,7 @@ RULES = parse_dockerignore("""
 
 @pytest.mark.parametrize(("path", "ignored"), [
     ("pyproject.toml", False),
-    ("modelplex/spec.py", False),
+    ("modelplex/wire/spec.py", False),
     ("modelplex/deep/er/module.py", False),
     ("modelplex/__pycache__/spec.cpython-311.pyc", True),
     ("modelplex/deep/__pycache__", True),
@@ -119,7 +119,7 @@ def test_plans_tag_each_image_by_content_and_by_the_projects_version(checkout):
         assert plan.stage_tag == plan.tag.replace(f"/{component}:", f"/{component}-build:")
         assert plan.build_args["BASE_IMAGE"] == "modelplex/base:x"
         names = plan.files
-        assert "modelplex/spec.py" in names and "docker/install_deps.py" in names and "docker/ca/README.md" in names
+        assert "modelplex/wire/spec.py" in names and "docker/install_deps.py" in names and "docker/ca/README.md" in names
         assert not [n for n in names if n.startswith(("tests/", ".venv/", "cluster/")) or "__pycache__" in n]
     assert plans["replica"].build_args["TORCH_VARIANT"] == "cpu"
     assert "TORCH_VARIANT" not in plans["router"].build_args

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 
-from modelplex.spec import parse_deployment
+from modelplex.wire.spec import parse_deployment
 
 UID = "0b5c1f5e-2d7a-4a4e-9a57-6c0c3d4b1e01"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import yaml
 
 from unit.operator.objects import UID, body, deployment_of
-from modelplex.names import (
+from modelplex.wire.names import (
     ANNOTATION_LOADED_MODELS,
     ENV_POD_IP,
     ENV_POD_NAME,
@@ -15,7 +15,7 @@ from modelplex.names import (
     LABEL_ROLE,
     REPLICA_PORT,
 )
-from modelplex.spec import load_manifest, to_manifest
+from modelplex.wire.spec import load_manifest, to_manifest
 from modelplex_operator import builders
 from modelplex_operator.builders import BuildSettings
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from modelplex import names
-from modelplex.spec import (
+from modelplex.wire import names
+from modelplex.wire.spec import (
     DEFAULT_MATCHING_TIMEOUT_S,
     DEFAULT_MAX_ONGOING_REQUESTS,
     Autoscaling,
@@ -176,7 +176,7 @@ def test_ranges_match(spec_schema, path, model, field):
 
 
 def test_handler_pattern_is_the_spec_pattern(spec_schema):
-    from modelplex import spec as spec_module
+    from modelplex.wire import spec as spec_module
 
     assert spec_schema["properties"]["handler"]["pattern"] == spec_module._HANDLER.pattern
 
@@ -190,7 +190,7 @@ def test_status_schema_holds_what_the_operator_writes(version):
 
 
 def test_status_schema_holds_every_field_of_a_computed_status(version):
-    from modelplex.loaded import LoadedModels, LoadedSummary
+    from modelplex.wire.loaded import LoadedModels, LoadedSummary
     from modelplex_operator.status import MAX_STATUS_HOLDERS, MAX_STATUS_MODELS, PodView, Resource, compute_status
 
     schema = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]

@@ -11,7 +11,7 @@ import socket
 import pytest
 from aiohttp import web
 
-from modelplex.loaded import LoadedModels, LoadedSummary, LoadFailure
+from modelplex.wire.loaded import LoadedModels, LoadedSummary, LoadFailure
 from modelplex_operator.documents import (
     FAILURE_EVENT_INTERVAL_S,
     EventLimiter,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from modelplex.spec import load_manifests
+from modelplex.wire.spec import load_manifests
 from modelplex_cluster.images import is_ignored, parse_dockerignore
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from modelplex.loaded import LoadedSummary
-from modelplex.names import ANNOTATION_LOADED_MODELS
+from modelplex.wire.loaded import LoadedSummary
+from modelplex.wire.names import ANNOTATION_LOADED_MODELS
 from modelplex_operator.status import (
     INVALID,
     OK,
@@ -249,7 +249,7 @@ def test_pool_memory_reads_as_a_kubernetes_quantity():
 
 
 def test_models_list_copies_holders_and_bytes_most_copies_then_largest_first():
-    from modelplex.loaded import LoadedModels
+    from modelplex.wire.loaded import LoadedModels
     from modelplex_operator.status import model_entries
 
     documents = {
@@ -269,7 +269,7 @@ def test_models_list_copies_holders_and_bytes_most_copies_then_largest_first():
 
 
 def test_status_models_are_bounded_and_say_how_many_were_left_out():
-    from modelplex.loaded import LoadedModels
+    from modelplex.wire.loaded import LoadedModels
     from modelplex_operator.status import MAX_STATUS_HOLDERS, MAX_STATUS_MODELS
 
     names = [f"recs-replica-{i:02}" for i in range(MAX_STATUS_HOLDERS + 2)]
@@ -285,7 +285,7 @@ def test_status_models_are_bounded_and_say_how_many_were_left_out():
 
 
 def test_terminating_pods_and_pods_gone_do_not_list_models():
-    from modelplex.loaded import LoadedModels
+    from modelplex.wire.loaded import LoadedModels
 
     documents = {"a": LoadedModels(models=("m1",)), "old": LoadedModels(models=("m2",)),
                  "gone": LoadedModels(models=("m3",))}

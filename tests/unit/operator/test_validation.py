@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from modelplex.spec import SpecError
+from modelplex.wire.spec import SpecError
 from modelplex_operator.validation import plain, problems_of, validate
 from unit.operator.objects import body
 

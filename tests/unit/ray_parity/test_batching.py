@@ -14,7 +14,7 @@ import torch
 
 from modelplex import batch, get_multiplexed_model_id
 from modelplex.context import reset_multiplexed_model_id, set_multiplexed_model_id
-from modelplex.errors import HandlerError
+from modelplex.wire.errors import HandlerError
 from modelplex.runtime import Runtime, runtime_scope
 
 pytestmark = pytest.mark.looptime

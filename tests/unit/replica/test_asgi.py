@@ -9,10 +9,10 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from modelplex.codec import CALL_CONTENT_TYPE, Call, decode_value, encode_call
-from modelplex.forwarded import ENV_ROUTE_PREFIX, METHOD_HEADER, PATH_HEADER
+from modelplex.wire.codec import CALL_CONTENT_TYPE, Call, decode_value, encode_call
+from modelplex.wire.forwarded import ENV_ROUTE_PREFIX, METHOD_HEADER, PATH_HEADER
 from modelplex.serve.ingress import ingress
-from modelplex.spec import parse_deployment
+from modelplex.wire.spec import parse_deployment
 from modelplex_replica.app import create_app
 
 DEPLOYMENT = parse_deployment({"apiVersion": "modelplex.io/v1alpha1", "kind": "MultiplexedDeployment",

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from modelplex.serving import JsonErrorRunner
-from modelplex.spec import parse_deployment
+from modelplex.wire.spec import parse_deployment
 from modelplex_replica.app import STATE, create_app
 
 DEPLOYMENT = parse_deployment({"apiVersion": "modelplex.io/v1alpha1", "kind": "MultiplexedDeployment",

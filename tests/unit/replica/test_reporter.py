@@ -8,8 +8,8 @@ import asyncio
 import json
 import threading
 
-from modelplex.loaded import LoadedSummary
-from modelplex.names import ANNOTATION_LOADED_MODELS
+from modelplex.wire.loaded import LoadedSummary
+from modelplex.wire.names import ANNOTATION_LOADED_MODELS
 from modelplex.processes import wait_for_async
 from modelplex_replica.reporter import AnnotationReporter
 

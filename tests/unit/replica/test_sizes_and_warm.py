@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from modelplex.runtime import Runtime
-from modelplex.spec import parse_spec
+from modelplex.wire.spec import parse_spec
 from modelplex_replica.handler import configure_cache
 from modelplex_replica.sizes import ModelSizer, device_memory_bytes, tensor_bytes
 from modelplex_replica.warm import DiskTier, HostTier

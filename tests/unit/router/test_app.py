@@ -11,10 +11,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from modelplex.loaded import LoadedModels
-from modelplex.names import MODEL_ID_HEADER
+from modelplex.wire.loaded import LoadedModels
+from modelplex.wire.names import MODEL_ID_HEADER
 from modelplex.processes import free_port, wait_for_async
-from modelplex.spec import parse_deployment
+from modelplex.wire.spec import parse_deployment
 from modelplex_router.app import create_app
 from modelplex_router.config import ENV_QUEUE_TIMEOUT, RouterConfig
 from modelplex_router.discovery.static import StaticDiscovery

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from modelplex.spec import parse_deployment
+from modelplex.wire.spec import parse_deployment
 from modelplex_router.config import ENV_POLICY, ENV_QUEUE_TIMEOUT, RouterConfig
 from modelplex_router.metrics import RouterMetrics
 from modelplex_router.policy import Kind
@@ -105,7 +105,7 @@ def test_the_router_imports_neither_the_replica_nor_torch():
     script = (
         "import sys\n"
         "import modelplex_router.server, modelplex_router.app, modelplex_router.discovery.static\n"
-        "import modelplex_router.discovery.kubernetes, modelplex.local\n"
+        "import modelplex_router.discovery.kubernetes, modelplex_launcher.local\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'modelplex_replica'))\n"
         "print(bad)\n"
     )

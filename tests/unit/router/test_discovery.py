@@ -9,8 +9,8 @@ import time
 import pytest
 from aiohttp import web
 
-from modelplex.loaded import LoadedModels
-from modelplex.names import ANNOTATION_LOADED_MODELS
+from modelplex.wire.loaded import LoadedModels
+from modelplex.wire.names import ANNOTATION_LOADED_MODELS
 from modelplex.processes import free_port
 from modelplex_router.discovery.kubernetes import Gone, PodTracker, apply_ops, replica_from_pod, selector
 from modelplex_router.discovery.static import StaticDiscovery, parse_replica_arg

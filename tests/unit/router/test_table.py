@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from modelplex.errors import NotReady, Overloaded
+from modelplex.wire.errors import NotReady, Overloaded
 from modelplex_router.policy import Kind, Params
 from modelplex_router.scheduler import Scheduler
 from modelplex_router.table import ReplicaInfo, RoutingTable

@@ -6,10 +6,10 @@ import pytest
 
 from modelplex import serve
 from modelplex.handles import DeploymentHandle
-from modelplex.names import dns_label
+from modelplex.wire.names import dns_label
 from modelplex.serve.graph import ANNOTATION_HANDLES, HandleRef, manifest, walk
 from modelplex.serve.hosted import construct
-from modelplex.spec import parse_deployment
+from modelplex.wire.spec import parse_deployment
 
 
 @serve.deployment

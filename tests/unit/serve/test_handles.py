@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from aiohttp import web
 
-from modelplex.codec import STREAM_CONTENT_TYPE, VALUE_CONTENT_TYPE, decode_call, encode_stream_item, encode_value
+from modelplex.wire.codec import STREAM_CONTENT_TYPE, VALUE_CONTENT_TYPE, decode_call, encode_stream_item, encode_value
 from modelplex.handles import ObjectRef, handle, resolve
 
 

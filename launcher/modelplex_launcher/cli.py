@@ -7,8 +7,8 @@ import logging
 import os
 import sys
 
-from modelplex.names import ENV_SPEC, REPLICA_PORT, ROUTER_PORT
-from modelplex.spec import Deployment, SpecError, load_manifest
+from modelplex.wire.names import ENV_SPEC, REPLICA_PORT, ROUTER_PORT
+from modelplex.wire.spec import Deployment, SpecError, load_manifest
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_router(_deployment(args), host=args.host, port=args.port, replica_urls=args.replica)
         if args.command == "local":
-            from modelplex.local import run_local
+            from modelplex_launcher.local import run_local
             from modelplex.serve.build import local_manifests
 
             with local_manifests(args.manifests) as manifests:

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import orjson
 
-from modelplex.errors import BadRequest
+from modelplex.wire.errors import BadRequest
 
 #: The binary tensor extension's header: the length of the JSON part of the body.
 HEADER_LENGTH = "Inference-Header-Content-Length"

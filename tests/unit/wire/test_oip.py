@@ -7,8 +7,8 @@ import orjson
 import pytest
 import tritonclient.http as triton
 
-from modelplex.errors import BadRequest
-from modelplex.oip import DATATYPES, InferRequest, as_outputs, datatype_of, decode_request, encode_response
+from modelplex.wire.errors import BadRequest
+from modelplex.wire.oip import DATATYPES, InferRequest, as_outputs, datatype_of, decode_request, encode_response
 
 SAMPLES = {
     "BOOL": np.array([[True, False], [False, True]]),

@@ -34,7 +34,7 @@ from typing import Any
 
 import orjson
 
-from modelplex.errors import BadRequest, ModelplexError
+from modelplex.wire.errors import BadRequest, ModelplexError
 
 CALL_CONTENT_TYPE = "application/x-modelplex-call"
 VALUE_CONTENT_TYPE = "application/x-modelplex-value"

@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from modelplex.names import ANNOTATION_EXAMPLE_REQUEST, API_GROUP, API_VERSION, KIND
+from modelplex.wire.names import ANNOTATION_EXAMPLE_REQUEST, API_GROUP, API_VERSION, KIND
 
 #: Ray Serve's default LRU capacity (``max_num_models_per_replica``).
 DEFAULT_MAX_MODELS_PER_REPLICA = 3

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from modelplex.local import HEALTHY_RUN_S, RESTART_BACKOFF_MAX_S, restart_delay
+from modelplex_launcher.local import HEALTHY_RUN_S, RESTART_BACKOFF_MAX_S, restart_delay
 
 
 def crash_loop(runs: list[float]) -> list[float]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from modelplex.forwarded import (
+from modelplex.wire.forwarded import (
     METHOD_HEADER, NO_ROUTE, PATH_HEADER, check_route_prefix, forwarded_headers, original, under_prefix,
 )
 

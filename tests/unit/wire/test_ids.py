@@ -5,7 +5,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from modelplex.ids import MAX_MODEL_ID_LENGTH, InvalidModelId, source_key, validate_model_id
+from modelplex.wire.ids import MAX_MODEL_ID_LENGTH, InvalidModelId, source_key, validate_model_id
 
 TRICKY = [
     "..", ".", "../etc/passwd", "a/../b", "/etc/passwd", "a//b", "a/", "..\\windows", "C:\\x", "%2e%2e",

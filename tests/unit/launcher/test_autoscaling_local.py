@@ -12,7 +12,7 @@ import pytest
 
 from modelplex.autoscaling import ENV_PRELOAD_FILE, LoadReport, ReplicaLoad
 from modelplex.cache import ModelCache
-from modelplex.local import LocalRun, plan
+from modelplex_launcher.local import LocalRun, plan
 from modelplex.processes import free_port
 from modelplex_replica.preload import hot_models, preload_hot_models
 

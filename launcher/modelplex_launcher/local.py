@@ -42,9 +42,9 @@ from pathlib import Path
 
 from modelplex.autoscaling import (DEFAULT_TICK_S, ENV_PRELOAD_FILE, LOAD_PATH, Autoscaler, LoadReport, coldest_first,
                                    format_hot_models, hottest_models)
-from modelplex.names import MODEL_ID_HEADER, router_env_name
+from modelplex.wire.names import MODEL_ID_HEADER, router_env_name
 from modelplex.processes import free_ports, port_free, signal_group, spawn
-from modelplex.spec import DEFAULT_MAX_MODELS_PER_REPLICA, Deployment, SpecError, load_manifests
+from modelplex.wire.spec import DEFAULT_MAX_MODELS_PER_REPLICA, Deployment, SpecError, load_manifests
 
 #: Past a child's own grace (``spec.gracefulShutdownTimeoutSeconds``), before SIGKILL.
 STOP_MARGIN_S = 5.0
@@ -180,7 +180,7 @@ class LocalRun:
         self.state_dir = Path(tempfile.mkdtemp(prefix="modelplex-local-"))
         for p in plans:
             name = p.deployment.name
-            base = [sys.executable, "-m", "modelplex.cli", "--log-level", self.log_level]
+            base = [sys.executable, "-m", "modelplex_launcher.cli", "--log-level", self.log_level]
             replica_env = {**self.env, **_spec_env(p.deployment, self.say)}
             autoscaling = p.deployment.spec.autoscaling
             hot_models_file = self.state_dir / f"{name}.hot-models"

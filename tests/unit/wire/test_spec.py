@@ -2,7 +2,7 @@
 
 import pytest
 
-from modelplex.spec import (
+from modelplex.wire.spec import (
     DEFAULT_MATCHING_TIMEOUT_S,
     SpecError,
     load_manifest,

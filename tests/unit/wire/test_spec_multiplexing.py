@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from modelplex.spec import (DEFAULT_LOAD_TIMEOUT_S, DEFAULT_MAX_CONCURRENT_LOADS, SpecError, parse_quantity,
+from modelplex.wire.spec import (DEFAULT_LOAD_TIMEOUT_S, DEFAULT_MAX_CONCURRENT_LOADS, SpecError, parse_quantity,
                             parse_spec)
 
-CRD = Path(__file__).resolve().parents[2] / "crds" / "multiplexeddeployments.modelplex.io.yaml"
+CRD = Path(__file__).resolve().parents[3] / "crds" / "multiplexeddeployments.modelplex.io.yaml"
 
 
 def multiplexing(**fields):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from modelplex.loaded import MAX_ERROR_CHARS, MAX_FAILURES, LoadedModels, LoadedSummary, LoadFailure
+from modelplex.wire.loaded import MAX_ERROR_CHARS, MAX_FAILURES, LoadedModels, LoadedSummary, LoadFailure
 
 
 def test_the_summary_stays_small_whatever_the_models_and_their_ids():

@@ -6,11 +6,11 @@ import numpy
 import pytest
 import torch
 
-from modelplex.codec import (
+from modelplex.wire.codec import (
     Call, RemoteStreamError, decode_call, decode_value, encode_call, encode_stream_error, encode_stream_item,
     encode_value, from_plain,
 )
-from modelplex.errors import BadRequest, HandlerError
+from modelplex.wire.errors import BadRequest, HandlerError
 
 VALUES = [
     "text", "", b"\x00\xffraw", None, 0, -7, 2**62, 1.5, True, False, [], {}, (), (1, "a", None),

@@ -1,0 +1,9 @@
+"""The contracts that cross a process boundary: the manifest (``spec``), names, headers and
+annotations (``names``), the error body (``errors``), model ids (``ids``), the loaded-models
+document (``loaded``), call envelopes (``codec``), the Open Inference Protocol (``oip``) and route
+prefixes (``forwarded``).
+
+A change here is a change of protocol between the operator, routers, replicas, handles and
+local mode. These modules import nothing of the project but each other (an import-linter
+contract in ``pyproject.toml`` checks it).
+"""
