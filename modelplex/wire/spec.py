@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from modelplex.wire.names import ANNOTATION_EXAMPLE_REQUEST, API_GROUP, API_VERSION, KIND
+from modelplex.wire.redact import redact_url
 
 #: Ray Serve's default LRU capacity (``max_num_models_per_replica``).
 DEFAULT_MAX_MODELS_PER_REPLICA = 3
@@ -91,9 +92,25 @@ class ModelSource(_Model):
         scheme = urlparse(uri).scheme
         if scheme not in SOURCE_SCHEMES:
             raise ValueError(f"scheme must be one of {', '.join(SOURCE_SCHEMES)} (got {scheme or 'none'!r})")
+        shown = redact_url(uri)  # the "(got ...)" of every message: never a password or a signature
         if "{model_id}" not in uri:
-            raise ValueError("must contain {model_id}")
+            raise ValueError(f"must contain {{model_id}} (got {shown!r})")
+        _check_placeholder_in_path(uri, scheme, shown)
         return uri
+
+
+def _check_placeholder_in_path(uri: str, scheme: str, shown: str) -> None:
+    """``{model_id}`` only in the path (or S3 key) after the authority: an id must never choose
+    the host, port or bucket read with the replica's credentials, nor a query."""
+    parsed = urlparse(uri)
+    if scheme != "file" and not parsed.netloc:
+        raise ValueError(f"a {scheme} source needs a host (or bucket): {scheme}://HOST/.../{{model_id}} "
+                         f"(got {shown!r})")
+    for part, name in ((parsed.netloc, "host, port or bucket"), (parsed.query, "query"),
+                       (parsed.fragment, "fragment")):
+        if "{model_id}" in part:
+            raise ValueError(f"{{model_id}} is allowed only in the path after the host or bucket, "
+                             f"not in the {name} (got {shown!r})")
 
 
 def parse_quantity(value: Any) -> int:

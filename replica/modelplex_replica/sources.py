@@ -3,37 +3,65 @@
 ``file://`` (or ``file:relative/path``, resolved against the manifest's folder), ``http(s)://``
 and ``s3://bucket/key``. S3 credentials and endpoint come from the standard AWS variables
 (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``, ``AWS_REGION``),
-which the operator fills from ``modelSource.secretRef``.
+which the operator fills from ``modelSource.secretRef``. http(s) credentials come from the
+same Secret: each ``MODELPLEX_SOURCE_HEADER_<NAME>`` variable is sent as the header ``<NAME>``
+(``MODELPLEX_SOURCE_HEADER_AUTHORIZATION`` → ``Authorization``); see :func:`source_headers`.
+
+No id leaves its source: ids with ``.``/``..`` segments are refused before any fetch
+(:func:`~modelplex.wire.ids.validate_model_id`), and the URL is sent exactly as built
+(``encoded=True``: the HTTP client neither decodes ``%2E``/``%2F`` nor resolves dot segments).
+A signed URL's query reaches the store unchanged; every message names the source through
+:func:`~modelplex.wire.redact.redact_url`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
+from typing import Any, Mapping
 from urllib.parse import urlparse
 
 import aiohttp
+from yarl import URL
 
 from modelplex.wire.errors import ModelLoadError, ModelNotFound
 from modelplex.wire.ids import source_key
+from modelplex.wire.redact import redact_text, redact_url
+
+#: Environment variables (from ``modelSource.secretRef`` in pods) sent as HTTP headers.
+HEADER_ENV_PREFIX = "MODELPLEX_SOURCE_HEADER_"
+
+
+def source_headers(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The headers an http(s) source sends: ``MODELPLEX_SOURCE_HEADER_X_API_KEY=v`` → ``X-Api-Key: v``."""
+    environ = os.environ if environ is None else environ
+    return {"-".join(part.capitalize() for part in name[len(HEADER_ENV_PREFIX):].split("_")): value
+            for name, value in environ.items() if name.startswith(HEADER_ENV_PREFIX) and len(name) > len(HEADER_ENV_PREFIX)}
 
 
 class ModelSource:
     """Where models live; :meth:`fetch` returns a model's bytes."""
 
-    def __init__(self, uri: str, *, base_dir: Path | None = None, timeout_s: float = 300.0):
+    def __init__(self, uri: str, *, base_dir: Path | None = None, timeout_s: float = 300.0,
+                 headers: Mapping[str, str] | None = None):
         self.uri = uri
+        #: The source as messages name it: no userinfo, no query values.
+        self.shown = redact_url(uri)
         self.base_dir = base_dir or Path.cwd()
         self.timeout_s = timeout_s
         self.scheme = urlparse(uri).scheme
+        self.headers = dict(source_headers() if headers is None else headers)
 
     def locate(self, model_id: str) -> str:
         """The model's URI: ``org/name`` ids keep their folders; the rest of the id is
         percent-escaped by :func:`~modelplex.wire.ids.source_key` and used as it stands (file names
-        and S3 keys hold the escapes literally, never decoded), so no id leaves the source."""
+        and S3 keys hold the escapes literally, never decoded), so no id leaves the source.
+        Raises :class:`~modelplex.wire.ids.InvalidModelId` (a 400) for ids with dot segments."""
         return self.uri.replace("{model_id}", source_key(model_id))
 
     async def fetch(self, model_id: str) -> bytes:
+        """The model's bytes; :class:`ModelNotFound` when the source has no such model."""
         location = self.locate(model_id)
         if self.scheme == "file":
             return await asyncio.to_thread(self._read_file, model_id, location)
@@ -47,28 +75,33 @@ class ModelSource:
         parsed = urlparse(location)
         path = Path(parsed.path) if parsed.netloc in ("", "localhost") else None
         if path is None:
-            raise ModelLoadError(f"file URI with a host is not supported: {location}")
+            raise ModelLoadError(f"file URI with a host is not supported: {redact_url(location)}")
         if not path.is_absolute():
             path = self.base_dir / path
         try:
             return path.read_bytes()
         except FileNotFoundError:
-            raise ModelNotFound(f"model {model_id!r} not found in {self.uri}") from None
+            raise ModelNotFound(f"model {model_id!r} not found in {self.shown}") from None
         except OSError as error:
-            raise ModelLoadError(f"reading model {model_id!r} from {self.uri} failed: {error.strerror}") from None
+            raise ModelLoadError(f"reading model {model_id!r} from {self.shown} failed: {error.strerror}") from None
 
     async def _read_http(self, model_id: str, location: str) -> bytes:
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+        shown = redact_url(location)
         try:
+            # encoded=True: sent byte for byte as built; yarl would otherwise decode %2E and
+            # resolve the dot segments (an id's escapes must reach the store as escapes).
+            url = URL(location, encoded=True)
             async with aiohttp.ClientSession(timeout=timeout) as session:
-                async with session.get(location) as response:
+                async with session.get(url, headers=self.headers) as response:
                     if response.status == 404:
-                        raise ModelNotFound(f"model {model_id!r} not found at {location}")
+                        raise ModelNotFound(f"model {model_id!r} not found at {shown}")
                     if response.status != 200:
-                        raise ModelLoadError(f"fetching model {model_id!r} from {location}: HTTP {response.status}")
+                        raise ModelLoadError(f"fetching model {model_id!r} from {shown}: HTTP {response.status}")
                     return await response.read()
-        except (aiohttp.ClientError, TimeoutError) as error:
-            raise ModelLoadError(f"fetching model {model_id!r} from {location} failed: {error!r}") from None
+        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+            raise ModelLoadError(f"fetching model {model_id!r} from {shown} failed: "
+                                 f"{redact_text(_describe(error))}") from None
 
     def _read_s3(self, model_id: str, location: str) -> bytes:
         import boto3
@@ -82,16 +115,27 @@ class ModelSource:
         except botocore.exceptions.ClientError as error:
             code = error.response.get("Error", {}).get("Code", "")
             if code in ("NoSuchKey", "404", "NotFound"):
-                raise ModelNotFound(f"model {model_id!r} not found at {location}") from None
-            raise ModelLoadError(f"fetching model {model_id!r} from {location}: {code or error}") from None
+                raise ModelNotFound(f"model {model_id!r} not found at {redact_url(location)}") from None
+            raise ModelLoadError(f"fetching model {model_id!r} from {redact_url(location)}: "
+                                 f"{redact_text(str(code or error))}") from None
         except botocore.exceptions.BotoCoreError as error:
-            raise ModelLoadError(f"fetching model {model_id!r} from {location} failed: {error}") from None
+            raise ModelLoadError(f"fetching model {model_id!r} from {redact_url(location)} failed: "
+                                 f"{redact_text(str(error))}") from None
+
+
+def _describe(error: BaseException) -> str:
+    """An HTTP client error without the request it was for (aiohttp's repr holds the whole URL)."""
+    if isinstance(error, aiohttp.ClientResponseError):
+        return f"{type(error).__name__}: HTTP {error.status} {error.message}"
+    if isinstance(error, aiohttp.InvalidURL):
+        return "InvalidURL"
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
 _clients: dict[str, object] = {}
 
 
-def _s3_client(boto3):
+def _s3_client(boto3: Any) -> Any:
     # boto3 clients are thread-safe and costly to build: one per process.
     if "s3" not in _clients:
         _clients["s3"] = boto3.session.Session().client("s3")

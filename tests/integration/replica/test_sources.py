@@ -44,10 +44,10 @@ async def test_ids_that_look_like_paths_stay_inside_the_source(tmp_path):
     (tmp_path / "secret.pt").write_bytes(b"secret")
     (tmp_path / "store").mkdir()
     source = ModelSource("file:store/{model_id}.pt", base_dir=tmp_path)
-    for model_id in ["../secret", "..", "/etc/passwd", "%2e%2e/secret", "a/../../secret"]:
+    for model_id in ["/etc/passwd", "%2Fsecret", "a//secret"]:
         with pytest.raises(ModelNotFound):
             await source.fetch(model_id)
-    for model_id in ["", "new\nline"]:
+    for model_id in ["", "new\nline", "../secret", "..", "%2e%2e/secret", "a/../../secret", "..\\secret"]:
         with pytest.raises(InvalidModelId):
             await source.fetch(model_id)
 

@@ -5,11 +5,18 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from modelplex.wire.ids import MAX_MODEL_ID_LENGTH, InvalidModelId, source_key, validate_model_id
+from modelplex.wire.errors import BadRequest
+from modelplex.wire.ids import MAX_MODEL_ID_LENGTH, InvalidModelId, has_dot_segment, safe_join, source_key, validate_model_id
 
 TRICKY = [
-    "..", ".", "../etc/passwd", "a/../b", "/etc/passwd", "a//b", "a/", "..\\windows", "C:\\x", "%2e%2e",
-    "%2F", "a?b=c", "a#frag", "http://evil.example/x", "a b", "é/ü", "org/./name", "~root", "a/..",
+    "/etc/passwd", "a//b", "a/", "C:\\x", "%2F", "a?b=c", "a#frag", "http://evil.example/x", "a b", "é/ü", "~root",
+    "...", "a/.../b", "%2e%2e%2e", "%2F%2Fevil.example",
+]
+#: Ids with a "." or ".." segment, as they stand or once a store or client percent-decodes them.
+DOT_SEGMENTS = [
+    "..", ".", "../etc/passwd", "a/../b", "org/./name", "a/..", "..\\windows", "a\\..\\b", "%2e%2e", "%2E%2E/x",
+    "..%2Fsecret", "%2e%2e%2fsecret", "a%2F..%2Fb", "%2e", "%252e%252e", "%25252e%25252e", ".%2e", "%2e./x",
+    "..%5Cwin", "x/%2E",
 ]
 
 
@@ -32,6 +39,33 @@ def test_ids_no_source_can_use_are_refused(model_id):
         validate_model_id(model_id)
 
 
+@pytest.mark.parametrize("model_id", DOT_SEGMENTS)
+def test_ids_with_a_dot_segment_after_decoding_are_refused_as_400(model_id):
+    assert has_dot_segment(model_id)
+    with pytest.raises(InvalidModelId) as refused:
+        validate_model_id(model_id)
+    assert isinstance(refused.value, BadRequest) and refused.value.status == 400
+    assert "'.' or '..' segment" in str(refused.value)
+
+
+@pytest.mark.parametrize("model_id", ["a..b", ".hidden", "llama.v2", "...", "a/.x/b", "x%2E"])
+def test_dots_inside_a_segment_are_no_dot_segment(model_id):
+    assert not has_dot_segment(model_id)
+
+
+def test_safe_join_keeps_folders_and_stays_under_its_root(tmp_path):
+    root = tmp_path / "models"
+    root.mkdir()
+    assert safe_join(root, "org/name", ".pt") == str(root / "org" / "name.pt")
+    assert safe_join(root, "a b?", ".pt") == str(root / "a%20b%3F.pt")
+    for model_id in ["../secret", "..", "%2e%2e/x", "a/../../x"]:
+        with pytest.raises(InvalidModelId):
+            safe_join(root, model_id, ".pt")
+    (root / "link").symlink_to(tmp_path)  # a link inside the root that points out of it
+    with pytest.raises(InvalidModelId):
+        safe_join(root, "link/secret", ".pt")
+
+
 @pytest.mark.parametrize(
     ("model_id", "key"),
     [
@@ -39,9 +73,8 @@ def test_ids_no_source_can_use_are_refused(model_id):
         ("model:v2", "model:v2"),
         ("user@tenant", "user@tenant"),
         ("a b?c#d%", "a%20b%3Fc%23d%25"),
-        ("../etc/passwd", "..%2Fetc%2Fpasswd"),
         ("/etc/passwd", "%2Fetc%2Fpasswd"),
-        ("..", "%2E%2E"),
+        ("a//b", "a%2F%2Fb"),
     ],
 )
 def test_source_keys_keep_folders_and_escape_the_rest(model_id, key):

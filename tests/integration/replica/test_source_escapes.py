@@ -1,0 +1,149 @@
+"""No id leaves its source's prefix, and no source credential reaches a client or a log.
+
+Against a real HTTP store on loopback that decodes ``%2F`` and resolves dot segments as nginx
+does (the ``store`` fixture), with the replica's own source code and, end to end, a replica
+process serving the built-in handler.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import warnings
+
+import aiohttp
+import pytest
+import torch
+
+from modelplex.wire.ids import InvalidModelId
+from modelplex.wire.names import MODEL_ID_HEADER
+from modelplex_replica.sources import ModelSource, source_headers
+from support.servers import MODELPLEX, wait_ready
+
+PREFIX = "/store/tenant-a/"
+PASSWORD = "pa55-w0rd-xyz"
+TOKEN = "t0ken-sig-abc"
+#: Ids a hostile or careless client may send: climbing, absolute, encoded, double-encoded,
+#: backslashes, a neighbour tenant's name.
+HOSTILE_IDS = [
+    "..", ".", "../tenant-b/private", "../model", "..%2Fmodel", "%2e%2e", "%2E%2E/model", "%2e%2e%2fmodel",
+    "%252e%252e/model", "..\\model", "a/../../model", "a/%2e%2e/%2e%2e/model", "%2F..%2F..%2Fmodel",
+    "/tenant-b/private", "//127.0.0.1/store/model", "tenant-b%2F..%2F..%2Fmodel", "..;/model", ".%2e/model",
+    "..%5Cmodel", "x/%2E%2E", "%2F%2Fevil.example/model", "model?x=1", "model#frag", "%00../model",
+]
+
+
+def scripted(seed: int) -> bytes:
+    torch.manual_seed(seed)
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        torch.jit.save(torch.jit.script(torch.nn.Linear(3, 2).eval()), buffer)
+    return buffer.getvalue()
+
+
+@pytest.fixture
+def tenants(store):
+    """tenant-a's models, tenant-b's private one, and a model at the store's root (outside any prefix)."""
+    (store.root / "tenant-a").mkdir()
+    (store.root / "tenant-b").mkdir()
+    (store.root / "tenant-a" / "m1.pt").write_bytes(scripted(1))
+    (store.root / "tenant-a" / "m1").mkdir()
+    (store.root / "tenant-a" / "m1" / "model.pt").write_bytes(scripted(1))
+    (store.root / "tenant-b" / "private.pt").write_bytes(b"tenant-b secret")
+    (store.root / "model.pt").write_bytes(b"outside the prefix")
+    (store.root / "model").mkdir()
+    (store.root / "model" / "model.pt").write_bytes(b"outside the prefix too")
+    return store
+
+
+@pytest.mark.parametrize("template", ["{model_id}.pt", "{model_id}/model.pt"])
+async def test_no_hostile_id_fetches_outside_its_prefix(tenants, template):
+    source = ModelSource(f"{tenants.url}{PREFIX}{template}", headers={})
+    outcomes = {}
+    for model_id in HOSTILE_IDS:
+        try:
+            outcomes[model_id] = await source.fetch(model_id)
+        except InvalidModelId:
+            outcomes[model_id] = "refused"
+        except Exception as error:  # noqa: BLE001 - what else happens is reported below
+            outcomes[model_id] = type(error).__name__
+    assert not any(isinstance(got, bytes) for got in outcomes.values()), outcomes
+    assert all(got in ("refused", "ModelNotFound") for got in outcomes.values()), outcomes
+    assert tenants.fetches, "some hostile ids are valid names inside the prefix and were fetched"
+    outside = [(f.target, f.path) for f in tenants.fetches if not f.path.startswith(PREFIX)]
+    assert outside == []
+    for refused in ("..", "%2e%2e", "../tenant-b/private", "%252e%252e/model", "..\\model"):
+        assert outcomes[refused] == "refused"
+    assert await source.fetch("m1") == scripted(1)  # the prefix still serves its own models
+
+
+async def test_a_signed_url_and_userinfo_reach_the_store_but_no_message(tenants):
+    uri = f"http://reader:{PASSWORD}@{tenants.url.removeprefix('http://')}{PREFIX}{{model_id}}.pt?sig={TOKEN}&expires=9"
+    source = ModelSource(uri, headers={})
+    assert await source.fetch("m1") == scripted(1)
+    fetch = tenants.fetches[-1]
+    assert fetch.query == f"sig={TOKEN}&expires=9"  # unchanged, as signed
+    assert fetch.headers["Authorization"].startswith("Basic ")
+    with pytest.raises(Exception) as missing:
+        await source.fetch("nope")
+    message = str(missing.value)
+    assert "nope" in message and "sig=REDACTED" in message
+    assert PASSWORD not in message and TOKEN not in message
+    assert PASSWORD not in source.shown and TOKEN not in source.shown
+
+
+async def test_source_headers_from_the_secret_reach_the_store(tenants):
+    headers = source_headers({"MODELPLEX_SOURCE_HEADER_AUTHORIZATION": f"Bearer {TOKEN}",
+                              "MODELPLEX_SOURCE_HEADER_X_API_KEY": "k", "UNRELATED": "x"})
+    assert headers == {"Authorization": f"Bearer {TOKEN}", "X-Api-Key": "k"}
+    source = ModelSource(f"{tenants.url}{PREFIX}{{model_id}}.pt", headers=headers)
+    assert await source.fetch("m1") == scripted(1)
+    assert tenants.fetches[-1].headers["Authorization"] == f"Bearer {TOKEN}"
+    assert tenants.fetches[-1].headers["X-Api-Key"] == "k"
+
+
+async def test_a_replica_never_shows_a_source_credential(processes, tmp_path, tenants):
+    uri = f"http://reader:{PASSWORD}@{tenants.url.removeprefix('http://')}{PREFIX}{{model_id}}.pt?sig={TOKEN}"
+    manifest = tmp_path / "creds.yaml"
+    manifest.write_text(json.dumps({
+        "apiVersion": "modelplex.io/v1alpha1", "kind": "MultiplexedDeployment", "metadata": {"name": "creds"},
+        "spec": {"image": "local", "modelSource": {"uri": uri}, "batching": {"batchWaitTimeoutMs": 1}}}))
+    replica = processes.replica(manifest, env={"MODELPLEX_SOURCE_HEADER_X_TENANT": "a"})
+    bodies = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        await wait_ready(session, replica)
+
+        async def call(model_id: str) -> int:
+            async with session.post(replica.url + "/v1/invoke", json={"inputs": [1.0, 2.0, 3.0]},
+                                    headers={MODEL_ID_HEADER: model_id}) as response:
+                bodies.append(await response.text())
+                return response.status
+
+        assert await call("m1") == 200
+        assert await call("missing") == 404
+        assert await call("../tenant-b/private") == 400
+        assert await call("%2e%2e") == 400
+        async with session.get(replica.url + "/v1/models") as response:
+            models = await response.text()
+        async with session.get(replica.url + "/metrics") as response:
+            metrics = await response.text()
+    assert tenants.fetches[0].headers["X-Tenant"] == "a"
+    assert all(f.path.startswith(PREFIX) for f in tenants.fetches)
+    assert "missing" in models and "REDACTED" in models  # the failure is reported, redacted
+    log = replica.log.read_text(errors="replace")
+    assert "missing" in log  # the failed load is logged
+    for text in [*bodies, models, metrics, log]:
+        assert PASSWORD not in text and TOKEN not in text
+
+
+def test_modelplex_local_refuses_a_model_id_in_the_host(processes, tmp_path):
+    manifest = tmp_path / "host.yaml"
+    manifest.write_text(json.dumps({
+        "apiVersion": "modelplex.io/v1alpha1", "kind": "MultiplexedDeployment", "metadata": {"name": "host"},
+        "spec": {"image": "local", "modelSource": {"uri": f"https://u:{PASSWORD}@{{model_id}}.store.example/m.pt"}}}))
+    proc = processes.start("local", [*MODELPLEX, "local", str(manifest)])
+    assert proc.popen.wait(timeout=120) != 0
+    output = proc.log.read_text(errors="replace")
+    assert "spec.modelSource.uri" in output and "host" in output
+    assert PASSWORD not in output
