@@ -46,6 +46,7 @@ from typing import Any, Awaitable, Callable, Literal, Protocol
 
 from modelplex.wire.errors import ModelLoadError, ModelLoadTimeout, ModelplexError, ModelTooLarge, Overloaded
 from modelplex.wire.loaded import MAX_ERROR_CHARS, MAX_FAILURES, LoadFailure
+from modelplex.wire.redact import redact_text
 
 log = logging.getLogger("modelplex.cache")
 
@@ -435,7 +436,7 @@ class ModelCache:
         if isinstance(error, asyncio.CancelledError):
             load.future.cancel()
             return
-        log.warning("Loading model %r failed after %.3f s: %s", model_id, seconds, error)
+        log.warning("Loading model %r failed after %.3f s: %s", model_id, seconds, redact_text(str(error)))
         if not isinstance(error, ModelplexError):
             error = ModelLoadError(f"loading model {model_id!r} failed: {error!r}")
         load.future.set_exception(error)
@@ -446,7 +447,8 @@ class ModelCache:
     def _remember_failure(self, model_id: str, message: str) -> None:
         previous = self._failures.pop(model_id, None)
         at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self._wall_clock()))
-        self._failures[model_id] = LoadFailure(model_id, message[:MAX_ERROR_CHARS], at,
+        # A loader's message may name its source: the failure reaches clients and Events redacted.
+        self._failures[model_id] = LoadFailure(model_id, redact_text(message)[:MAX_ERROR_CHARS], at,
                                                previous.count + 1 if previous else 1)
         while len(self._failures) > MAX_FAILURES:
             self._failures.popitem(last=False)
