@@ -27,7 +27,14 @@ Past Ray Serve's cache:
   a load needs no load slot and its waiters are never turned away;
 - a failed load is not cached, and every waiter gets the error; the cache remembers the latest
   failure of each of the last ids that failed (:attr:`ModelCache.failures`, reported in the
-  replica's loaded-models document, where the operator turns them into Events).
+  replica's loaded-models document, where the operator turns them into Events). Failures move
+  :attr:`ModelCache.version` at most once per :data:`FAILURE_VERSION_INTERVAL_S`, so a stream
+  of bogus ids does not drive a document read (and an API write) per request;
+- ids that do not exist cost no memory and no refetch: an id without a measured size reserves
+  only room that is free before its loader runs (it evicts once the loader declares a size
+  with :meth:`LoadContext.expect`, i.e. after it found the model, or when the model lands),
+  and a :class:`ModelNotFound` is remembered for ``not_found_ttl_s`` (the next requests for
+  that id get it at once, without a load).
 
 The cache is pure: sizes come from a ``size_of(model_id, model)`` hook the replica gives it.
 """
@@ -44,7 +51,8 @@ from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Literal, Protocol
 
-from modelplex.wire.errors import ModelLoadError, ModelLoadTimeout, ModelplexError, ModelTooLarge, Overloaded
+from modelplex.wire.errors import (ModelLoadError, ModelLoadTimeout, ModelNotFound, ModelplexError, ModelTooLarge,
+                                   Overloaded)
 from modelplex.wire.loaded import MAX_ERROR_CHARS, MAX_FAILURES, LoadFailure
 from modelplex.wire.redact import redact_text
 
@@ -53,7 +61,8 @@ log = logging.getLogger("modelplex.cache")
 Loader = Callable[[str], Awaitable[Any]]
 Listener = Callable[[str, str, float], None]
 """(event, model id, seconds); events: loading, loaded (cold), loaded_warm, load_failed,
-load_dropped (queued, every caller gone), evicted."""
+load_dropped (queued, every caller gone), evicted, failures_shown (held-back failures moved the
+version; model id "")."""
 SizeOf = Callable[[str, Any], "int | None"]
 """The bytes a freshly loaded model occupies on its device, or None when unknown."""
 LoadStarted = Callable[[str], None]
@@ -65,6 +74,10 @@ POLICIES = ("lru", "lfu")
 LFU_HALF_LIFE_S = 600.0
 #: Ids whose size and request rate are remembered after they leave the cache.
 REMEMBERED_IDS = 10_000
+#: How long an id whose source said "no such model" is answered 404 without a load.
+DEFAULT_NOT_FOUND_TTL_S = 5.0
+#: Failed loads move ``version`` at most once this often (a document read and a pod patch each).
+FAILURE_VERSION_INTERVAL_S = 10.0
 
 
 class ModelInUse(ModelplexError):
@@ -199,6 +212,7 @@ class ModelCache:
         load_started: LoadStarted | None = None,
         warm: WarmTier | None = None,
         listener: Listener | None = None,
+        not_found_ttl_s: float = DEFAULT_NOT_FOUND_TTL_S,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ):
@@ -210,6 +224,8 @@ class ModelCache:
             raise ValueError(f"max_concurrent_loads must be >= 1 (got {max_concurrent_loads})")
         if load_timeout_s is not None and load_timeout_s <= 0:
             raise ValueError(f"load_timeout_s must be > 0 (got {load_timeout_s})")
+        if not_found_ttl_s < 0:
+            raise ValueError(f"not_found_ttl_s must be >= 0 (got {not_found_ttl_s})")
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)} (got {policy!r})")
         self.capacity = capacity
@@ -237,6 +253,11 @@ class ModelCache:
         self._changed: list[asyncio.Future] = []  # woken when memory or a model frees up
         self._background: set[asyncio.Task] = set()
         self._failures: OrderedDict[str, LoadFailure] = OrderedDict()  # latest failure per id, oldest first
+        self.not_found_ttl_s = not_found_ttl_s
+        self._not_found: OrderedDict[str, tuple[float, ModelNotFound]] = OrderedDict()  # id -> (until, error)
+        self._failure_bumped_at: float | None = None  # when a failure last moved the version
+        self._failure_pending = False  # a failure since then that the version does not show yet
+        self._failure_timer: asyncio.Task | None = None  # shows pending failures when the interval ends
         self.version = 0
 
     # -- what the replica reports ------------------------------------------------------------
@@ -292,6 +313,8 @@ class ModelCache:
         load = self._loading.get(model_id)
         if load is None:
             self._refuse_if_too_large(model_id)
+            self._refuse_if_known_missing(model_id)
+            self._show_pending_failures()
             load = _Load(model_id, asyncio.get_running_loop().create_future())
             load.warm = self._warm is not None and self._warm.holds(model_id)
             self._loading[model_id] = load
@@ -400,8 +423,15 @@ class ModelCache:
             load.future.set_result(model)
 
     async def _fetch(self, load: _Load, context: LoadContext) -> Any:
-        """The model from the warm tier, else from the loader, inside its byte reservation."""
-        await self._reserve(load, self._expected(load.model_id))
+        """The model from the warm tier, else from the loader, inside its byte reservation.
+
+        An id measured before exists: its room is made (evicting) before the loader runs. An id
+        never measured may not exist at all: it takes only free room now, and evicts when its
+        loader declares a size (after finding the model) or when it lands."""
+        if load.warm or self._stats_of(load.model_id).nbytes is not None:
+            await self._reserve(load, self._expected(load.model_id))
+        else:
+            self._reserve_free(load, self._expected(load.model_id))
         if load.warm:
             model = await self._warm.take(load.model_id)
             if model is not None:
@@ -436,6 +466,8 @@ class ModelCache:
         if isinstance(error, asyncio.CancelledError):
             load.future.cancel()
             return
+        if isinstance(error, ModelNotFound) and self.not_found_ttl_s > 0:
+            self._remember_missing(model_id, error)
         log.warning("Loading model %r failed after %.3f s: %s", model_id, seconds, redact_text(str(error)))
         if not isinstance(error, ModelplexError):
             error = ModelLoadError(f"loading model {model_id!r} failed: {error!r}")
@@ -452,7 +484,46 @@ class ModelCache:
                                                previous.count + 1 if previous else 1)
         while len(self._failures) > MAX_FAILURES:
             self._failures.popitem(last=False)
-        self.version += 1  # the document changed: readers of the summary fetch it again
+        self._failure_pending = True
+        self._show_pending_failures()
+
+    def _show_pending_failures(self) -> None:
+        """Move the version for failures not shown yet, at most once per interval: readers of the
+        summary fetch the document (and patch the pod) then, not once per failed load. A
+        failure held back shows with the next load, eviction or failure after the interval."""
+        if not self._failure_pending:
+            return
+        now = self._clock()
+        if self._failure_bumped_at is not None and now - self._failure_bumped_at < FAILURE_VERSION_INTERVAL_S:
+            if self._failure_timer is None or self._failure_timer.done():
+                delay = self._failure_bumped_at + FAILURE_VERSION_INTERVAL_S - now
+                self._failure_timer = self._spawn(self._show_failures_after(delay))
+            return
+        self._failure_bumped_at = now
+        self._failure_pending = False
+        self.version += 1
+
+    async def _show_failures_after(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        if self._failure_pending:
+            self._show_pending_failures()
+            self._notify("failures_shown", "", 0.0)
+
+    def _remember_missing(self, model_id: str, error: ModelNotFound) -> None:
+        self._not_found.pop(model_id, None)
+        self._not_found[model_id] = (self._clock() + self.not_found_ttl_s, error)
+        while len(self._not_found) > REMEMBERED_IDS:
+            self._not_found.popitem(last=False)
+
+    def _refuse_if_known_missing(self, model_id: str) -> None:
+        """404 at once for an id its source said it does not have, within ``not_found_ttl_s``."""
+        remembered = self._not_found.get(model_id)
+        if remembered is None:
+            return
+        until, error = remembered
+        if self._clock() < until:
+            raise ModelNotFound(error.message)
+        del self._not_found[model_id]
 
     def _refuse_if_too_large(self, model_id: str) -> None:
         stats = self._stats.get(model_id)
@@ -488,6 +559,12 @@ class ModelCache:
                 await self._wait_for_change()
             else:
                 await self._unload(victim, to_warm=True)
+
+    def _reserve_free(self, load: _Load, nbytes: int) -> None:
+        """Reserve up to ``nbytes`` of what is free now, evicting nothing."""
+        if self.capacity_bytes is not None:
+            nbytes = max(0, min(nbytes, self.capacity_bytes - (self.bytes_used - load.reserved)))
+        load.reserved = max(load.reserved, nbytes)
 
     def _over(self) -> bool:
         if len(self._models) > self.capacity:

@@ -76,6 +76,7 @@ def _cache_of(owner: Any, load: Callable, takes_self: bool, capacity: int) -> Mo
             max_bytes=runtime.max_model_bytes,
             max_concurrent_loads=runtime.max_concurrent_loads,
             load_timeout_s=runtime.load_timeout_s,
+            not_found_ttl_s=runtime.not_found_ttl_s,
             max_waiting=runtime.max_waiting_per_model,
             policy=runtime.eviction_policy,
             size_of=_size_hook(owner, runtime) if takes_self else runtime.model_size,

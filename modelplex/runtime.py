@@ -37,6 +37,7 @@ class Runtime:
     max_model_bytes: int | None = None
     max_concurrent_loads: int | None = None
     load_timeout_s: float | None = None
+    not_found_ttl_s: float = 5.0  # spec.multiplexing.notFoundCacheSeconds
     max_waiting_per_model: int | None = None
     eviction_policy: str = "lru"
     #: sizes of loaded models and the warm tier, from the replica (modelplex_replica.sizes/warm):

@@ -38,6 +38,9 @@ DEFAULT_MAX_ONGOING_REQUESTS = 32
 DEFAULT_MAX_CONCURRENT_LOADS = 3
 #: A load past this is abandoned (504 to its waiters); large models on slow stores take minutes.
 DEFAULT_LOAD_TIMEOUT_S = 300.0
+#: A few seconds: a stream of requests for a missing id costs one fetch, and a model uploaded
+#: a moment later is found soon.
+DEFAULT_NOT_FOUND_CACHE_S = 5.0
 #: Ray Serve's ``graceful_shutdown_timeout_s``: what a stopping router or replica has to finish.
 DEFAULT_GRACEFUL_SHUTDOWN_S = 20.0
 #: Routers per deployment (pods): one can restart or move while the other serves.
@@ -144,6 +147,8 @@ class Multiplexing(_Model):
     memory_fraction: float | None = Field(default=None, gt=0, le=1, alias="memoryFraction")
     max_concurrent_loads: int = Field(default=DEFAULT_MAX_CONCURRENT_LOADS, ge=1, alias="maxConcurrentLoads")
     load_timeout_seconds: float = Field(default=DEFAULT_LOAD_TIMEOUT_S, gt=0, alias="loadTimeoutSeconds")
+    # An id whose source said "no such model" is answered 404 from memory this long (0: off).
+    not_found_cache_seconds: float = Field(default=DEFAULT_NOT_FOUND_CACHE_S, ge=0, alias="notFoundCacheSeconds")
     # The warm tier: host memory beside a GPU, a local-disk copy of fetched files on CPU; 0 is off.
     host_cache_bytes: int = Field(default=0, alias="hostCacheBytes", description="Kubernetes quantity, e.g. 8Gi.")
     eviction_policy: str = Field(default="lru", alias="evictionPolicy")

@@ -49,6 +49,7 @@ def configure_cache(spec: DeploymentSpec, runtime: Runtime) -> None:
     runtime.max_model_bytes = budget
     runtime.max_concurrent_loads = multiplexing.max_concurrent_loads
     runtime.load_timeout_s = multiplexing.load_timeout_seconds
+    runtime.not_found_ttl_s = multiplexing.not_found_cache_seconds
     runtime.max_waiting_per_model = spec.max_ongoing_requests
     runtime.eviction_policy = multiplexing.eviction_policy
     runtime.model_size = sizer.size

@@ -5,7 +5,7 @@ import gc
 
 import pytest
 
-from modelplex.cache import ModelCache, ModelInUse
+from modelplex.cache import FAILURE_VERSION_INTERVAL_S, ModelCache, ModelInUse
 from modelplex.wire.errors import ModelLoadError, ModelNotFound
 
 # On looptime's virtual clock: waits and timeouts cost no real time.
@@ -198,13 +198,15 @@ async def test_failures_are_remembered_per_id_counted_dated_and_bounded():
     from modelplex.wire.loaded import MAX_FAILURES
 
     store = Store()
-    cache = ModelCache(store.load, 2, listener=store.listener, wall_clock=lambda: 1_767_225_600.0)
+    clock = Clock()
+    cache = ModelCache(store.load, 2, listener=store.listener, clock=clock, wall_clock=lambda: 1_767_225_600.0)
     store.fail.update({"a", "b"})
     for model_id in ("a", "b", "a"):
         version = cache.version
         with pytest.raises(ModelLoadError):
             await cache.get(model_id)
         assert cache.version == version + 1  # the document changed: its readers fetch it again
+        clock.now += FAILURE_VERSION_INTERVAL_S
     assert [(f.model, f.count, f.at) for f in cache.failures] == [
         ("b", 1, "2026-01-01T00:00:00Z"), ("a", 2, "2026-01-01T00:00:00Z")]  # the latest last
     assert "weights for a are corrupt" in cache.failures[-1].error
@@ -640,3 +642,101 @@ async def test_loads_that_both_outgrow_their_reservations_do_not_wait_for_each_o
     a, b = asyncio.create_task(cache.get("a")), asyncio.create_task(cache.get("b"))
     await asyncio.wait_for(asyncio.gather(a, b), 10)
     assert cache.loaded == ["b"] or cache.loaded == ["a"]  # one evicted the other once idle
+
+
+# -- ids that do not exist: no eviction, no refetch, few version moves --------------------------
+
+
+async def test_a_model_the_source_does_not_have_evicts_nothing():
+    store = Sized({"a": 50 * MB, "b": 50 * MB})
+    cache = sized_cache(store, max_bytes=100 * MB)
+    await cache.get("a")
+    await cache.get("b")  # full: one more model of the mean size would need an eviction
+    load = store.load
+
+    async def load_or_404(model_id):
+        if model_id.startswith("ghost"):
+            raise ModelNotFound(f"model {model_id!r} not found")
+        return await load(model_id)
+
+    cache._load = load_or_404
+    for i in range(20):
+        with pytest.raises(ModelNotFound):
+            await cache.get(f"ghost-{i}")
+    assert cache.loaded == ["a", "b"]
+    assert not [e for e in store.events if e[0] == "evicted"]
+    assert cache.bytes_reserved == 0
+
+
+async def test_a_missing_id_is_answered_from_memory_until_its_ttl_passes():
+    clock = Clock()
+    fetched = []
+
+    async def load(model_id):
+        fetched.append(model_id)
+        raise ModelNotFound(f"model {model_id!r} not found")
+
+    cache = ModelCache(load, 2, not_found_ttl_s=3.0, clock=clock)
+    for _ in range(5):
+        with pytest.raises(ModelNotFound, match="'ghost' not found"):
+            await cache.get("ghost")
+    assert fetched == ["ghost"]
+    clock.now += 3.0
+    with pytest.raises(ModelNotFound):
+        await cache.get("ghost")
+    assert fetched == ["ghost", "ghost"]
+
+
+async def test_other_load_failures_are_not_remembered_as_missing():
+    store = Store()
+    store.fail.add("flaky")
+    cache = ModelCache(store.load, 2, clock=Clock())
+    for _ in range(2):
+        with pytest.raises(ModelLoadError):
+            await cache.get("flaky")
+    assert store.loads == ["flaky", "flaky"]  # a broken file may be fixed: tried again at once
+
+
+async def test_two_hundred_missing_ids_move_the_version_by_at_most_twenty():
+    clock = Clock()
+
+    async def load(model_id):
+        raise ModelNotFound(f"model {model_id!r} not found")
+
+    cache = ModelCache(load, 2, clock=clock)
+    for i in range(200):
+        with pytest.raises(ModelNotFound):
+            await cache.get(f"ghost-{i % 50}")  # distinct ids and repeats
+        clock.now += 0.25  # 50 s in all
+    assert 1 <= cache.version <= 20
+    await cache.close()
+
+
+async def test_a_failure_held_back_shows_when_its_interval_ends():
+    clock = Clock()
+    events = []
+
+    async def load(model_id):
+        raise ModelNotFound(f"model {model_id!r} not found")
+
+    cache = ModelCache(load, 2, clock=clock, listener=lambda event, model_id, s: events.append(event))
+    with pytest.raises(ModelNotFound):
+        await cache.get("a")
+    with pytest.raises(ModelNotFound):
+        await cache.get("b")  # within the interval: held back
+    assert cache.version == 1 and [f.model for f in cache.failures] == ["a", "b"]
+    clock.now += FAILURE_VERSION_INTERVAL_S
+    await asyncio.sleep(FAILURE_VERSION_INTERVAL_S + 1)
+    assert cache.version == 2 and "failures_shown" in events
+    await cache.close()
+
+
+async def test_a_failures_message_is_shown_without_the_sources_credentials():
+    async def load(model_id):
+        raise ModelNotFound(f"model {model_id!r} not found at https://u:pa55@store.example/{model_id}.pt?sig=t0k")
+
+    cache = ModelCache(load, 2)
+    with pytest.raises(ModelNotFound):
+        await cache.get("m")
+    (failure,) = cache.failures
+    assert "pa55" not in failure.error and "t0k" not in failure.error and "store.example" in failure.error

@@ -8,6 +8,8 @@ import asyncio
 import json
 import threading
 
+import pytest
+
 from modelplex.wire.loaded import LoadedSummary
 from modelplex.wire.names import ANNOTATION_LOADED_MODELS
 from modelplex.processes import wait_for_async
@@ -59,3 +61,37 @@ async def test_a_failed_patch_is_retried_until_it_lands():
     await wait_for_async(lambda: reporter.published_version == 0, 5, 0.01, "version 0 published")
     await reporter.stop()
     assert len(attempts) == 3
+
+
+@pytest.mark.looptime
+async def test_patches_are_at_most_one_a_second_and_end_on_the_latest_state():
+    state, times = State(), []
+    loop = asyncio.get_running_loop()
+
+    def patch(body):
+        times.append((loop.time(), json.loads(body["metadata"]["annotations"][ANNOTATION_LOADED_MODELS])["version"]))
+
+    reporter = AnnotationReporter(state.summary, patch, clock=loop.time)
+    await reporter.start()
+    for _ in range(200):  # 200 changes over 10 s (a stream of failed loads)
+        state.version += 1
+        reporter.changed()
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(2)
+    await reporter.stop()
+    assert times[-1][1] == 200
+    gaps = [later - earlier for (earlier, _), (later, _) in zip(times, times[1:])]
+    assert all(gap >= 1.0 - 1e-6 for gap in gaps), gaps
+    assert len(times) <= 12 and reporter.patches == len(times)
+
+
+@pytest.mark.looptime
+async def test_a_state_already_published_is_not_patched_again():
+    state, patches = State(), []
+    reporter = AnnotationReporter(state.summary, patches.append)
+    await reporter.start()
+    for _ in range(5):
+        reporter.changed()  # nothing changed in the summary
+        await asyncio.sleep(2)
+    await reporter.stop()
+    assert len(patches) == 1
