@@ -15,6 +15,13 @@ TorchScript archive (``torch.jit.save(m, f, _extra_files={"modelplex.json": ...}
 ``{"inputs": [{"name", "datatype", "shape"}], "outputs": [...]}``), else from the module: input
 names from ``forward``'s signature, widths from its first and last ``Linear`` layers, the
 datatype of its parameters, and ``-1`` for dimensions it cannot know (the batch).
+
+OIP inputs are checked against that metadata before they reach the model (as Triton does):
+an unknown or missing input name, another datatype, or a shape that differs where the
+metadata gives a size (``-1``: any) is a 400 naming the input, what was expected and what came.
+Inspected metadata is checked where it is certain: names from ``forward``'s signature, the
+datatype and width only when the module's first layer with weights is a ``Linear``. A model
+that still rejects its inputs answers 400 with the cause (the last line of TorchScript's error).
 """
 
 from __future__ import annotations
@@ -56,6 +63,9 @@ class LoadedModel:
     module: torch.jit.ScriptModule
     inputs: tuple[dict, ...]  # OIP tensor metadata
     outputs: tuple[dict, ...]
+    #: What requests are checked against: input names (None: not known), and per input its
+    #: datatype and shape (None: not known).
+    checks: tuple[dict, ...] | None = None
 
     @property
     def output_names(self) -> list[str]:
@@ -119,8 +129,11 @@ class TorchScriptHandler:
         except Exception as error:  # noqa: BLE001 - torch raises many kinds
             raise ModelLoadError(f"model {model_id!r} is not a TorchScript file: {error}") from None
         module = module.eval()
-        inputs, outputs = _declared_metadata(model_id, extra[METADATA_FILE]) or _inspect_metadata(module)
-        return LoadedModel(module, inputs, outputs)
+        declared = _declared_metadata(model_id, extra[METADATA_FILE])
+        if declared is not None:
+            return LoadedModel(module, *declared, checks=declared[0])
+        inputs, outputs, checks = _inspect_metadata(module)
+        return LoadedModel(module, inputs, outputs, checks=checks)
 
     async def oip_metadata(self, model_id: str) -> dict:
         """OIP model metadata: loads the model (so a model that answers here is servable)."""
@@ -135,7 +148,7 @@ class TorchScriptHandler:
         groups: dict[tuple, list[_Work]] = {}
         for index, body in enumerate(requests):
             try:
-                work = _oip_work(index, body) if isinstance(body, InferRequest) else _native_work(index, body)
+                work = _oip_work(index, body, model) if isinstance(body, InferRequest) else _native_work(index, body)
             except BadRequest as error:
                 results[index] = error
                 continue
@@ -161,7 +174,7 @@ class TorchScriptHandler:
             try:
                 result = module(*arguments)
             except RuntimeError as error:
-                raise BadRequest(f"the model rejected the inputs: {str(error).splitlines()[0]}") from None
+                raise BadRequest(f"the model rejected the inputs: {model_error_cause(error)}") from None
         results = result if isinstance(result, (tuple, list)) else (result,)
         if not all(isinstance(r, torch.Tensor) for r in results):
             raise BadRequest("the model returned something other than tensors")
@@ -182,9 +195,46 @@ def _native_work(index: int, body: Any) -> _Work:
     raise BadRequest(f"inputs must be one row or a list of rows (got shape {list(tensor.shape)})")
 
 
-def _oip_work(index: int, request: InferRequest) -> _Work:
+def model_error_cause(error: BaseException) -> str:
+    """The last meaningful line of a model's error: TorchScript puts its cause last, after a
+    header ("The following operation failed...") and a traceback that names server paths."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    meaningful = [line for line in lines if not line.startswith(("File ", "~", "^")) and "<--- HERE" not in line]
+    return (meaningful or lines or [type(error).__name__])[-1]
+
+
+def check_inputs(request: InferRequest, checks: tuple[dict, ...] | None) -> None:
+    """400 naming the input when ``request`` does not match the model's metadata (see the module doc)."""
+    if checks is None:
+        return
+    expected = {check["name"]: check for check in checks}
+    for name, array in request.inputs.items():
+        check = expected.get(name)
+        if check is None:
+            raise BadRequest(f"unknown input {name!r}: the model takes {sorted(expected)}")
+        got = _datatype(array)
+        if check["datatype"] is not None and got != check["datatype"]:
+            raise BadRequest(f"input {name!r}: expected datatype {check['datatype']}, got {got}")
+        shape = check["shape"]
+        if shape is not None and (len(shape) != array.ndim
+                                  or any(want not in (-1, have) for want, have in zip(shape, array.shape))):
+            raise BadRequest(f"input {name!r}: expected shape {shape} (-1: any size), got {list(array.shape)}")
+    missing = [name for name in expected if name not in request.inputs]
+    if missing:
+        raise BadRequest(f"missing input {missing[0]!r}: the model takes {sorted(expected)}")
+
+
+def _datatype(array: np.ndarray) -> str:
+    try:
+        return datatype_of(array)
+    except ValueError:
+        return str(array.dtype)
+
+
+def _oip_work(index: int, request: InferRequest, model: LoadedModel) -> _Work:
     if not request.inputs:
         raise BadRequest("the request has no inputs")
+    check_inputs(request, model.checks)
     tensors = []
     for name, array in request.inputs.items():
         if array.dtype == object:
@@ -223,17 +273,25 @@ def _declared_metadata(model_id: str, text: str) -> tuple[tuple[dict, ...], tupl
     return declared
 
 
-def _inspect_metadata(module: torch.jit.ScriptModule) -> tuple[tuple[dict, ...], tuple[dict, ...]]:
+def _inspect_metadata(module: torch.jit.ScriptModule) -> tuple[tuple[dict, ...], tuple[dict, ...], tuple[dict, ...] | None]:
+    """(inputs, outputs) as reported, and the checks that are certain (None: names unknown)."""
     try:
         names = [a.name for a in module.forward.schema.arguments[1:]]  # [0] is self
+        named = True
     except (AttributeError, RuntimeError):
-        names = ["input0"]
+        names, named = ["input0"], False
     parameter = next((p for p in module.parameters() if p.is_floating_point()), None)
     datatype = datatype_of(np.empty(0, dtype=str(parameter.dtype).removeprefix("torch."))) if parameter is not None \
         else "FP32"
     linears = [m for m in module.modules() if getattr(m, "original_name", "") == "Linear"]
-    width_in = int(linears[0].weight.shape[1]) if linears and len(names) == 1 else -1
+    # The input is the first Linear's only when it is the first layer with weights (an
+    # Embedding first takes integer ids of any width).
+    weighted = [m for m in module.modules() if any(True for _ in m.parameters(recurse=False))]
+    linear_first = bool(weighted) and getattr(weighted[0], "original_name", "") == "Linear" and len(names) == 1
+    width_in = int(linears[0].weight.shape[1]) if linear_first else -1
     width_out = int(linears[-1].weight.shape[0]) if linears else -1
     inputs = tuple(tensor_metadata(name, datatype, [-1, width_in] if width_in > 0 else [-1]) for name in names)
     outputs = (tensor_metadata("output0", datatype, [-1, width_out] if width_out > 0 else [-1]),)
-    return inputs, outputs
+    checks = tuple({"name": t["name"], "datatype": t["datatype"] if linear_first else None,
+                    "shape": t["shape"] if linear_first else None} for t in inputs) if named else None
+    return inputs, outputs, checks
