@@ -38,7 +38,7 @@ from modelplex_replica.handoff import UserLoopConnections
 from modelplex_replica.metrics import ReplicaMetrics
 from modelplex_replica.preload import preload_hot_models
 from modelplex_replica.reporter import AnnotationReporter, Patch
-from modelplex_replica.streams import STREAM_FAILED, cut_stream
+from modelplex_replica.streams import CLIENT_CLOSED, STREAM_FAILED, cut_stream
 from modelplex_replica.usercode import UserCodeLoop
 
 log = logging.getLogger("modelplex.replica")
@@ -286,6 +286,9 @@ async def invoke(request: web.Request) -> web.StreamResponse:
         raise
     except web.HTTPException as error:
         status = error.status
+        raise
+    except (ConnectionResetError, asyncio.CancelledError):
+        status = CLIENT_CLOSED  # the client left (a tab closed): not the replica's error
         raise
     finally:
         with state.counting:

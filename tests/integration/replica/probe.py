@@ -38,6 +38,15 @@ class Streamer:
         yield {"chunk": "last", "signal_seen": signal.exists()}
 
 
+class Ticker:
+    """Streams a chunk every 10 ms (at most 60 s): a client may leave at any time."""
+
+    async def __call__(self, body: dict):
+        for tick in range(6000):
+            yield {"tick": tick}
+            await asyncio.sleep(0.01)
+
+
 class FailsMidStream:
     async def __call__(self, body):
         yield {"chunk": 1}
