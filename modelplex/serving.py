@@ -22,7 +22,7 @@ import logging
 import signal
 import typing
 from http import HTTPStatus
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import uvloop
 from aiohttp import web
@@ -36,6 +36,15 @@ log = logging.getLogger("modelplex.serving")
 _CANCEL_MARGIN_S = 2.0
 
 Drain = Callable[[float], Awaitable[None]]
+
+#: Open connections one server (a router, a replica's server loop, its user loop) keeps at once;
+#: a connection over it gets a 503 and is closed, so idle or trickling clients cannot take every
+#: file descriptor.
+DEFAULT_MAX_CONNECTIONS = 1024
+_OVER_CAP_BODY = b'{"error": {"code": "overloaded", "message": "too many open connections; retry"}}'
+_OVER_CAP = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+             b"Connection: close\r\nContent-Length: " + str(len(_OVER_CAP_BODY)).encode() + b"\r\n\r\n"
+             + _OVER_CAP_BODY)
 
 
 class JsonErrorProtocol(RequestHandler):
@@ -74,6 +83,17 @@ class ConnectionHandoff(typing.Protocol):
 HANDOFF = web.AppKey("connection_handoff", ConnectionHandoff)
 
 
+class _OverCap(asyncio.Protocol):
+    """A connection over the server's cap: a 503 JSON answer, then closed."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.write(_OVER_CAP)  # type: ignore[attr-defined]
+        transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+
 class _FirstBytes(asyncio.Protocol):
     """A new connection until its first bytes arrive: then handed off, or served here."""
 
@@ -81,12 +101,20 @@ class _FirstBytes(asyncio.Protocol):
         self._server = server
         self._handoff = handoff
         self._transport: asyncio.Transport | None = None
+        self._counted = True  # in the server's count until it is served or handed off
+        server.awaiting_first += 1
+
+    def _uncount(self) -> None:
+        if self._counted:
+            self._counted = False
+            self._server.awaiting_first -= 1
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport
 
     def data_received(self, data: bytes) -> None:
         transport = self._transport
+        self._uncount()
         if self._handoff.wants(data):
             transport.pause_reading()
             self._handoff.take(transport, data)
@@ -101,12 +129,17 @@ class _FirstBytes(asyncio.Protocol):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._transport = None
+        self._uncount()
 
 
 class _JsonErrorServer(web.Server):
     handoff: ConnectionHandoff | None = None
+    max_connections: int | None = DEFAULT_MAX_CONNECTIONS
+    awaiting_first: int = 0  # connections whose first bytes have not come yet
 
     def __call__(self) -> asyncio.Protocol:
+        if self.max_connections is not None and len(self.connections) + self.awaiting_first >= self.max_connections:
+            return _OverCap()
         return self.protocol() if self.handoff is None else _FirstBytes(self, self.handoff)
 
     def protocol(self) -> RequestHandler:
@@ -115,13 +148,21 @@ class _JsonErrorServer(web.Server):
 
 class JsonErrorRunner(web.AppRunner):
     """An ``AppRunner`` whose connections answer parser errors with :class:`JsonErrorProtocol`,
-    and go to the app's :data:`HANDOFF` when it wants them."""
+    go to the app's :data:`HANDOFF` when it wants them, and are at most ``max_connections``
+    open at once (:data:`DEFAULT_MAX_CONNECTIONS`; None: no cap)."""
+
+    def __init__(self, app: web.Application, *, max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
+                 **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._max_connections = max_connections
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
         # The app's own Server, built by aiohttp as usual; only the protocol it makes differs.
         server.__class__ = _JsonErrorServer
         server.handoff = self._app.get(HANDOFF)
+        server.max_connections = self._max_connections
+        server.awaiting_first = 0
         return server
 
 

@@ -52,6 +52,13 @@ class PayloadTooLarge(ModelplexError):
     code = "payload_too_large"
 
 
+class RequestTimeout(ModelplexError):
+    """The request's body did not arrive within ``spec.router.bodyTimeoutSeconds``."""
+
+    status = 408
+    code = "request_timeout"
+
+
 class Overloaded(ModelplexError):
     """Every slot is taken; the client should retry after ``retry_after`` seconds."""
 

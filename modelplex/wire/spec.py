@@ -43,6 +43,8 @@ DEFAULT_LOAD_TIMEOUT_S = 300.0
 DEFAULT_NOT_FOUND_CACHE_S = 5.0
 #: Ray Serve's ``graceful_shutdown_timeout_s``: what a stopping router or replica has to finish.
 DEFAULT_GRACEFUL_SHUTDOWN_S = 20.0
+#: How long a request's body may take to arrive, at the router and at the replica.
+DEFAULT_BODY_TIMEOUT_S = 30.0
 #: Routers per deployment (pods): one can restart or move while the other serves.
 DEFAULT_ROUTER_REPLICAS = 2
 #: ``router.requestTimeoutSeconds`` when unset: this much past ``loadTimeoutSeconds``, so a slow
@@ -190,6 +192,9 @@ class RouterSpec(_Model):
     port: int = Field(default=8000, ge=1, le=65535)
     # Until the replica's first byte (a model load included); unset: loadTimeoutSeconds + 30 s.
     request_timeout_seconds: float | None = Field(default=None, gt=0, alias="requestTimeoutSeconds")
+    # A request's whole body must arrive within this (router and replica), else 408: a client
+    # trickling its body never holds a slot for long.
+    body_timeout_seconds: float = Field(default=DEFAULT_BODY_TIMEOUT_S, gt=0, alias="bodyTimeoutSeconds")
 
 
 class EnvVar(BaseModel):

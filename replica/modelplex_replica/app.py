@@ -22,7 +22,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from modelplex.cache import ModelCache
 from modelplex.calls import CALL_CONTENT_TYPE, Invocation, check_handler, invocation
 from modelplex.context import set_multiplexed_model_id
-from modelplex.wire.errors import BadRequest, HandlerError, ModelplexError, NotFound, NotReady, Overloaded
+from modelplex.wire.errors import (BadRequest, HandlerError, ModelplexError, NotFound, NotReady, Overloaded,
+                                   RequestTimeout)
 from modelplex.handles import close_handles
 from modelplex.http import error_middleware, from_json, is_json, to_json
 from modelplex.wire.ids import InvalidModelId, validate_model_id
@@ -232,6 +233,24 @@ async def _read_call(request: web.Request, handler: Any, model_id: str) -> Invoc
     return invocation(handler, request.content_type, data)
 
 
+async def _read_body(request: web.Request, state: ReplicaState, model_id: str) -> None:
+    """Read (and keep: ``request.read()`` caches it) the body within ``spec.router.bodyTimeoutSeconds``;
+    408 and a closed connection when it does not arrive in time."""
+    timeout = state.deployment.spec.router.body_timeout_seconds
+    try:
+        async with asyncio.timeout(timeout):
+            await request.read()  # over client_max_size: HTTPRequestEntityTooLarge → 413
+    except TimeoutError:
+        state.metrics.observe_request(model_id, RequestTimeout.status, timeout)
+        # No force_close: aiohttp sends the 408, then reads (lingers on) the rest for a while and
+        # closes; closing at once with unread bytes would reset the connection, losing the 408.
+        raise RequestTimeout(f"the request body did not arrive within {timeout:g} s "
+                             f"(spec.router.bodyTimeoutSeconds)") from None
+    except web.HTTPException as error:
+        state.metrics.observe_request(model_id, error.status, 0.0)
+        raise
+
+
 async def invoke(request: web.Request) -> web.StreamResponse:
     """One request for the handler; the model id is in the ``serve_multiplexed_model_id`` header."""
     state = request.app[STATE]
@@ -246,6 +265,8 @@ async def invoke(request: web.Request) -> web.StreamResponse:
     ingress = state.ingress if request.content_type != CALL_CONTENT_TYPE else None
     if ingress is not None:
         ingress.check(request.headers, request.method)  # 404 outside the route prefix
+    # The whole body before a slot or a load: a client trickling its body holds neither.
+    await _read_body(request, state, model_id)
     # A request whose model is not loaded waits for the load outside the slots: a load that
     # hangs must stall only its own model (the cache bounds its waiters at maxOngoingRequests).
     loads = bool(model_id) and state.cache is not None and model_id not in state.cache

@@ -104,7 +104,7 @@ async def test_bad_requests_get_the_right_status_and_a_json_error(processes, man
         await wait_ready(session, replica)
         cases = [
             ("malformed JSON", {"data": b"{not json", "headers": {"Content-Type": "application/json", MODEL_ID_HEADER: "m"}}, 400, "bad_request"),
-            # Any printable id is a name, as in Ray ("../x" too: sources escape it); only the
+            # Any printable id is a name, as in Ray (dot segments aside: "../x" is a 400); only the
             # unusable are refused.
             ("overlong id", {"json": {}, "headers": {MODEL_ID_HEADER: "x" * 201}}, 400, "bad_request"),
             ("oversize body", {"data": b"x" * 10_000, "headers": {MODEL_ID_HEADER: "m"}}, 413, "payload_too_large"),

@@ -22,14 +22,15 @@ async def test_bad_requests_get_json_errors(plex):
     url = cluster.router_url
     async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
         # Ids are any printable string, as in Ray (a source escapes them); only what no source can
-        # use is refused: here, an id over the documented maximum length.
-        for odd in ("../etc/passwd", "meta-llama/Llama-2-7b-hf", ".hidden"):
+        # use is refused: an id over the documented maximum length, one with a dot segment.
+        for odd in ("a..b", "meta-llama/Llama-2-7b-hf", ".hidden"):
             async with session.post(url + "/", json={}, headers={MODEL_ID_HEADER: odd}) as resp:
                 assert resp.status == 200, odd
                 assert (await resp.json())["model"] == odd
-        async with session.post(url + "/", json={}, headers={MODEL_ID_HEADER: "x" * 201}) as resp:
-            assert resp.status == 400
-            assert (await _error(resp))["code"] == "bad_request"
+        for refused in ("x" * 201, "../etc/passwd"):
+            async with session.post(url + "/", json={}, headers={MODEL_ID_HEADER: refused}) as resp:
+                assert resp.status == 400
+                assert (await _error(resp))["code"] == "bad_request"
         async with session.post(url + "/v1/models/bad%0Aid/predict", json={}) as resp:  # a control character
             assert resp.status == 400
             await _error(resp)
