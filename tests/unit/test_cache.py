@@ -647,6 +647,16 @@ async def test_loads_that_both_outgrow_their_reservations_do_not_wait_for_each_o
 # -- ids that do not exist: no eviction, no refetch, few version moves --------------------------
 
 
+def missing(fetched: list | None = None, where: str = ""):
+    """A loader whose source has no model at all (recording the ids it was asked for)."""
+    async def load(model_id):
+        if fetched is not None:
+            fetched.append(model_id)
+        raise ModelNotFound(f"model {model_id!r} not found{where}")
+
+    return load
+
+
 async def test_a_model_the_source_does_not_have_evicts_nothing():
     store = Sized({"a": 50 * MB, "b": 50 * MB})
     cache = sized_cache(store, max_bytes=100 * MB)
@@ -671,12 +681,7 @@ async def test_a_model_the_source_does_not_have_evicts_nothing():
 async def test_a_missing_id_is_answered_from_memory_until_its_ttl_passes():
     clock = Clock()
     fetched = []
-
-    async def load(model_id):
-        fetched.append(model_id)
-        raise ModelNotFound(f"model {model_id!r} not found")
-
-    cache = ModelCache(load, 2, not_found_ttl_s=3.0, clock=clock)
+    cache = ModelCache(missing(fetched), 2, not_found_ttl_s=3.0, clock=clock)
     for _ in range(5):
         with pytest.raises(ModelNotFound, match="'ghost' not found"):
             await cache.get("ghost")
@@ -699,11 +704,7 @@ async def test_other_load_failures_are_not_remembered_as_missing():
 
 async def test_two_hundred_missing_ids_move_the_version_by_at_most_twenty():
     clock = Clock()
-
-    async def load(model_id):
-        raise ModelNotFound(f"model {model_id!r} not found")
-
-    cache = ModelCache(load, 2, clock=clock)
+    cache = ModelCache(missing(), 2, clock=clock)
     for i in range(200):
         with pytest.raises(ModelNotFound):
             await cache.get(f"ghost-{i % 50}")  # distinct ids and repeats
@@ -715,11 +716,7 @@ async def test_two_hundred_missing_ids_move_the_version_by_at_most_twenty():
 async def test_a_failure_held_back_shows_when_its_interval_ends():
     clock = Clock()
     events = []
-
-    async def load(model_id):
-        raise ModelNotFound(f"model {model_id!r} not found")
-
-    cache = ModelCache(load, 2, clock=clock, listener=lambda event, model_id, s: events.append(event))
+    cache = ModelCache(missing(), 2, clock=clock, listener=lambda event, model_id, s: events.append(event))
     with pytest.raises(ModelNotFound):
         await cache.get("a")
     with pytest.raises(ModelNotFound):
@@ -732,10 +729,7 @@ async def test_a_failure_held_back_shows_when_its_interval_ends():
 
 
 async def test_a_failures_message_is_shown_without_the_sources_credentials():
-    async def load(model_id):
-        raise ModelNotFound(f"model {model_id!r} not found at https://u:pa55@store.example/{model_id}.pt?sig=t0k")
-
-    cache = ModelCache(load, 2)
+    cache = ModelCache(missing(where=" at https://u:pa55@store.example/m.pt?sig=t0k"), 2)
     with pytest.raises(ModelNotFound):
         await cache.get("m")
     (failure,) = cache.failures
