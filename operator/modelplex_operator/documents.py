@@ -15,6 +15,8 @@ growing pause (:data:`RETRY_S`).
 Load failures a document reports become Warning Events ``ModelLoadFailed`` naming the model,
 at most one per model and resource every :data:`FAILURE_EVENT_INTERVAL_S` (5 minutes); an
 Event posted after a quiet spell says how many failures were held back since the last one.
+Failures of several models found in one round are one Event per reason, listing them
+(:func:`aggregate_events`), so a burst of bogus ids is one API write, not one per id.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ RETRY_S = (2.0, 5.0, 10.0, 30.0, 60.0)
 #: At most one ModelLoadFailed Event per model and resource in this many seconds.
 FAILURE_EVENT_INTERVAL_S = 300.0
 EVENT_REASON = "ModelLoadFailed"
+#: Kubernetes keeps at most 1 KiB of an Event's message.
+EVENT_MESSAGE_CHARS = 1024
 
 
 @dataclass
@@ -146,6 +150,20 @@ def failure_message(failure: NewFailure, held_back: int) -> str:
     return message
 
 
+def aggregate_events(events: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """One Event per (type, reason): several become one that counts and lists them (bounded)."""
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for kind, reason, message in events:
+        grouped.setdefault((kind, reason), []).append(message)
+    aggregated = []
+    for (kind, reason), messages in grouped.items():
+        text = messages[0] if len(messages) == 1 else f"{len(messages)} models failed to load: " + "; ".join(messages)
+        if len(text) > EVENT_MESSAGE_CHARS:
+            text = text[:EVENT_MESSAGE_CHARS - 3] + "..."
+        aggregated.append((kind, reason, text))
+    return aggregated
+
+
 def _utc(seconds: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
@@ -205,7 +223,7 @@ class ReplicaDocuments:
         return Reading(
             documents={name: entry.document for name, entry in known.items() if entry.document is not None},
             unreported={name: entry.error for name, entry in known.items() if entry.error},
-            events=events,
+            events=aggregate_events(events),
             retry_in=retry_in,
         )
 

@@ -271,3 +271,16 @@ async def test_the_status_keeper_writes_the_models_and_posts_the_failure_event(p
     assert await keeper.refresh(KEY) is None
     assert [r.requests for r in replicas.values()] == [1, 1] and len(posted) == 1
     await keeper.stop()
+
+
+def test_failures_of_many_models_in_one_round_are_one_event_per_reason():
+    from modelplex_operator.documents import EVENT_MESSAGE_CHARS, aggregate_events
+
+    events = [("Warning", "ModelLoadFailed", f"model 'ghost-{i}' failed to load on replica r: not found")
+              for i in range(20)]
+    (event,) = aggregate_events(events)
+    assert event[:2] == ("Warning", "ModelLoadFailed")
+    assert event[2].startswith("20 models failed to load: model 'ghost-0'") and len(event[2]) <= EVENT_MESSAGE_CHARS
+    single = [("Warning", "ModelLoadFailed", "model 'm' failed to load on replica r: boom")]
+    assert aggregate_events(single) == single
+    assert aggregate_events([]) == []
