@@ -49,7 +49,7 @@ from modelplex.wire.codec import (
     from_plain,
 )
 from modelplex.wire.errors import BadRequest, ModelplexError, ReplicaFailed, UpstreamTimeout, error_for_status
-from modelplex.http import from_json, is_json
+from modelplex.http import from_json, internal_session, is_json
 from modelplex.wire.ids import InvalidModelId, validate_model_id
 from modelplex.wire.names import ENV_POD_NAMESPACE, MODEL_ID_HEADER, ROUTER_PORT, dns_label, router_env_name
 
@@ -66,7 +66,7 @@ def _session() -> aiohttp.ClientSession:
     session = _sessions.get(loop)
     if session is None or session.closed:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=60)
-        session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        session = internal_session(connector=connector, auto_decompress=False)
         _sessions[loop] = session
     return session
 

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import signal
 import typing
@@ -29,6 +30,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from modelplex.http import to_json
+from modelplex.wire.credentials import ENV_INTERNAL_TOKEN_FILE
 
 log = logging.getLogger("modelplex.serving")
 
@@ -36,6 +38,24 @@ log = logging.getLogger("modelplex.serving")
 _CANCEL_MARGIN_S = 2.0
 
 Drain = Callable[[float], Awaitable[None]]
+
+
+class UnguardedHost(ValueError):
+    """A router or replica with no internal credential asked to listen beyond loopback."""
+
+
+def check_unguarded_host(host: str, what: str) -> None:
+    """A server without an internal credential runs on loopback only (with a warning): local
+    mode and pods always give one; elsewhere it would let anyone who reaches it in."""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise UnguardedHost(f"a {what} on {host} needs an internal credential: set {ENV_INTERNAL_TOKEN_FILE} "
+                            "to a file holding it (local mode and pods set it)")
+    log.warning("no internal credential (%s): the %s's internal API is open to anyone on this machine",
+                ENV_INTERNAL_TOKEN_FILE, what)
 
 
 class JsonErrorProtocol(RequestHandler):

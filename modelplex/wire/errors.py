@@ -27,6 +27,10 @@ class ModelplexError(Exception):
     def to_dict(self) -> dict:
         return {"error": {"code": self.code, "message": self.message}}
 
+    def response_headers(self) -> dict[str, str]:
+        """Headers the answer carries beside the JSON body."""
+        return {"Retry-After": str(max(1, round(self.retry_after)))} if self.retry_after is not None else {}
+
 
 class BadRequest(ModelplexError):
     status = 400
@@ -120,8 +124,25 @@ class UpstreamTimeout(ModelplexError):
     code = "timeout"
 
 
+class Unauthorized(ModelplexError):
+    """No credential, or a wrong one: the answer carries ``WWW-Authenticate: Bearer``."""
+
+    status = 401
+    code = "unauthorized"
+
+    def response_headers(self) -> dict[str, str]:
+        return {**super().response_headers(), "WWW-Authenticate": 'Bearer realm="modelplex"'}
+
+
+class Forbidden(ModelplexError):
+    """A known caller that may not do this, or a feature that is off."""
+
+    status = 403
+    code = "forbidden"
+
+
 _CLASSES = [BadRequest, ModelNotFound, NotFound, PayloadTooLarge, Overloaded, NotReady, ModelLoadError,
-            ModelLoadTimeout, ModelTooLarge, HandlerError, ReplicaFailed, UpstreamTimeout]
+            ModelLoadTimeout, ModelTooLarge, HandlerError, ReplicaFailed, UpstreamTimeout, Unauthorized, Forbidden]
 
 
 def error_for_status(status: int, message: str, code: str | None = None,

@@ -29,6 +29,7 @@ import aiohttp
 
 from modelplex.wire.loaded import LoadedModels, LoadFailure
 from modelplex.wire.names import REPLICA_PORT
+from modelplex.wire.credentials import INTERNAL_TOKEN_HEADER
 from modelplex_operator.status import Key, PodView
 
 log = logging.getLogger("modelplex.operator.documents")
@@ -165,6 +166,7 @@ class ReplicaDocuments:
         limiter: EventLimiter | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        token_for: Callable[[str], str | None] = lambda namespace: None,
     ):
         self.port = port
         self.timeout_s = timeout_s
@@ -174,6 +176,8 @@ class ReplicaDocuments:
         self._known: dict[Key, dict[str, _Known]] = {}
         self._slots = asyncio.Semaphore(concurrency)
         self._session: aiohttp.ClientSession | None = None
+        #: The internal credential of a namespace: replicas answer nobody without it.
+        self._token_for = token_for
 
     async def read(self, key: Key, pods: Iterable[PodView]) -> Reading:
         """Bring the documents of ``key``'s replica pods up to date where their summaries say so."""
@@ -183,7 +187,8 @@ class ReplicaDocuments:
             del known[gone]
         now = self._clock()
         due = [pod for pod in live.values() if wants_read(pod, known.get(pod.name), now)]
-        results = await asyncio.gather(*(self._fetch(pod) for pod in due))
+        token = self._token_for(key[0])
+        results = await asyncio.gather(*(self._fetch(pod, token) for pod in due))
         not_before = _utc(self._wall_clock() - self.limiter.interval_s)
         events: list[tuple[str, str, str]] = []
         retry_in: float | None = None
@@ -217,13 +222,14 @@ class ReplicaDocuments:
             return []
         return [("Warning", EVENT_REASON, failure_message(failure, held_back))]
 
-    async def _fetch(self, pod: PodView) -> LoadedModels | str:
+    async def _fetch(self, pod: PodView, token: str | None) -> LoadedModels | str:
         """The pod's document, or why it could not be read."""
         host = f"[{pod.ip}]" if ":" in pod.ip else pod.ip
         url = f"http://{host}:{self.port}/v1/models"
         async with self._slots:
             try:
-                async with self._client().get(url) as response:
+                headers = {INTERNAL_TOKEN_HEADER: token} if token else None
+                async with self._client().get(url, headers=headers) as response:
                     if response.status != 200:
                         return f"answered HTTP {response.status}"
                     if (response.content_length or 0) > MAX_DOCUMENT_BYTES:

@@ -31,9 +31,11 @@ from modelplex.multiplex import find_cache
 from modelplex.wire.names import DASHED_MODEL_ID_HEADER, LOADED_MODELS_HEADER, MODEL_ID_HEADER
 from modelplex.runtime import Runtime, current_runtime
 from modelplex.serving import HANDOFF
+from modelplex.wire.credentials import TokenFile
 from modelplex.wire.spec import Deployment, SpecError
 from modelplex_replica import oip
 from modelplex_replica.asgi import HttpIngress, ingress_for
+from modelplex_replica.auth import internal_only
 from modelplex_replica.handoff import UserLoopConnections
 from modelplex_replica.metrics import ReplicaMetrics
 from modelplex_replica.preload import preload_hot_models
@@ -91,6 +93,8 @@ class ReplicaState:
     connections: UserLoopConnections | None = None
     #: Held to change ``inflight`` and ``active``: requests are served on both loops.
     counting: threading.Lock = field(default_factory=threading.Lock)
+    #: The namespace's internal credential (None: open, a replica on loopback started by hand).
+    internal: TokenFile | None = None
 
     def models_header(self) -> str:
         """The fixed-size summary, for every answer's header."""
@@ -110,9 +114,10 @@ STATE = web.AppKey("state", ReplicaState)
 
 
 def create_app(deployment: Deployment, handler: Any, *, patch_pod: Patch | None = None,
-               runtime: Runtime | None = None) -> web.Application:
+               runtime: Runtime | None = None, internal: TokenFile | None = None) -> web.Application:
     """The replica app for ``handler``; ``patch_pod`` publishes the loaded-models annotation;
-    ``runtime`` (the one the handler was built in, by default) gets the app's metrics observers."""
+    ``runtime`` (the one the handler was built in, by default) gets the app's metrics observers;
+    ``internal`` guards the API (None: open)."""
     spec = deployment.spec
     try:
         check_handler(handler)  # one that nothing can call must not start as ready
@@ -125,6 +130,7 @@ def create_app(deployment: Deployment, handler: Any, *, patch_pod: Patch | None 
         cache=find_cache(handler),
         metrics=metrics,
         ingress=ingress_for(handler),
+        internal=internal,
     )
     app = _app(state)
     app[HANDOFF] = state.connections = UserLoopConnections(state.user, lambda: _app(state))
@@ -134,7 +140,8 @@ def create_app(deployment: Deployment, handler: Any, *, patch_pod: Patch | None 
 
 def _app(state: ReplicaState) -> web.Application:
     """The replica's routes over ``state``: the server loop's app, and the user loop's (handoff.py)."""
-    app = web.Application(middlewares=[error_middleware], client_max_size=state.deployment.spec.max_request_bytes)
+    app = web.Application(middlewares=[error_middleware, internal_only(state.internal)],
+                          client_max_size=state.deployment.spec.max_request_bytes)
     app[STATE] = state
     app.router.add_post("/v1/invoke", invoke)
     app.router.add_get("/v1/models", list_models)

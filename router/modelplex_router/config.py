@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from modelplex.autoscaling import DEFAULT_HOLD_AT_ZERO_S
-from modelplex.wire.spec import Deployment
+from modelplex.wire.credentials import ENV_CLIENT_TOKENS_DIR, ENV_INTERNAL_TOKEN_FILE
+from modelplex.wire.spec import Deployment, RouterAuth
 from modelplex_router.policy import POLICIES, Params
 
 # Not MODELPLEX_ROUTER_*: local mode exports MODELPLEX_ROUTER_<DEPLOYMENT> for every
@@ -40,6 +41,13 @@ class RouterConfig:
     connect_timeout_s: float = 5.0
     #: Static discovery: how often each replica's /v1/models and /readyz are read.
     poll_interval_s: float = 0.15
+    #: ``spec.router.modelControl``: load and unload through the router.
+    model_control: bool = False
+    #: ``spec.router.auth``: client tokens and the models each client may call.
+    auth: RouterAuth | None = None
+    #: The client tokens (a mounted Secret: one file per client) and the internal credential.
+    client_tokens_dir: str | None = None
+    internal_token_file: str | None = None
 
     @classmethod
     def from_deployment(cls, deployment: Deployment, env: Mapping[str, str] = os.environ) -> RouterConfig:
@@ -60,6 +68,10 @@ class RouterConfig:
             queue_timeout_s=_positive(env, ENV_QUEUE_TIMEOUT, 10.0),
             poll_interval_s=_positive(env, ENV_POLL_INTERVAL, 0.15),
             hold_at_zero_s=_positive(env, ENV_HOLD_AT_ZERO, DEFAULT_HOLD_AT_ZERO_S) if spec.autoscaling else None,
+            model_control=spec.router.model_control,
+            auth=spec.router.auth,
+            client_tokens_dir=env.get(ENV_CLIENT_TOKENS_DIR) or None,
+            internal_token_file=env.get(ENV_INTERNAL_TOKEN_FILE) or None,
         )
 
 

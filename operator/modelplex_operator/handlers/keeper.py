@@ -56,7 +56,7 @@ class StatusKeeper:
         self.debounce_s = debounce_s
         self.resync_s = resync_s if resync_s is not None else ctx.config.resync_seconds
         self.clock = clock
-        self.documents = documents or ReplicaDocuments()
+        self.documents = documents or ReplicaDocuments(token_for=ctx.credentials.token)
         self._dirty: dict[Key, bool] = {}
         self._wake: asyncio.Event | None = None
         self._tasks: list[asyncio.Task] = []

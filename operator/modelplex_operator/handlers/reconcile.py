@@ -59,6 +59,8 @@ async def apply_all(ctx: OperatorContext, body: Mapping[str, Any], deployment: D
     owner = builders.owner_reference({"metadata": dict(meta)})
     results = []
     async with ctx.lock(key_of(body)):
+        # The pods mount the namespace's internal credential: it exists before them.
+        await ctx.credentials.ensure(deployment.namespace, owner)
         # Under the lock the autoscaler takes to scale: the count an apply keeps is its latest.
         objects = builders.desired_objects(deployment, owner, ctx.build_settings,
                                            replicas=ctx.autoscaled_replicas(key_of(body)))

@@ -15,6 +15,7 @@ from typing import Callable
 
 import aiohttp
 
+from modelplex.http import internal_session
 from modelplex.wire.loaded import LoadedModels
 from modelplex_router.table import Replica, ReplicaInfo, RoutingTable
 
@@ -39,7 +40,7 @@ class DocumentFetcher:
             fetching.pop(name, None)
             wake.set()  # the replica may have changed again meanwhile
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        async with aiohttp.ClientSession(timeout=timeout, cookie_jar=aiohttp.DummyCookieJar()) as session:
+        async with internal_session(timeout=timeout, cookie_jar=aiohttp.DummyCookieJar()) as session:
             try:
                 while True:
                     await wake.wait()

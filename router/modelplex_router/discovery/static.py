@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from modelplex.http import internal_session
 from modelplex.wire.loaded import LoadedModels
 from modelplex_router.discovery.base import Discovery, unreachable
 from modelplex_router.discovery.health import FAILURE_THRESHOLD, Poll, PollHealth
@@ -60,7 +61,7 @@ class StaticDiscovery(Discovery):
         # A session of its own: polls must not queue behind (or hold) proxy connections.
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout,
+        async with internal_session(connector=connector, timeout=timeout,
                                          cookie_jar=aiohttp.DummyCookieJar()) as session:
             tasks = [
                 asyncio.create_task(self._poll(session, table, clock, name, url), name=f"poll {name}")
