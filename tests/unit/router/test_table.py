@@ -8,9 +8,11 @@ import random
 import pytest
 
 from modelplex.wire.errors import NotReady, Overloaded
+from modelplex.wire.loaded import LoadedModels
+from modelplex_router.events import ConnectionFailed, ReplicaGone, ReplicaSeen, ReplicasListed
 from modelplex_router.policy import Kind, Params
+from modelplex_router.record import Held
 from modelplex_router.scheduler import Scheduler
-from modelplex_router.table import ReplicaInfo, RoutingTable
 
 # On looptime's virtual clock: waits and timeouts cost no real time.
 pytestmark = pytest.mark.looptime
@@ -27,8 +29,9 @@ class FakeClock:
         self.now += seconds
 
 
-def info(name: str, models=(), ready=True, capacity=2, loading=(), version=1) -> ReplicaInfo:
-    return ReplicaInfo(name, f"http://{name}", ready, tuple(models), capacity, version, tuple(loading))
+def info(name: str, models=(), ready=True, capacity=2, loading=(), version=1) -> ReplicaSeen:
+    return ReplicaSeen(name, f"http://{name}", ready, Held.of(LoadedModels(version, capacity, tuple(models),
+                                                                            tuple(loading))))
 
 
 @pytest.fixture
@@ -37,11 +40,11 @@ def clock():
 
 
 def make(clock, *names, lag_s=0.0, max_ongoing=4, **kwargs):
-    table = RoutingTable(lag_s=lag_s)
+    scheduler = Scheduler(Params(max_ongoing=max_ongoing, matching_timeout_s=1.0), lag_s=lag_s, clock=clock,
+                          rng=random.Random(0), deployment="d", **kwargs)
+    table = scheduler.table
     for name in names:
         table.apply(info(name), clock())
-    scheduler = Scheduler(table, Params(max_ongoing=max_ongoing, matching_timeout_s=1.0), clock=clock,
-                          rng=random.Random(0), deployment="d", **kwargs)
     return table, scheduler
 
 
@@ -142,10 +145,10 @@ def test_a_view_change_shows_in_the_snapshot(clock):
 
 def test_replace_all_drops_replicas_that_are_gone(clock):
     table, _ = make(clock, "a", "b")
-    table.replace_all([info("b"), info("c")], clock())
+    table.apply(ReplicasListed((info("b"), info("c"))), clock())
     assert sorted(r.name for r in table.replicas()) == ["b", "c"]
-    table.remove("b")
-    table.remove("nope")
+    table.apply(ReplicaGone("b"), clock())
+    table.apply(ReplicaGone("nope"), clock())
     assert [r.name for r in table.usable(clock())] == ["c"]
 
 
@@ -154,7 +157,7 @@ def test_replace_all_drops_replicas_that_are_gone(clock):
 
 def test_a_failed_replica_is_out_until_seen_alive_after_the_failure(clock):
     table, scheduler = make(clock, "a", "b")
-    table.failed(table.get("a"), clock())
+    table.apply(ConnectionFailed(table.get("a")), clock())
     assert [r.name for r in table.usable(clock())] == ["b"]
     assert not table.snapshot()[0]["ready"]
     # A poll that began before the failure proves nothing.
@@ -167,7 +170,7 @@ def test_a_failed_replica_is_out_until_seen_alive_after_the_failure(clock):
 
 def test_the_quarantine_runs_out(clock):
     table, _ = make(clock, "a", "b")
-    table.failed(table.get("a"), clock())
+    table.apply(ConnectionFailed(table.get("a")), clock())
     clock.advance(table.quarantine_s - 0.1)
     assert [r.name for r in table.usable(clock())] == ["b"]
     clock.advance(0.2)
@@ -255,11 +258,11 @@ async def test_requests_are_refused_with_503_past_the_queue_bound():
 
 async def test_a_waiting_request_spreads_after_the_matching_timeout():
     loop_clock = lambda: asyncio.get_running_loop().time()  # noqa: E731
-    table = RoutingTable()
+    scheduler = Scheduler(Params(max_ongoing=1, matching_timeout_s=0.1, hot_spread=False),
+                          clock=loop_clock, rng=random.Random(0))
+    table = scheduler.table
     table.apply(info("a", models=["m"]), 0.0)
     table.apply(info("b"), 0.0)
-    scheduler = Scheduler(table, Params(max_ongoing=1, matching_timeout_s=0.1, hot_spread=False),
-                          clock=loop_clock, rng=random.Random(0))
     holder = await scheduler.acquire("m")  # M's only holder is now full
     started = loop_clock()
     lease = await asyncio.wait_for(scheduler.acquire("m"), 5)
@@ -270,10 +273,9 @@ async def test_a_waiting_request_spreads_after_the_matching_timeout():
 
 async def test_requests_waiting_for_a_load_leave_the_slots_to_loaded_models():
     loop_clock = lambda: asyncio.get_running_loop().time()  # noqa: E731
-    table = RoutingTable()
+    scheduler = Scheduler(Params(max_ongoing=2, matching_timeout_s=0.1), clock=loop_clock, queue_timeout_s=0.3)
+    table = scheduler.table
     table.apply(info("a", models=["x"]), 0.0)
-    scheduler = Scheduler(table, Params(max_ongoing=2, matching_timeout_s=0.1), clock=loop_clock,
-                          queue_timeout_s=0.3)
     hung = [await scheduler.acquire("m") for _ in range(2)]  # M's load hangs on "a"
     assert table.get("a").inflight == 0 and table.get("a").waiting("m") == 2
     served = [await asyncio.wait_for(scheduler.acquire("x"), 1) for _ in range(2)]
@@ -283,22 +285,6 @@ async def test_requests_waiting_for_a_load_leave_the_slots_to_loaded_models():
     for lease in hung + served:
         lease.release(ok=False)
     assert table.get("a").inflight == 0 and table.get("a").pending == {}
-
-
-def test_the_table_tells_its_listener_about_freed_slots_and_changes(clock):
-    table, _ = make(clock, "a")  # the scheduler made by make() is replaced as listener here
-    events = []
-    table.listener = events.append
-    table.apply(info("a"), clock())  # nothing new: no event
-    assert events == []
-    replica = table.get("a")
-    table.dispatched(replica, "m")
-    table.finished(replica, "m", False, True, clock())
-    assert events == [True]
-    table.apply(info("a", models=["m"]), clock())
-    table.apply(info("b"), clock())
-    table.remove("b")
-    assert events == [True, False, False, False]
 
 
 async def test_a_long_line_for_a_stuck_model_does_not_keep_a_freed_slot_from_other_models():
