@@ -8,11 +8,13 @@ import random
 import pytest
 
 from modelplex.wire.errors import NotReady, Overloaded
-from modelplex.wire.loaded import LoadedModels
-from modelplex_router.events import ConnectionFailed, ReplicaGone, ReplicaSeen, ReplicasListed
+from modelplex.wire.loaded import LoadedModels, LoadedSummary
+from modelplex_router.events import (Answered, ConnectionFailed, DocumentFetched, ReplicaGone, ReplicaSeen,
+                                     ReplicasListed, RequestFinished, RequestStarted, SummaryHeard)
 from modelplex_router.policy import Kind, Params
 from modelplex_router.record import Held
 from modelplex_router.scheduler import Scheduler
+from modelplex_router.table import Change, RoutingTable
 
 # On looptime's virtual clock: waits and timeouts cost no real time.
 pytestmark = pytest.mark.looptime
@@ -354,3 +356,132 @@ async def test_a_waiter_cancelled_after_being_handed_a_slot_passes_it_on():
     lease = await asyncio.wait_for(third, 5)
     assert lease.replica.name == "a"
     assert scheduler.queued == 0
+
+
+# -- each event's effect on the table, and what it tells the scheduler -------------------------
+
+
+def noted_table(**kwargs) -> tuple[RoutingTable, list[Change]]:
+    """A table whose notifier writes down what it is told."""
+    changes: list[Change] = []
+    return RoutingTable(notify=changes.append, **kwargs), changes
+
+
+def test_a_replica_seen_with_its_document_is_taken_in_whole_and_a_repeat_is_no_news():
+    table, changes = noted_table()
+    table.apply(info("a", models=["m"], loading=["n"], capacity=3, version=4), 1.0)
+    replica = table.get("a")
+    assert (replica.url, replica.ready, replica.capacity, replica.version) == ("http://a", True, 3, 4)
+    assert replica.models == {"m"} and replica.reported_loading == {"n"} and replica.observed_at == 1.0
+    assert replica.document == LoadedModels(4, 3, ("m",), ("n",))
+    assert changes == [Change.CHANGED]
+    table.apply(info("a", models=["m"], loading=["n"], capacity=3, version=4), 2.0)
+    assert changes == [Change.CHANGED]  # nothing a waiter could use
+
+
+def test_a_replica_seen_with_only_its_summary_keeps_its_document_and_becomes_stale():
+    table, changes = noted_table()
+    table.apply(info("a", models=["m"], capacity=3, version=4), 1.0)
+    table.apply(ReplicaSeen("a", "http://a", True, Held(LoadedSummary(version=6, capacity=5))), 2.0)
+    replica = table.get("a")
+    assert replica.models == {"m"} and replica.version == 4  # what it knows, until the fetch
+    assert replica.capacity == 5 and replica.latest_version == 6 and replica.stale
+    assert [r.name for r in table.stale_replicas()] == ["a"]
+    assert changes == [Change.CHANGED]
+
+
+def test_a_fetched_document_keeps_the_replicas_address_and_readiness():
+    table, changes = noted_table()
+    table.apply(DocumentFetched("nobody", LoadedModels(version=1)), 1.0)  # gone meanwhile: ignored
+    assert len(table) == 0
+    table.apply(ReplicaSeen("a", "http://a", False, Held(LoadedSummary(version=2))), 1.0)
+    table.apply(DocumentFetched("a", LoadedModels(version=2, capacity=2, models=("m",))), 2.0)
+    replica = table.get("a")
+    assert not replica.ready and replica.url == "http://a"
+    assert replica.models == {"m"} and not replica.stale
+
+
+def test_a_summary_header_is_parsed_once_per_distinct_text_and_a_malformed_one_is_ignored():
+    table, _ = noted_table()
+    table.apply(info("a", version=2), 1.0)
+    replica = table.get("a")
+    header = LoadedSummary(version=3).to_json()
+    table.apply(SummaryHeard(replica, header), 2.0)
+    assert (replica.heard_header, replica.heard_version, replica.latest_version) == (header, 3, 3)
+    table.apply(SummaryHeard(replica, "{not json"), 3.0)
+    assert (replica.heard_header, replica.latest_version) == (header, 3)  # unchanged
+    table.apply(SummaryHeard(replica, LoadedSummary(version=1).to_json()), 4.0)
+    assert replica.latest_version == 3  # announced versions never go back
+
+
+def test_a_request_for_a_loaded_model_takes_a_slot_and_frees_it():
+    table, changes = noted_table()
+    table.apply(info("a", models=["m"]), 1.0)
+    replica = table.get("a")
+    started = RequestStarted.to(replica, "m")
+    assert not started.for_load
+    table.apply(started, 1.0)
+    assert replica.in_slots == 1 and replica.inflight == 1 and replica.pending == {}
+    table.apply(RequestFinished(started, ok=True), 2.0)
+    assert replica.in_slots == 0 and replica.learned == {"m": 2.0}
+    assert changes == [Change.CHANGED, Change.FREED]
+
+
+def test_a_request_for_a_model_not_loaded_waits_for_its_load_and_a_failed_load_is_news():
+    table, changes = noted_table()
+    table.apply(info("a"), 1.0)
+    replica = table.get("a")
+    first, second = RequestStarted.to(replica, "m"), RequestStarted.to(replica, "m")
+    assert first.for_load and second.for_load
+    table.apply(first, 1.0)
+    table.apply(second, 1.0)
+    assert replica.pending == {"m": 2} and replica.in_slots == 0 and replica.is_loading("m")
+    table.apply(RequestFinished(first, ok=False), 2.0)
+    assert replica.pending == {"m": 1} and changes[-1] is Change.FREED
+    table.apply(RequestFinished(second, ok=False), 2.0)
+    assert replica.pending == {} and not replica.holds("m")
+    assert changes[-1] is Change.CHANGED  # the load failed: its waiters may go elsewhere
+
+
+def test_a_request_naming_no_model_takes_a_slot():
+    table, _ = noted_table()
+    table.apply(info("a"), 1.0)
+    assert not RequestStarted.to(table.get("a"), "").for_load
+
+
+def test_an_answer_and_a_connection_failure_are_noted_on_the_record_without_news():
+    table, changes = noted_table(quarantine_s=5.0)
+    table.apply(info("a"), 1.0)
+    replica = table.get("a")
+    table.apply(Answered(replica), 2.0)
+    assert replica.answered_at == 2.0 and table.answered_since("a", 2.0)
+    table.apply(ConnectionFailed(replica), 3.0)
+    table.apply(ConnectionFailed(replica), 4.0)  # the first failure starts the quarantine
+    assert replica.down_at == 3.0 and table.usable(4.0) == []
+    assert table.quarantine_ends(4.0) == 8.0
+    assert table.usable(8.0) == [replica] and table.quarantine_ends(8.0) == float("inf")
+    assert changes == [Change.CHANGED]  # the end of a quarantine is read, never notified
+
+
+def test_gone_and_listed_replicas_are_news():
+    table, changes = noted_table()
+    table.apply(ReplicasListed((info("a"), info("b"))), 1.0)
+    assert sorted(r.name for r in table.replicas()) == ["a", "b"]
+    changes.clear()
+    table.apply(ReplicaGone("a"), 2.0)
+    table.apply(ReplicaGone("a"), 2.0)  # already gone: no news
+    assert changes == [Change.CHANGED] and [r.name for r in table.replicas()] == ["b"]
+
+
+def test_anything_else_is_refused():
+    table, _ = noted_table()
+    with pytest.raises(TypeError):
+        table.apply("ready", 1.0)  # type: ignore[arg-type]
+
+
+async def test_a_request_waiting_for_a_quarantined_replica_gets_it_when_the_quarantine_runs_out():
+    loop = asyncio.get_running_loop()
+    table, scheduler = make(loop.time, "a", queue_timeout_s=10.0)
+    table.apply(ConnectionFailed(table.get("a")), loop.time())
+    lease = await asyncio.wait_for(scheduler.acquire("m"), 5)  # nothing but the clock tells it
+    assert lease.replica.name == "a" and loop.time() == pytest.approx(table.quarantine_s, abs=0.01)
