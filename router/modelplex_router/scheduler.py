@@ -71,7 +71,7 @@ class _Waiter:
     model: str
     start: float
     exclude: set[str] | None
-    future: asyncio.Future = field(default=None)  # type: ignore[assignment]
+    future: asyncio.Future[Lease]
     retry_at: float = float("-inf")  # the replicas in ``exclude`` are not tried again before
 
 
@@ -102,6 +102,7 @@ class Scheduler:
         deployment: str = "",
         hold_at_zero_s: float | None = None,
     ):
+        self._line: deque[_Waiter] = deque()
         self.table = RoutingTable(lag_s=lag_s, quarantine_s=quarantine_s, notify=self._on_change)
         self.params = params
         self.policy_name = policy
@@ -116,7 +117,6 @@ class Scheduler:
         self.rng = rng or random.Random()
         self.deployment = deployment
         self.queued = 0
-        self._line: deque[_Waiter] = deque()
 
     def try_acquire(self, model: str, waited_s: float = 0.0, exclude: Collection[str] = ()) -> Lease | None:
         """One routing decision now: a lease, or ``None`` to wait (every candidate full, or none ready)."""

@@ -150,11 +150,13 @@ class RoutingTable:
                 if event.replica.down_at is None:
                     event.replica.down_at = now
             case ReplicaSeen():
-                self._seen(event, now)
+                if self._seen(event, now):
+                    self._notify(Change.CHANGED)
             case DocumentFetched():
-                current = self._replicas.get(event.name)
-                if current is not None:
-                    self._seen(ReplicaSeen(current.name, current.url, current.ready, Held.of(event.document)), now)
+                current = self._replicas.get(event.name)  # None: gone while it was read
+                if current is not None and self._seen(
+                        ReplicaSeen(current.name, current.url, current.ready, Held.of(event.document)), now):
+                    self._notify(Change.CHANGED)
             case ReplicaGone():
                 if self._replicas.pop(event.name, None) is not None:
                     self._notify(Change.CHANGED)
@@ -164,13 +166,14 @@ class RoutingTable:
                     del self._replicas[name]
                 for seen in event.replicas:
                     self._seen(seen, now)
-                self._notify(Change.CHANGED)
+                self._notify(Change.CHANGED)  # once, with the whole listing in
             case _:
                 raise TypeError(f"not a routing table event: {event!r}")
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _seen(self, seen: ReplicaSeen, observed_at: float) -> None:
+    def _seen(self, seen: ReplicaSeen, observed_at: float) -> bool:
+        """Take in a snapshot; whether it changed anything a waiter may use."""
         replica = self._replicas.get(seen.name)
         if replica is None:
             replica = self._replicas[seen.name] = Replica(name=seen.name, url=seen.url)
@@ -193,9 +196,8 @@ class RoutingTable:
         if replica.down_at is not None and seen.ready and replica.down_at <= settled:
             replica.down_at = None  # seen alive after it failed
             changed = True
-        if changed:
-            self._notify(Change.CHANGED)
         self._announced(replica, seen.held.summary.version)
+        return changed
 
     def _heard(self, replica: Replica, header: str) -> None:
         if header != replica.heard_header:

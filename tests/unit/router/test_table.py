@@ -145,7 +145,7 @@ def test_a_view_change_shows_in_the_snapshot(clock):
     assert [r.name for r in table.usable(clock())] == ["a"]
 
 
-def test_replace_all_drops_replicas_that_are_gone(clock):
+def test_a_full_listing_drops_replicas_that_are_gone(clock):
     table, _ = make(clock, "a", "b")
     table.apply(ReplicasListed((info("b"), info("c"))), clock())
     assert sorted(r.name for r in table.replicas()) == ["b", "c"]
@@ -467,6 +467,7 @@ def test_gone_and_listed_replicas_are_news():
     table, changes = noted_table()
     table.apply(ReplicasListed((info("a"), info("b"))), 1.0)
     assert sorted(r.name for r in table.replicas()) == ["a", "b"]
+    assert changes == [Change.CHANGED]  # once, with the whole listing in
     changes.clear()
     table.apply(ReplicaGone("a"), 2.0)
     table.apply(ReplicaGone("a"), 2.0)  # already gone: no news
