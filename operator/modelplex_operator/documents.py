@@ -8,9 +8,9 @@ last read (or an older one: the replica restarted), so a quiet pool costs no req
 
 Bounded: each read has the limits of the one client of the document
 (:mod:`modelplex.loaded_client`: a time limit, a size limit), and at most
-:data:`MAX_CONCURRENT_FETCHES` run at once. Failures are tolerated: the pod's last known document stays in use, the failure is
-logged and reported (status condition ``ModelsReported``), and the pod is read again after a
-growing pause (:data:`RETRY_S`).
+:data:`MAX_CONCURRENT_FETCHES` run at once. Failures are tolerated: the pod's last known
+document stays in use, the failure is logged and reported (status condition
+``ModelsReported``), and the pod is read again after a growing pause (:data:`RETRY_S`).
 
 Load failures a document reports become Warning Events ``ModelLoadFailed`` naming the model,
 at most one per model and resource every :data:`FAILURE_EVENT_INTERVAL_S` (5 minutes); an

@@ -33,6 +33,7 @@ WATCH_TIMEOUT_S = 300
 BACKOFF_MIN_S = 0.5
 BACKOFF_MAX_S = 10.0
 
+
 class Gone(Exception):
     """The watch's resourceVersion is too old (HTTP 410): list again."""
 
