@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from modelplex.wire.loaded import LoadedModels, LoadedSummary
-from modelplex.wire.names import ANNOTATION_LOADED_MODELS, LABEL_ROLE, ROLE_REPLICA, ROLE_ROUTER
+from modelplex.wire.loaded import LoadedModels, LoadedSummary, annotation_summary
+from modelplex.wire.names import LABEL_ROLE, ROLE_REPLICA, ROLE_ROUTER
 from modelplex.wire.spec import DEFAULT_ROUTER_REPLICAS
 from modelplex_operator.builders import selector_string
 
@@ -131,11 +131,8 @@ def _is_true(conditions: Iterable[Mapping[str, Any]] | None, ctype: str) -> bool
 
 def loaded_summary(annotations: Mapping[str, str] | None) -> LoadedSummary:
     """What a replica pod reports holding; nothing when the annotation is missing or malformed."""
-    raw = (annotations or {}).get(ANNOTATION_LOADED_MODELS)
-    if not raw:
-        return LoadedSummary()
     try:
-        return LoadedSummary.parse(raw)
+        return annotation_summary(annotations)
     except ValueError:
         return LoadedSummary()
 

@@ -43,7 +43,6 @@ from modelplex_router.metrics import CONTENT_TYPE, RouterMetrics
 from modelplex_router.openapi import openapi_document
 from modelplex_router.proxy import FORWARDED_REQUEST_HEADERS, REPLICA_HEADER, Proxy
 from modelplex_router.scheduler import Scheduler
-from modelplex_router.table import RoutingTable
 
 log = logging.getLogger("modelplex.router")
 
@@ -60,16 +59,14 @@ def create_app(config: RouterConfig, discovery: Discovery, *,
     app = web.Application(middlewares=[error_middleware, oip.protocol_errors, access_middleware(access)],
                           client_max_size=config.max_request_bytes)
     app[ACCESS] = access
-    table = RoutingTable(lag_s=discovery.lag_s)
     app[CONFIG] = config
-    app[TABLE] = table
     app[CLOCK] = clock
     app[DISCOVERY] = discovery
     app[DRAINING] = asyncio.Event()
     app[METRICS] = RouterMetrics(config.deployment, model_label=config.model_label)
     app[SCHEDULER] = scheduler = Scheduler(
-        table,
         config.params,
+        lag_s=discovery.lag_s,
         policy=config.policy,
         queue_timeout_s=config.queue_timeout_s,
         max_queued=config.max_queued,
@@ -77,6 +74,8 @@ def create_app(config: RouterConfig, discovery: Discovery, *,
         deployment=config.deployment,
         hold_at_zero_s=config.hold_at_zero_s,
     )
+    # The scheduler's table: discovery, the document fetcher and the proxy tell it what they see.
+    app[TABLE] = scheduler.table
     app[METRICS].queued.set_function(lambda: scheduler.queued)
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_discovery)
@@ -156,7 +155,7 @@ def _report_crash(task: asyncio.Task) -> None:
 
 
 def model_id_header(request: web.Request) -> str:
-    return request.headers.get(MODEL_ID_HEADER) or request.headers.get(DASHED_MODEL_ID_HEADER, "")
+    return request.headers.get(MODEL_ID_HEADER) or request.headers.get(DASHED_MODEL_ID_HEADER) or ""
 
 
 async def invoke(request: web.Request) -> web.StreamResponse:

@@ -31,7 +31,11 @@ import enum
 import hashlib
 import random
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
+
+
+#: The random source of a caller that brings none.
+_RNG = random.Random()
 
 
 class Kind(enum.Enum):
@@ -44,7 +48,7 @@ class Kind(enum.Enum):
 
 
 class ReplicaView(Protocol):
-    """What the policy reads of a replica (see :class:`modelplex_router.table.Replica`)."""
+    """What the policy reads of a replica (see :class:`modelplex_router.record.Replica`)."""
 
     name: str
     inflight: int
@@ -91,14 +95,14 @@ def choose(
     ``waited_s`` is how long the request has waited for a slot so far. ``None`` means no
     replica may take it now: wait for a change (a slot freed, a load done) and call again.
     """
-    rng = rng or random
+    rng = rng or _RNG
     limit = params.max_ongoing
     if not model:
         replica = least_busy(replicas, limit, rng)
         return Decision(replica, Kind.ANY) if replica is not None else None
 
-    holders = []
-    others = []
+    holders: list[ReplicaView] = []
+    others: list[ReplicaView] = []
     for replica in replicas:
         (holders if replica.holds(model) else others).append(replica)
 
@@ -194,7 +198,7 @@ def choose_random(
     replicas: Sequence[ReplicaView], model: str, params: Params, *, rng: random.Random | None = None, **_: object
 ) -> Decision | None:
     """The baseline the benchmark compares against: any replica with room, uniformly."""
-    rng = rng or random
+    rng = rng or _RNG
     with_room = [r for r in replicas if r.inflight < params.max_ongoing]
     if not with_room:
         return None
@@ -205,4 +209,5 @@ def choose_random(
 
 
 #: Policies by name (``MODELPLEX_ROUTING_POLICY``); "random" exists for the benchmark only.
-POLICIES = {"cache-aware": choose, "random": choose_random}
+Policy = Callable[..., Decision | None]
+POLICIES: dict[str, Policy] = {"cache-aware": choose, "random": choose_random}
