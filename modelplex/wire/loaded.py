@@ -18,6 +18,7 @@ know, and a field missing from an older replica's document reads as empty.
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -69,7 +70,7 @@ class LoadedSummary:
         }).decode()
 
     @classmethod
-    def parse(cls, raw: str | bytes | Mapping[str, Any]) -> LoadedSummary:
+    def parse(cls, raw: str | builtins.bytes | Mapping[str, Any]) -> LoadedSummary:
         """From JSON text or a dict; raises ``ValueError`` when malformed."""
         document = _object(raw)
         return cls(_count(document, "version"), _count(document, "models"), _count(document, "loading"),
@@ -127,7 +128,7 @@ class LoadedModels:
                 "capacityBytes": self.capacity_bytes, "failures": [f.to_dict() for f in self.failures]}
 
     @classmethod
-    def parse(cls, raw: str | bytes | Mapping[str, Any]) -> LoadedModels:
+    def parse(cls, raw: str | builtins.bytes | Mapping[str, Any]) -> LoadedModels:
         """From JSON text or a dict; raises ``ValueError`` when malformed."""
         document = _object(raw)
         sizes = document.get("modelBytes") or {}

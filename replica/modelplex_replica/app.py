@@ -14,7 +14,7 @@ import threading
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -155,7 +155,8 @@ def _lifecycle(patch_pod: Patch | None, runtime: Runtime):
         await state.user.run(state.connections.start())
         if state.ingress is not None:
             await state.user.run(state.ingress.startup())
-        observers = [(runtime.batch_observers, state.metrics.on_batch),
+        observers: list[tuple[list[Callable[..., Any]], Callable[..., Any]]] = [
+                    (runtime.batch_observers, state.metrics.on_batch),
                      (runtime.cache_observers, state.metrics.on_cache_event),
                      (runtime.cache_observers, lambda *_: _cache_changed(state))]
         for hooks, observer in observers:
@@ -207,7 +208,7 @@ async def _prewarm(state: ReplicaState) -> None:
     state.ready = True
 
 
-async def _load_all(cache: ModelCache, model_ids: list[str]) -> list[Any]:
+async def _load_all(cache: ModelCache, model_ids: Sequence[str]) -> list[Any]:
     return await asyncio.gather(*(cache.get(m) for m in model_ids), return_exceptions=True)
 
 

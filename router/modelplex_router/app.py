@@ -130,7 +130,7 @@ def _report_crash(task: asyncio.Task) -> None:
 
 
 def model_id_header(request: web.Request) -> str:
-    return request.headers.get(MODEL_ID_HEADER) or request.headers.get(DASHED_MODEL_ID_HEADER, "")
+    return request.headers.get(MODEL_ID_HEADER) or request.headers.get(DASHED_MODEL_ID_HEADER) or ""
 
 
 async def invoke(request: web.Request) -> web.StreamResponse:

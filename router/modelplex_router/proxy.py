@@ -246,9 +246,9 @@ class Proxy:
         return url
 
 
-def _answer_headers(upstream: aiohttp.ClientResponse, replica: str) -> CIMultiDict:
+def _answer_headers(upstream: aiohttp.ClientResponse, replica: str) -> CIMultiDict[str]:
     """The client's response headers: the replica's, less those of one hop, plus which replica."""
-    out = CIMultiDict()
+    out: CIMultiDict[str] = CIMultiDict()
     for name, value in upstream.headers.items():
         if name.lower() not in HOP_BY_HOP:
             out.add(name, value)

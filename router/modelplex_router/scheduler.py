@@ -22,7 +22,7 @@ import asyncio
 import random
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Collection
 
 from modelplex.wire.errors import NotReady, Overloaded
@@ -63,7 +63,7 @@ class _Waiter:
     model: str
     start: float
     exclude: set[str] | None
-    future: asyncio.Future = field(default=None)  # type: ignore[assignment]
+    future: asyncio.Future[Lease]
     retry_at: float = float("-inf")  # the replicas in ``exclude`` are not tried again before
 
 

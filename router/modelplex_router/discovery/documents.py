@@ -33,7 +33,7 @@ class DocumentFetcher:
         wake = asyncio.Event()
         table.stale_listener = wake.set
         wake.set()  # what is stale already
-        fetching: dict[str, asyncio.Task] = {}
+        fetching: dict[str, asyncio.Task[None]] = {}
 
         def done(name: str) -> None:
             fetching.pop(name, None)
@@ -48,7 +48,7 @@ class DocumentFetcher:
                         if replica.name not in fetching:
                             task = asyncio.create_task(self._fetch(session, table, clock, replica))
                             fetching[replica.name] = task
-                            task.add_done_callback(lambda _, name=replica.name: done(name))
+                            task.add_done_callback(lambda _, name=replica.name: done(name))  # type: ignore[misc]  # mypy: lambda with a default
             finally:
                 table.stale_listener = None
                 for task in fetching.values():
