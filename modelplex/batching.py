@@ -271,7 +271,7 @@ class _BatchQueue:
 
     def _fail_oversized(self, limit: int) -> None:
         """Requests that could never fit in a batch fail now instead of blocking the queue."""
-        kept = deque()
+        kept: deque[_Pending] = deque()
         for item in self.pending:
             size = self._size([item])
             if size > limit:

@@ -13,7 +13,7 @@ import contextvars
 import functools
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Iterator
+from typing import Any, AsyncIterator, Callable, Generator
 
 from modelplex.batching import STREAMING_ATTR
 from modelplex.wire.codec import (
@@ -206,7 +206,7 @@ def invocation(handler: Any, content_type: str, body: Any) -> Invocation:
     return Invocation(handler, (body,), {}, mode, name=type(handler).__qualname__)
 
 
-async def iterate_in_thread(generator: Iterator[Any]) -> AsyncIterator[Any]:
+async def iterate_in_thread(generator: Generator[Any, Any, Any]) -> AsyncIterator[Any]:
     """A synchronous generator as an async iterator: each item is computed in a worker thread,
     so a generator that computes (a forward pass per chunk) streams without blocking a loop.
 
