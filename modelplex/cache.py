@@ -401,7 +401,7 @@ class ModelCache:
     async def _fetch(self, load: _Load, context: LoadContext) -> Any:
         """The model from the warm tier, else from the loader, inside its byte reservation."""
         await self._reserve(load, self._expected(load.model_id))
-        if load.warm:
+        if load.warm and self._warm is not None:  # (only a cache with a warm tier marks a load warm)
             model = await self._warm.take(load.model_id)
             if model is not None:
                 return model

@@ -116,7 +116,7 @@ class _Started:
             self.loop.call_soon_threadsafe(self._start, coroutine)
 
     def _start(self, coroutine: Coroutine) -> None:  # on the owner loop
-        if self._future.cancelled():
+        if self._future is not None and self._future.cancelled():
             coroutine.close()
             return
         self.task = self.loop.create_task(coroutine)
@@ -124,6 +124,8 @@ class _Started:
 
     def _link(self) -> None:  # on the owner loop: the task's outcome goes to the future, a cancel back
         task, future = self.task, self._future
+        if task is None or future is None:  # both set before this runs
+            return
 
         def copy(_: asyncio.Task) -> None:
             try:

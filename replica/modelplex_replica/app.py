@@ -88,7 +88,7 @@ class ReplicaState:
     #: server loop reads it without a lock.
     published: Published = Published.of(LoadedModels())
     #: Invoke connections served on the user loop (handoff.py); set by create_app.
-    connections: UserLoopConnections | None = None
+    connections: UserLoopConnections = field(init=False)
     #: Held to change ``inflight`` and ``active``: requests are served on both loops.
     counting: threading.Lock = field(default_factory=threading.Lock)
 
@@ -187,7 +187,8 @@ def _lifecycle(patch_pod: Patch | None, runtime: Runtime):
 def _cache_changed(state: ReplicaState) -> None:
     """On the user loop, after a load starts, ends or fails, or a model is evicted."""
     state.publish()
-    state.metrics.observe_cache(state.cache)
+    if state.cache is not None:  # (cache events come from the cache)
+        state.metrics.observe_cache(state.cache)
     if state.reporter is not None and state.server_loop is not None:
         state.server_loop.call_soon_threadsafe(state.reporter.changed)
 
@@ -196,7 +197,7 @@ async def _prewarm(state: ReplicaState) -> None:
     model_ids = state.deployment.spec.multiplexing.prewarm
     if model_ids and state.cache is None:
         log.warning("prewarm is set but the handler has no @multiplexed loader; nothing to prewarm")
-    elif model_ids:
+    elif model_ids and state.cache is not None:
         started = time.monotonic()
         results = await state.user.run(_load_all(state.cache, model_ids))
         for model_id, result in zip(model_ids, results):
@@ -306,7 +307,8 @@ def _pinned(state: ReplicaState, model_id: str):
 async def _load(state: ReplicaState, model_id: str) -> None:
     """Wait (on the user loop) until the request's model is loaded; its errors as the handler's."""
     try:
-        await state.cache.get(model_id)
+        if state.cache is not None:  # a request loads its model only where there is a cache
+            await state.cache.get(model_id)
     except Exception as error:  # noqa: BLE001 - the user's loader
         raise _handler_error(error) from None
 
