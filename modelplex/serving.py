@@ -103,10 +103,12 @@ class _FirstBytes(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport
+        self._transport = typing.cast(asyncio.Transport, transport)  # a stream server's connection
 
     def data_received(self, data: bytes) -> None:
         transport = self._transport
+        if transport is None:  # lost already
+            return
         if self._handoff.wants(data):
             transport.pause_reading()
             self._handoff.take(transport, data)
@@ -126,7 +128,8 @@ class _FirstBytes(asyncio.Protocol):
 class _JsonErrorServer(web.Server):
     handoff: ConnectionHandoff | None = None
 
-    def __call__(self) -> asyncio.Protocol:
+    # The loop takes any protocol from a server's factory; aiohttp's annotation names its own.
+    def __call__(self) -> asyncio.Protocol:  # type: ignore[override]
         return self.protocol() if self.handoff is None else _FirstBytes(self, self.handoff)
 
     def protocol(self) -> RequestHandler:
@@ -141,8 +144,9 @@ class JsonErrorRunner(web.AppRunner):
         server = await super()._make_server()
         # The app's own Server, built by aiohttp as usual; only the protocol it makes differs.
         server.__class__ = _JsonErrorServer
-        server.handoff = self._app.get(HANDOFF)
-        return server
+        ours = typing.cast(_JsonErrorServer, server)
+        ours.handoff = self._app.get(HANDOFF)
+        return ours
 
 
 def serve(app: web.Application, *, host: str, port: int, grace_s: float, drain: Drain | None = None,

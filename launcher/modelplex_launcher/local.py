@@ -110,6 +110,11 @@ class Child:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def signal_group(self, sig: int) -> None:
+        """Send ``sig`` to the child's process group, if it was ever started."""
+        if self.proc is not None:
+            signal_group(self.proc.pid, sig)
+
 
 @dataclass(eq=False)
 class Scaler:
@@ -370,7 +375,7 @@ class LocalRun:
                     if child.kill_at is not None and now >= child.kill_at and child.running:
                         self.say(f"modelplex local: {child.name} did not stop in {child.stop_grace_s:.0f} s; "
                                  "killing it")
-                        signal_group(child.proc.pid, signal.SIGKILL)
+                        child.signal_group(signal.SIGKILL)
                         child.kill_at = None
                     continue
                 if child.restart_at is not None:
@@ -378,7 +383,7 @@ class LocalRun:
                         self.say(f"modelplex local: restarting {child.name}")
                         self._start(child)
                     continue
-                code = child.proc.poll()
+                code = child.proc.poll() if child.proc else None
                 if code is None:
                     continue
                 delay, child.restarts = restart_delay(child.restarts, now - child.started_at)
@@ -424,7 +429,7 @@ class LocalRun:
                     child.ready = False
                     child.restart_at = None
                     if child.running:
-                        signal_group(child.proc.pid, signal.SIGTERM)  # it drains, as a pod would
+                        child.signal_group(signal.SIGTERM)  # it drains, as a pod would
                         child.kill_at = now + child.stop_grace_s
 
     def _read_load(self, plan: Plan) -> LoadReport | None:
@@ -450,17 +455,17 @@ class LocalRun:
         grace, SIGKILL what is left. Idempotent."""
         # Routers first: they finish relaying what they took in while every replica still serves.
         for group in (self.routers, self.replicas):
-            running = [c for c in group if c.proc is not None and c.proc.poll() is None]
-            for child in running:
-                signal_group(child.proc.pid, signal.SIGTERM)
+            running = [(c, c.proc) for c in group if c.proc is not None and c.proc.poll() is None]
+            for child, proc in running:
+                signal_group(proc.pid, signal.SIGTERM)
             started = time.monotonic()
-            for child in running:
+            for child, proc in running:
                 try:
-                    child.proc.wait(timeout=max(0.0, started + child.stop_grace_s - time.monotonic()))
+                    proc.wait(timeout=max(0.0, started + child.stop_grace_s - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     self.say(f"modelplex local: {child.name} did not stop in {child.stop_grace_s:.0f} s; "
                              "killing it")
-                    signal_group(child.proc.pid, signal.SIGKILL)
+                    signal_group(proc.pid, signal.SIGKILL)
         for child in self.children:
             if child.proc is not None:
                 # Whatever is left in the group (the child, or processes it started) goes too.

@@ -59,7 +59,7 @@ class _Running:
         self.echo.start()
 
     def _echo(self) -> None:
-        for raw in self.proc.stdout:
+        for raw in self.proc.stdout or ():  # (spawned with pipe=True: always set)
             line = raw.decode(errors="replace")
             sys.stderr.write(line)
             self.tail.append(line)

@@ -24,7 +24,7 @@ class ModelplexError(Exception):
     def __str__(self) -> str:
         return self.message  # not KeyError's quoted repr when a remote error is also a KeyError
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, dict[str, str]]:
         return {"error": {"code": self.code, "message": self.message}}
 
     def response_headers(self) -> dict[str, str]:
@@ -107,7 +107,7 @@ class HandlerError(ModelplexError):
         """The error to answer for an exception the user's code raised."""
         return cls(f"{type(error).__name__}: {error}", error_type=type(error).__name__)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, dict[str, str]]:
         document = super().to_dict()
         if self.error_type:
             document["error"]["type"] = self.error_type
@@ -141,7 +141,7 @@ class Forbidden(ModelplexError):
     code = "forbidden"
 
 
-_CLASSES = [BadRequest, ModelNotFound, NotFound, PayloadTooLarge, Overloaded, NotReady, ModelLoadError,
+_CLASSES: list[type[ModelplexError]] = [BadRequest, ModelNotFound, NotFound, PayloadTooLarge, Overloaded, NotReady, ModelLoadError,
             ModelLoadTimeout, ModelTooLarge, HandlerError, ReplicaFailed, UpstreamTimeout, Unauthorized, Forbidden]
 
 

@@ -113,7 +113,7 @@ def parse_quantity(value: Any) -> int:
         raise ValueError(f"must be a byte quantity such as 12Gi or 500M (got {value!r})")
     number, suffix = Decimal(match["number"]), match["suffix"] or ""
     if suffix[:1] in ("e", "E"):
-        scale = Decimal(10) ** int(suffix[1:].lstrip("+"))
+        scale: Decimal | int = Decimal(10) ** int(suffix[1:].lstrip("+"))
     else:
         scale = _BINARY.get(suffix) or _DECIMAL.get(suffix) or 1
     return math.ceil(number * scale)

@@ -171,7 +171,7 @@ def deployment_view(deployment: Mapping[str, Any]) -> DeploymentView:
         role=(meta.get("labels") or {}).get(LABEL_ROLE, ""),
         generation=int(meta.get("generation") or 0),
         observed_generation=int(status.get("observedGeneration") or 0),
-        replicas=int(spec.get("replicas") if spec.get("replicas") is not None else 1),
+        replicas=int(spec["replicas"]) if spec.get("replicas") is not None else 1,
         status_replicas=int(status.get("replicas") or 0),
         ready=int(status.get("readyReplicas") or 0),
         updated=int(status.get("updatedReplicas") or 0),
@@ -309,7 +309,8 @@ def compute_status(
 
     # Progressing / Ready.
     caught_up = observed is not None and int(observed) >= gen
-    if resource.spec_problem or (problem and problem[0] in ("InvalidSpec", "ApplyRejected")):
+    # (A spec problem is always a problem: the check of problem is for the type checker.)
+    if problem is not None and (resource.spec_problem or problem[0] in ("InvalidSpec", "ApplyRejected")):
         progressing = _condition(PROGRESSING, False, problem[0], "the operator cannot act on this spec", gen)
         ready = _condition(READY, False, problem[0], problem[1], gen)
     else:

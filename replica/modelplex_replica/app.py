@@ -14,7 +14,7 @@ import threading
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -90,7 +90,7 @@ class ReplicaState:
     #: server loop reads it without a lock.
     published: Published = Published.of(LoadedModels())
     #: Invoke connections served on the user loop (handoff.py); set by create_app.
-    connections: UserLoopConnections | None = None
+    connections: UserLoopConnections = field(init=False)
     #: Held to change ``inflight`` and ``active``: requests are served on both loops.
     counting: threading.Lock = field(default_factory=threading.Lock)
     #: The namespace's internal credential (None: open, a replica on loopback started by hand).
@@ -162,7 +162,8 @@ def _lifecycle(patch_pod: Patch | None, runtime: Runtime):
         await state.user.run(state.connections.start())
         if state.ingress is not None:
             await state.user.run(state.ingress.startup())
-        observers = [(runtime.batch_observers, state.metrics.on_batch),
+        observers: list[tuple[list[Callable[..., Any]], Callable[..., Any]]] = [
+                    (runtime.batch_observers, state.metrics.on_batch),
                      (runtime.cache_observers, state.metrics.on_cache_event),
                      (runtime.cache_observers, lambda *_: _cache_changed(state))]
         for hooks, observer in observers:
@@ -193,7 +194,8 @@ def _lifecycle(patch_pod: Patch | None, runtime: Runtime):
 def _cache_changed(state: ReplicaState) -> None:
     """On the user loop, after a load starts, ends or fails, or a model is evicted."""
     state.publish()
-    state.metrics.observe_cache(state.cache)
+    if state.cache is not None:  # (cache events come from the cache)
+        state.metrics.observe_cache(state.cache)
     if state.reporter is not None and state.server_loop is not None:
         state.server_loop.call_soon_threadsafe(state.reporter.changed)
 
@@ -202,7 +204,7 @@ async def _prewarm(state: ReplicaState) -> None:
     model_ids = state.deployment.spec.multiplexing.prewarm
     if model_ids and state.cache is None:
         log.warning("prewarm is set but the handler has no @multiplexed loader; nothing to prewarm")
-    elif model_ids:
+    elif model_ids and state.cache is not None:
         started = time.monotonic()
         results = await state.user.run(_load_all(state.cache, model_ids))
         for model_id, result in zip(model_ids, results):
@@ -214,7 +216,7 @@ async def _prewarm(state: ReplicaState) -> None:
     state.ready = True
 
 
-async def _load_all(cache: ModelCache, model_ids: list[str]) -> list[Any]:
+async def _load_all(cache: ModelCache, model_ids: Sequence[str]) -> list[Any]:
     return await asyncio.gather(*(cache.get(m) for m in model_ids), return_exceptions=True)
 
 
@@ -312,7 +314,8 @@ def _pinned(state: ReplicaState, model_id: str):
 async def _load(state: ReplicaState, model_id: str) -> None:
     """Wait (on the user loop) until the request's model is loaded; its errors as the handler's."""
     try:
-        await state.cache.get(model_id)
+        if state.cache is not None:  # a request loads its model only where there is a cache
+            await state.cache.get(model_id)
     except Exception as error:  # noqa: BLE001 - the user's loader
         raise _handler_error(error) from None
 

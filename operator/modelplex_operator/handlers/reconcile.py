@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, cast
 
 import kopf
 
@@ -40,7 +40,7 @@ class Applied:
 
     outcome: Outcome
     changes: list[Event]  # the Events its changes deserve (none when it failed)
-    error: KubeError | None = None  # why it failed
+    error: KubeError | NotOwned | None = None  # why it failed
 
 
 def backoff(retry: int) -> float:
@@ -108,8 +108,10 @@ def describe_changes(results: Iterable[tuple[Mapping[str, Any], ApplyResult]]) -
 
 
 def post(body: Mapping[str, Any], events: Iterable[Event]) -> None:
+    """Post ``events`` on ``body``'s object (each message cut to the 1,000 characters an Event keeps)."""
     for etype, reason, message in events:
-        kopf.event(dict(body), type=etype, reason=reason, message=message[:1000])
+        # kopf.event reads any mapping; its annotation names only kopf's own Body class.
+        kopf.event(cast(kopf.Body, dict(body)), type=etype, reason=reason, message=message[:1000])
 
 
 async def apply_and_record(ctx: OperatorContext, body: Mapping[str, Any], deployment: Deployment, *,
@@ -122,7 +124,7 @@ async def apply_and_record(ctx: OperatorContext, body: Mapping[str, Any], deploy
     key = key_of(body)
     uid, generation = meta["uid"], int(meta.get("generation") or 1)
     changes: list[Event] = []
-    error: KubeError | None = None
+    error: KubeError | NotOwned | None = None
     try:
         results = await apply_all(ctx, body, deployment)
     except NotOwned as failure:
