@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from modelplex.wire.credentials import INTERNAL_TOKEN_HEADER, TokenFile
 from modelplex.wire.errors import Unauthorized
@@ -21,7 +22,7 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def internal_only(internal: TokenFile | None) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+def internal_only(internal: TokenFile | None) -> Middleware:
     """A middleware that refuses the internal API without ``internal``'s token (None: open,
     for a replica on loopback started by hand)."""
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from modelplex.autoscaling import LOAD_PATH
 from modelplex.wire.codec import CALL_CONTENT_TYPE
@@ -103,7 +104,7 @@ def bearer_token(request: web.Request) -> str | None:
 def named_model(request: web.Request) -> str:
     """The model a request names: in its path (``{model}``) or its model-id header."""
     return (request.match_info.get("model")
-            or request.headers.get(MODEL_ID_HEADER) or request.headers.get(DASHED_MODEL_ID_HEADER, ""))
+            or request.headers.get(MODEL_ID_HEADER) or request.headers.get(DASHED_MODEL_ID_HEADER) or "")
 
 
 def asked_of(request: web.Request) -> Asked:
@@ -111,7 +112,7 @@ def asked_of(request: web.Request) -> Asked:
                  internal_token=request.headers.get(INTERNAL_TOKEN_HEADER), model=named_model(request))
 
 
-def access_middleware(access: Access) -> Callable[..., Awaitable[web.StreamResponse]]:
+def access_middleware(access: Access) -> Middleware:
     """Refuse what :func:`authorize` refuses, before the request's body is read or routed."""
 
     @web.middleware
