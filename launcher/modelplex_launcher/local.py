@@ -42,7 +42,7 @@ from pathlib import Path
 
 from modelplex.autoscaling import (DEFAULT_TICK_S, ENV_PRELOAD_FILE, LOAD_PATH, Autoscaler, LoadReport, coldest_first,
                                    format_hot_models, hottest_models)
-from modelplex.wire.names import MODEL_ID_HEADER, router_env_name
+from modelplex.wire.names import MODEL_ID_HEADER, ROUTER_PORT, router_env_name
 from modelplex.processes import free_ports, port_free, signal_group, spawn
 from modelplex.wire.spec import DEFAULT_MAX_MODELS_PER_REPLICA, Deployment, SpecError, load_manifests
 
@@ -444,7 +444,7 @@ def _spec_env(deployment: Deployment, say) -> dict[str, str]:
     return env
 
 
-def run_local(manifest_paths: list[str], *, host: str = "127.0.0.1", port: int = 8000) -> int:
+def run_local(manifest_paths: list[str], *, host: str = "127.0.0.1", port: int = ROUTER_PORT) -> int:
     """Run the deployments of ``manifest_paths`` here until Ctrl-C / SIGTERM; the exit code."""
     try:
         plans = plan(list(manifest_paths), host=host, port=port)

@@ -42,6 +42,7 @@ DEFAULT_GRACEFUL_SHUTDOWN_S = 20.0
 #: Routers per deployment (pods): one can restart or move while the other serves.
 DEFAULT_ROUTER_REPLICAS = 2
 DEFAULT_ROUTER_PORT = 8000
+DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 #: ``router.requestTimeoutSeconds`` when unset: this much past ``loadTimeoutSeconds``, so a slow
 #: load ends with the cache's own 504 (which names the load) and the router's timeout catches
 #: only a replica that stopped answering.
@@ -233,7 +234,7 @@ class DeploymentSpec(_Model):
     multiplexing: Multiplexing = Multiplexing()
     batching: Batching = Batching()
     max_ongoing_requests: int = Field(default=DEFAULT_MAX_ONGOING_REQUESTS, ge=1, alias="maxOngoingRequests")
-    max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, alias="maxRequestBytes")
+    max_request_bytes: int = Field(default=DEFAULT_MAX_REQUEST_BYTES, ge=1024, alias="maxRequestBytes")
     resources: dict[str, Any] = Field(default_factory=dict)
     env: tuple[EnvVar, ...] = ()
     router: RouterSpec = RouterSpec()
