@@ -44,7 +44,8 @@ from modelplex.autoscaling import (DEFAULT_TICK_S, ENV_PRELOAD_FILE, LOAD_PATH, 
                                    format_hot_models, hottest_models)
 from modelplex.wire.names import MODEL_ID_HEADER, ROUTER_PORT, router_env_name
 from modelplex.processes import free_ports, port_free, signal_group, spawn
-from modelplex.wire.spec import DEFAULT_MAX_MODELS_PER_REPLICA, Deployment, SpecError, load_manifests
+from modelplex.wire.spec import (DEFAULT_GRACEFUL_SHUTDOWN_S, DEFAULT_MAX_MODELS_PER_REPLICA, Deployment, SpecError,
+                                  load_manifests)
 
 #: Past a child's own grace (``spec.gracefulShutdownTimeoutSeconds``), before SIGKILL.
 STOP_MARGIN_S = 5.0
@@ -96,7 +97,7 @@ class Child:
     expected_replicas: int | None = None
     env: dict | None = None  # None: the supervisor's own environment
     #: Between SIGTERM and SIGKILL: the deployment's gracefulShutdownTimeoutSeconds and a margin.
-    stop_grace_s: float = 20.0 + STOP_MARGIN_S
+    stop_grace_s: float = DEFAULT_GRACEFUL_SHUTDOWN_S + STOP_MARGIN_S
     #: Should run (restarted if it exits). An autoscaled replica scaled away is not wanted.
     wanted: bool = True
     #: A replica scaled away: SIGKILL if it still runs then.
