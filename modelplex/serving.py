@@ -121,7 +121,7 @@ class JsonErrorRunner(web.AppRunner):
         server = await super()._make_server()
         # The app's own Server, built by aiohttp as usual; only the protocol it makes differs.
         server.__class__ = _JsonErrorServer
-        server.handoff = self._app.get(HANDOFF)
+        server.handoff = self.app.get(HANDOFF)
         return server
 
 
