@@ -247,7 +247,8 @@ class _Poll:
     """One wait's bookkeeping, shared by the blocking and the async loop: the guard before each
     try, an error of ``retry_on`` taken as "not yet", and the timeout after a try that found nothing."""
 
-    def __init__(self, timeout: float, what: str, clock: Callable[[], float], guard: Callable[[], object] | None):
+    def __init__(self, timeout: float, what: str, clock: Callable[[], float],
+                 guard: Callable[[], object] | None) -> None:
         self.timeout, self.what, self.clock, self.guard = timeout, what, clock, guard
         self.at = clock() + timeout
         self.last: object = None

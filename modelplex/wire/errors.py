@@ -108,8 +108,9 @@ class UpstreamTimeout(ModelplexError, status=504, code="timeout"):
     """The replica did not answer within the router's request timeout."""
 
 
-_CLASSES = [BadRequest, ModelNotFound, NotFound, PayloadTooLarge, Overloaded, NotReady, ModelLoadError,
-            ModelLoadTimeout, ModelTooLarge, HandlerError, ReplicaFailed, UpstreamTimeout]
+_CLASSES: list[type[ModelplexError]] = [BadRequest, ModelNotFound, NotFound, PayloadTooLarge, Overloaded, NotReady,
+                                        ModelLoadError, ModelLoadTimeout, ModelTooLarge, HandlerError, ReplicaFailed,
+                                        UpstreamTimeout]
 
 
 def error_for_status(status: int, message: str, code: str | None = None,
