@@ -32,6 +32,7 @@ from typing import TypeVar
 T = TypeVar("T")
 
 _PR_SET_PDEATHSIG = 1
+_prctl: Callable[..., int] | None
 try:
     _prctl = ctypes.CDLL(None, use_errno=True).prctl
 except (OSError, AttributeError):  # not Linux: stop() still reaches the whole group

@@ -34,8 +34,12 @@ class ModelplexError(Exception):
     def __str__(self) -> str:
         return self.message  # not KeyError's quoted repr when a remote error is also a KeyError
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, dict[str, str]]:
         return {"error": {"code": self.code, "message": self.message}}
+
+    def response_headers(self) -> dict[str, str]:
+        """Headers the answer carries beside the JSON body."""
+        return {"Retry-After": str(max(1, round(self.retry_after)))} if self.retry_after is not None else {}
 
 
 class BadRequest(ModelplexError, status=400, code="bad_request"):
@@ -93,7 +97,7 @@ class HandlerError(ModelplexError, status=500, code="handler_error"):
         """The error to answer for an exception the user's code raised."""
         return cls(f"{type(error).__name__}: {error}", error_type=type(error).__name__)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, dict[str, str]]:
         document = super().to_dict()
         if self.error_type:
             document["error"]["type"] = self.error_type
@@ -108,9 +112,20 @@ class UpstreamTimeout(ModelplexError, status=504, code="timeout"):
     """The replica did not answer within the router's request timeout."""
 
 
+class Unauthorized(ModelplexError, status=401, code="unauthorized"):
+    """No credential, or a wrong one: the answer carries ``WWW-Authenticate: Bearer``."""
+
+    def response_headers(self) -> dict[str, str]:
+        return {**super().response_headers(), "WWW-Authenticate": 'Bearer realm="modelplex"'}
+
+
+class Forbidden(ModelplexError, status=403, code="forbidden"):
+    """A known caller that may not do this, or a feature that is off."""
+
+
 _CLASSES: list[type[ModelplexError]] = [BadRequest, ModelNotFound, NotFound, PayloadTooLarge, Overloaded, NotReady,
                                         ModelLoadError, ModelLoadTimeout, ModelTooLarge, HandlerError, ReplicaFailed,
-                                        UpstreamTimeout]
+                                        UpstreamTimeout, Unauthorized, Forbidden]
 
 
 def error_for_status(status: int, message: str, code: str | None = None,

@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from modelplex.wire.loaded import LoadedModels, LoadedSummary
-from modelplex.wire.names import ANNOTATION_LOADED_MODELS, LABEL_ROLE, ROLE_REPLICA, ROLE_ROUTER
+from modelplex.wire.loaded import LoadedModels, LoadedSummary, annotation_summary
+from modelplex.wire.names import LABEL_ROLE, ROLE_REPLICA, ROLE_ROUTER
 from modelplex.wire.spec import DeploymentSpec, RouterSpec, SpecError, parse_spec
 from modelplex_operator.builders import selector_string
 from modelplex_operator.validation import plain
@@ -132,11 +132,8 @@ def _is_true(conditions: Iterable[Mapping[str, Any]] | None, ctype: str) -> bool
 
 def loaded_summary(annotations: Mapping[str, str] | None) -> LoadedSummary:
     """What a replica pod reports holding; nothing when the annotation is missing or malformed."""
-    raw = (annotations or {}).get(ANNOTATION_LOADED_MODELS)
-    if not raw:
-        return LoadedSummary()
     try:
-        return LoadedSummary.parse(raw)
+        return annotation_summary(annotations)
     except ValueError:
         return LoadedSummary()
 
@@ -175,7 +172,7 @@ def deployment_view(deployment: Mapping[str, Any]) -> DeploymentView:
         role=(meta.get("labels") or {}).get(LABEL_ROLE, ""),
         generation=int(meta.get("generation") or 0),
         observed_generation=int(status.get("observedGeneration") or 0),
-        replicas=int(spec.get("replicas") if spec.get("replicas") is not None else 1),
+        replicas=int(spec["replicas"]) if spec.get("replicas") is not None else 1,
         status_replicas=int(status.get("replicas") or 0),
         ready=int(status.get("readyReplicas") or 0),
         updated=int(status.get("updatedReplicas") or 0),
@@ -314,7 +311,8 @@ def compute_status(
 
     # Progressing / Ready.
     caught_up = observed is not None and int(observed) >= gen
-    if resource.spec_problem or (problem and problem[0] in ("InvalidSpec", "ApplyRejected")):
+    # (A spec problem is always a problem: the check of problem is for the type checker.)
+    if problem is not None and (resource.spec_problem or problem[0] in ("InvalidSpec", "ApplyRejected")):
         progressing = _condition(PROGRESSING, False, problem[0], "the operator cannot act on this spec", gen)
         ready = _condition(READY, False, problem[0], problem[1], gen)
     else:

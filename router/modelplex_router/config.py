@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from modelplex.autoscaling import DEFAULT_HOLD_AT_ZERO_S
-from modelplex.wire.spec import DEFAULT_LOAD_TIMEOUT_S, DEFAULT_MAX_REQUEST_BYTES, REQUEST_TIMEOUT_MARGIN_S, Deployment
+from modelplex.wire.credentials import ENV_CLIENT_TOKENS_DIR, ENV_INTERNAL_TOKEN_FILE
+from modelplex.wire.spec import (DEFAULT_LOAD_TIMEOUT_S, DEFAULT_MAX_REQUEST_BYTES, REQUEST_TIMEOUT_MARGIN_S, Deployment,
+                                 RouterAuth)
 from modelplex_router.policy import POLICIES, Params
 
 # Not MODELPLEX_ROUTER_*: local mode exports MODELPLEX_ROUTER_<DEPLOYMENT> for every
@@ -45,6 +47,13 @@ class RouterConfig:
     connect_timeout_s: float = 5.0
     #: Static discovery: how often each replica's /v1/models and /readyz are read.
     poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
+    #: ``spec.router.modelControl``: load and unload through the router.
+    model_control: bool = False
+    #: ``spec.router.auth``: client tokens and the models each client may call.
+    auth: RouterAuth | None = None
+    #: The client tokens (a mounted Secret: one file per client) and the internal credential.
+    client_tokens_dir: str | None = None
+    internal_token_file: str | None = None
 
     @classmethod
     def from_deployment(cls, deployment: Deployment, env: Mapping[str, str] = os.environ) -> RouterConfig:
@@ -65,6 +74,10 @@ class RouterConfig:
             queue_timeout_s=_positive(env, ENV_QUEUE_TIMEOUT, DEFAULT_QUEUE_TIMEOUT_S),
             poll_interval_s=_positive(env, ENV_POLL_INTERVAL, DEFAULT_POLL_INTERVAL_S),
             hold_at_zero_s=_positive(env, ENV_HOLD_AT_ZERO, DEFAULT_HOLD_AT_ZERO_S) if spec.autoscaling else None,
+            model_control=spec.router.model_control,
+            auth=spec.router.auth,
+            client_tokens_dir=env.get(ENV_CLIENT_TOKENS_DIR) or None,
+            internal_token_file=env.get(ENV_INTERNAL_TOKEN_FILE) or None,
         )
 
 

@@ -20,7 +20,7 @@ TABLE = web.AppKey("table", RoutingTable)
 SCHEDULER = web.AppKey("scheduler", Scheduler)
 METRICS = web.AppKey("metrics", RouterMetrics)
 DISCOVERY = web.AppKey("discovery", Discovery)
-CLOCK = web.AppKey("clock", Callable[[], float])
+CLOCK = web.AppKey[Callable[[], float]]("clock")
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 PROXY = web.AppKey("proxy", Proxy)
 #: Set on SIGTERM: /readyz answers 503 while the requests in flight finish.

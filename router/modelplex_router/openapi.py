@@ -197,7 +197,7 @@ def routes_of(app: web.Application) -> set[tuple[str, str]]:
     """(method, canonical path) of every route the app answers (HEAD follows GET)."""
     found = set()
     for route in app.router.routes():
-        if route.method != "HEAD":
+        if route.method != "HEAD" and route.resource is not None:  # every route of app.router has one
             found.add((route.method, route.resource.canonical))
     return found
 

@@ -48,6 +48,7 @@ from modelplex.autoscaling import (
 )
 from modelplex.wire.names import LABEL_DEPLOYMENT, LABEL_ROLE, REPLICA_PORT, ROLE_REPLICA, ROLE_ROUTER
 from modelplex.wire.spec import Autoscaling, Deployment, SpecError
+from modelplex.wire.credentials import INTERNAL_TOKEN_HEADER
 from modelplex_operator import builders, scaling
 from modelplex_operator.handlers.context import OperatorContext
 from modelplex_operator.handlers.reconcile import post
@@ -219,11 +220,14 @@ class AutoscaleLoop:
 
     async def _read_reports(self, deployment: Deployment, routers: list[dict[str, Any]]) -> list[LoadReport]:
         port = deployment.spec.router.port
+        token = self.ctx.credentials.token(deployment.namespace)
+        headers = {INTERNAL_TOKEN_HEADER: token} if token else None
 
         async def read(pod: dict[str, Any]) -> LoadReport | None:
             url = f"http://{pod['status']['podIP']}:{port}{LOAD_PATH}"
             try:
-                async with self._http().get(url, timeout=aiohttp.ClientTimeout(total=self.fetch_timeout_s)) as answer:
+                async with self._http().get(url, headers=headers,
+                                            timeout=aiohttp.ClientTimeout(total=self.fetch_timeout_s)) as answer:
                     if answer.status != 200:
                         raise ValueError(f"HTTP {answer.status}")
                     return LoadReport.from_json(await answer.read())
