@@ -145,7 +145,7 @@ class JsonErrorRunner(web.AppRunner):
         # The app's own Server, built by aiohttp as usual; only the protocol it makes differs.
         server.__class__ = _JsonErrorServer
         ours = typing.cast(_JsonErrorServer, server)
-        ours.handoff = self._app.get(HANDOFF)
+        ours.handoff = self.app.get(HANDOFF)
         return ours
 
 

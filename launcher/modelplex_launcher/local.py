@@ -42,11 +42,12 @@ from pathlib import Path
 
 from modelplex.autoscaling import (DEFAULT_TICK_S, ENV_PRELOAD_FILE, LOAD_PATH, Autoscaler, LoadReport, coldest_first,
                                    format_hot_models, hottest_models)
-from modelplex.wire.names import MODEL_ID_HEADER, router_env_name
+from modelplex.wire.names import MODEL_ID_HEADER, ROUTER_PORT, router_env_name
 from modelplex.processes import free_ports, port_free, signal_group, spawn
 from modelplex.wire.credentials import (ENV_CLIENT_TOKENS_DIR, ENV_INTERNAL_TOKEN_FILE, INTERNAL_TOKEN_HEADER,
                                         TokenFile, new_token, write_token_file)
-from modelplex.wire.spec import DEFAULT_MAX_MODELS_PER_REPLICA, Deployment, SecretDocument, SpecError, load_manifest_documents
+from modelplex.wire.spec import (DEFAULT_GRACEFUL_SHUTDOWN_S, DEFAULT_MAX_MODELS_PER_REPLICA, Deployment, SecretDocument,
+                                 SpecError, load_manifest_documents)
 
 #: Past a child's own grace (``spec.gracefulShutdownTimeoutSeconds``), before SIGKILL.
 STOP_MARGIN_S = 5.0
@@ -100,7 +101,7 @@ class Child:
     expected_replicas: int | None = None
     env: dict | None = None  # None: the supervisor's own environment
     #: Between SIGTERM and SIGKILL: the deployment's gracefulShutdownTimeoutSeconds and a margin.
-    stop_grace_s: float = 20.0 + STOP_MARGIN_S
+    stop_grace_s: float = DEFAULT_GRACEFUL_SHUTDOWN_S + STOP_MARGIN_S
     #: Should run (restarted if it exits). An autoscaled replica scaled away is not wanted.
     wanted: bool = True
     #: A replica scaled away: SIGKILL if it still runs then.
@@ -498,7 +499,7 @@ def _spec_env(deployment: Deployment, say) -> dict[str, str]:
     return env
 
 
-def run_local(manifest_paths: list[str], *, host: str = "127.0.0.1", port: int = 8000) -> int:
+def run_local(manifest_paths: list[str], *, host: str = "127.0.0.1", port: int = ROUTER_PORT) -> int:
     """Run the deployments of ``manifest_paths`` here until Ctrl-C / SIGTERM; the exit code."""
     try:
         plans = plan(list(manifest_paths), host=host, port=port)

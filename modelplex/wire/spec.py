@@ -45,6 +45,8 @@ DEFAULT_LOAD_TIMEOUT_S = 300.0
 DEFAULT_GRACEFUL_SHUTDOWN_S = 20.0
 #: Routers per deployment (pods): one can restart or move while the other serves.
 DEFAULT_ROUTER_REPLICAS = 2
+DEFAULT_ROUTER_PORT = 8000
+DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 #: ``router.requestTimeoutSeconds`` when unset: this much past ``loadTimeoutSeconds``, so a slow
 #: load ends with the cache's own 504 (which names the load) and the router's timeout catches
 #: only a replica that stopped answering.
@@ -64,6 +66,7 @@ _DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 1
 
 SOURCE_SCHEMES = ("file", "http", "https", "s3")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+MAX_NAME_LENGTH = 50
 _HANDLER = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
@@ -182,7 +185,7 @@ class RouterAuth(_Model):
 
 class RouterSpec(_Model):
     replicas: int = Field(default=DEFAULT_ROUTER_REPLICAS, ge=0)
-    port: int = Field(default=8000, ge=1, le=65535)
+    port: int = Field(default=DEFAULT_ROUTER_PORT, ge=1, le=65535)
     # Until the replica's first byte (a model load included); unset: loadTimeoutSeconds + 30 s.
     request_timeout_seconds: float | None = Field(default=None, gt=0, alias="requestTimeoutSeconds")
     # Loading and unloading models through the router is arbitrary code execution on the
@@ -252,7 +255,7 @@ class DeploymentSpec(_Model):
     multiplexing: Multiplexing = Multiplexing()
     batching: Batching = Batching()
     max_ongoing_requests: int = Field(default=DEFAULT_MAX_ONGOING_REQUESTS, ge=1, alias="maxOngoingRequests")
-    max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, alias="maxRequestBytes")
+    max_request_bytes: int = Field(default=DEFAULT_MAX_REQUEST_BYTES, ge=1024, alias="maxRequestBytes")
     resources: dict[str, Any] = Field(default_factory=dict)
     env: tuple[EnvVar, ...] = ()
     router: RouterSpec = RouterSpec()
@@ -316,9 +319,19 @@ class Deployment(_Model):
     @field_validator("name")
     @classmethod
     def _check_name(cls, name: str) -> str:
-        if len(name) > 50 or not _DNS_LABEL.match(name):
-            raise ValueError(f"must be a DNS label of at most 50 characters (got {name!r})")
-        return name
+        return check_deployment_name(name)
+
+
+def check_deployment_name(name: str) -> str:
+    """``name`` if the cluster accepts it as a deployment's name, else :class:`ValueError` with
+    the message every entry point (operator, local mode) gives: a DNS label of at most
+    :data:`MAX_NAME_LENGTH` characters (the objects' names add suffixes) that starts with a
+    letter (the router Service is named after it, and a Service name must)."""
+    if len(name) > MAX_NAME_LENGTH or not _DNS_LABEL.match(name):
+        raise ValueError(f"must be a DNS label of at most {MAX_NAME_LENGTH} characters (got {name!r})")
+    if not name[0].isalpha():
+        raise ValueError(f"must start with a letter, as it names the router Service (got {name!r})")
+    return name
 
 
 def _describe(error: ValidationError, prefix: str) -> list[str]:

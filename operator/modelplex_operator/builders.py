@@ -25,7 +25,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import yaml
 
@@ -191,16 +191,20 @@ def spec_hash(deployment: Deployment) -> str:
 # --------------------------------------------------------------------------- objects
 
 
-def service_accounts(deployment: Deployment, owner: dict[str, Any]) -> list[dict[str, Any]]:
+def _per_role(deployment: Deployment, owner: dict[str, Any], api_version: str, kind: str,
+              body: Callable[[str, str], dict[str, Any]]) -> list[dict[str, Any]]:
+    """One object of ``kind`` for each role (replica, router), named after the role's objects;
+    ``body(role, object_name)`` gives the fields beyond the metadata."""
     name, ns = deployment.name, deployment.namespace
     return [
-        {
-            "apiVersion": "v1",
-            "kind": "ServiceAccount",
-            "metadata": _metadata(object_name, ns, role_labels(name, role), owner),
-        }
+        {"apiVersion": api_version, "kind": kind,
+         "metadata": _metadata(object_name, ns, role_labels(name, role), owner), **body(role, object_name)}
         for role, object_name in ((ROLE_REPLICA, replica_name(name)), (ROLE_ROUTER, router_name(name)))
     ]
+
+
+def service_accounts(deployment: Deployment, owner: dict[str, Any]) -> list[dict[str, Any]]:
+    return _per_role(deployment, owner, "v1", "ServiceAccount", lambda role, object_name: {})
 
 
 #: Least privilege: a replica reads and patches pods (its own annotation; RBAC cannot name a pod
@@ -212,51 +216,36 @@ ROLE_RULES: dict[str, list[dict[str, Any]]] = {
 
 
 def roles(deployment: Deployment, owner: dict[str, Any]) -> list[dict[str, Any]]:
-    name, ns = deployment.name, deployment.namespace
-    out = []
-    for role, object_name in ((ROLE_REPLICA, replica_name(name)), (ROLE_ROUTER, router_name(name))):
-        out.append({
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": _metadata(object_name, ns, role_labels(name, role), owner),
-            "rules": [dict(rule) for rule in ROLE_RULES[role]],
-        })
-    return out
+    return _per_role(deployment, owner, "rbac.authorization.k8s.io/v1", "Role",
+                     lambda role, object_name: {"rules": [dict(rule) for rule in ROLE_RULES[role]]})
 
 
 def role_bindings(deployment: Deployment, owner: dict[str, Any]) -> list[dict[str, Any]]:
-    name, ns = deployment.name, deployment.namespace
-    out = []
-    for role, object_name in ((ROLE_REPLICA, replica_name(name)), (ROLE_ROUTER, router_name(name))):
-        out.append({
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": _metadata(object_name, ns, role_labels(name, role), owner),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": object_name},
-            "subjects": [{"kind": "ServiceAccount", "name": object_name, "namespace": ns}],
-        })
-    return out
+    return _per_role(deployment, owner, "rbac.authorization.k8s.io/v1", "RoleBinding", lambda role, object_name: {
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": object_name},
+        "subjects": [{"kind": "ServiceAccount", "name": object_name, "namespace": deployment.namespace}],
+    })
 
 
-def config_map(deployment: Deployment, owner: dict[str, Any]) -> dict[str, Any]:
-    name, ns = deployment.name, deployment.namespace
+def _config_map(deployment: Deployment, owner: dict[str, Any], object_name: str, component: str,
+                data: dict[str, str]) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _metadata(config_map_name(name), ns, labels(name, COMPONENT_SPEC), owner),
-        "data": {SPEC_FILE: spec_document(deployment)},
+        "metadata": _metadata(object_name, deployment.namespace, labels(deployment.name, component), owner),
+        "data": data,
     }
+
+
+def config_map(deployment: Deployment, owner: dict[str, Any]) -> dict[str, Any]:
+    return _config_map(deployment, owner, config_map_name(deployment.name), COMPONENT_SPEC,
+                       {SPEC_FILE: spec_document(deployment)})
 
 
 def hot_models_config_map(deployment: Deployment, owner: dict[str, Any], models: Sequence[str]) -> dict[str, Any]:
     """ConfigMap ``N-hot-models``: the models a new replica pre-loads before it reports Ready."""
-    name, ns = deployment.name, deployment.namespace
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": _metadata(hot_models_config_map_name(name), ns, labels(name, COMPONENT_HOT_MODELS), owner),
-        "data": {HOT_MODELS_FILE: format_hot_models(models)},
-    }
+    return _config_map(deployment, owner, hot_models_config_map_name(deployment.name), COMPONENT_HOT_MODELS,
+                       {HOT_MODELS_FILE: format_hot_models(models)})
 
 
 def replica_count(deployment: Deployment, current: int | None = None) -> int:

@@ -37,8 +37,8 @@ from modelplex_router.auth import Access, access_middleware, external
 from modelplex_router.config import RouterConfig
 from modelplex_router.discovery.base import Discovery
 from modelplex_router.discovery.documents import DocumentFetcher
-from modelplex_router.keys import (CLOCK, CONFIG, DISCOVERY, DRAINING, METRICS, PROXY, SCHEDULER, SESSION,
-                                   TABLE, measured)
+from modelplex_router.keys import CLOCK, CONFIG, DISCOVERY, DRAINING, METRICS, PROXY, SCHEDULER, SESSION, TABLE
+from modelplex_router.measured import measured
 from modelplex_router.metrics import CONTENT_TYPE, RouterMetrics
 from modelplex_router.openapi import openapi_document
 from modelplex_router.proxy import FORWARDED_REQUEST_HEADERS, REPLICA_HEADER, Proxy

@@ -25,7 +25,8 @@ from modelplex.wire.errors import ModelNotFound, ModelplexError
 from modelplex.http import error_response
 from modelplex.wire.oip import (HEADER_LENGTH, PROTOCOL, PROTOCOL_HEADER, VERSION_HEADER, error_body, parse_header,
                            split_body)
-from modelplex_router.keys import CLOCK, PROXY, SESSION, TABLE, checked_model_id, measured
+from modelplex_router.keys import CLOCK, PROXY, SESSION, TABLE
+from modelplex_router.measured import checked_model_id, measured
 
 SERVER_NAME = "modelplex"
 EXTENSIONS = ("binary_tensor_data", "model_repository")

@@ -97,12 +97,9 @@ class AutoscaleLoop:
     ):
         """``on_status(key)`` is called when a resource's autoscaling status changed (the
         status keeper's ``poke``)."""
-        self.ctx = ctx
-        self.on_status = on_status
-        self.tick_s = tick_s
-        self.fetch_timeout_s = fetch_timeout_s
-        self.clock = clock
-        self.wall = wall
+        self.ctx, self.on_status = ctx, on_status
+        self.tick_s, self.fetch_timeout_s = tick_s, fetch_timeout_s
+        self.clock, self.wall = clock, wall
         self.states: dict[Key, ScaleState] = {}
         self._task: asyncio.Task | None = None
         self._session: aiohttp.ClientSession | None = None
