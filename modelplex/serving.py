@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import signal
 import typing
@@ -29,6 +30,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from modelplex.http import to_json
+from modelplex.wire.credentials import ENV_INTERNAL_TOKEN_FILE
 
 log = logging.getLogger("modelplex.serving")
 
@@ -45,6 +47,24 @@ _OVER_CAP_BODY = b'{"error": {"code": "overloaded", "message": "too many open co
 _OVER_CAP = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
              b"Connection: close\r\nContent-Length: " + str(len(_OVER_CAP_BODY)).encode() + b"\r\n\r\n"
              + _OVER_CAP_BODY)
+
+
+class UnguardedHost(ValueError):
+    """A router or replica with no internal credential asked to listen beyond loopback."""
+
+
+def check_unguarded_host(host: str, what: str) -> None:
+    """A server without an internal credential runs on loopback only (with a warning): local
+    mode and pods always give one; elsewhere it would let anyone who reaches it in."""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise UnguardedHost(f"a {what} on {host} needs an internal credential: set {ENV_INTERNAL_TOKEN_FILE} "
+                            "to a file holding it (local mode and pods set it)")
+    log.warning("no internal credential (%s): the %s's internal API is open to anyone on this machine",
+                ENV_INTERNAL_TOKEN_FILE, what)
 
 
 class JsonErrorProtocol(RequestHandler):
@@ -110,11 +130,13 @@ class _FirstBytes(asyncio.Protocol):
             self._server.awaiting_first -= 1
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport
+        self._transport = typing.cast(asyncio.Transport, transport)  # a stream server's connection
 
     def data_received(self, data: bytes) -> None:
         transport = self._transport
         self._uncount()
+        if transport is None:  # lost already
+            return
         if self._handoff.wants(data):
             transport.pause_reading()
             self._handoff.take(transport, data)
@@ -137,7 +159,8 @@ class _JsonErrorServer(web.Server):
     max_connections: int | None = DEFAULT_MAX_CONNECTIONS
     awaiting_first: int = 0  # connections whose first bytes have not come yet
 
-    def __call__(self) -> asyncio.Protocol:
+    # The loop takes any protocol from a server's factory; aiohttp's annotation names its own.
+    def __call__(self) -> asyncio.Protocol:  # type: ignore[override]
         if self.max_connections is not None and len(self.connections) + self.awaiting_first >= self.max_connections:
             return _OverCap()
         return self.protocol() if self.handoff is None else _FirstBytes(self, self.handoff)
@@ -160,10 +183,11 @@ class JsonErrorRunner(web.AppRunner):
         server = await super()._make_server()
         # The app's own Server, built by aiohttp as usual; only the protocol it makes differs.
         server.__class__ = _JsonErrorServer
-        server.handoff = self._app.get(HANDOFF)
-        server.max_connections = self._max_connections
-        server.awaiting_first = 0
-        return server
+        ours = typing.cast(_JsonErrorServer, server)
+        ours.handoff = self.app.get(HANDOFF)
+        ours.max_connections = self._max_connections
+        ours.awaiting_first = 0
+        return ours
 
 
 def serve(app: web.Application, *, host: str, port: int, grace_s: float, drain: Drain | None = None,

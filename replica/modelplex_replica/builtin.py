@@ -131,7 +131,7 @@ class TorchScriptHandler:
         module = module.eval()
         declared = _declared_metadata(model_id, extra[METADATA_FILE])
         if declared is not None:
-            return LoadedModel(module, *declared, checks=declared[0])
+            return LoadedModel(module, declared[0], declared[1], checks=declared[0])
         inputs, outputs, checks = _inspect_metadata(module)
         return LoadedModel(module, inputs, outputs, checks=checks)
 
@@ -257,7 +257,7 @@ def _answer(work: _Work, model: LoadedModel, outputs: list[np.ndarray]) -> Any:
     return {"outputs": first[0] if work.single else first}
 
 
-def _declared_metadata(model_id: str, text: str) -> tuple[tuple[dict, ...], tuple[dict, ...]] | None:
+def _declared_metadata(model_id: str, text: str) -> tuple[tuple[dict, ...], ...] | None:  # (inputs, outputs)
     if not text:
         return None
     try:
@@ -276,14 +276,14 @@ def _declared_metadata(model_id: str, text: str) -> tuple[tuple[dict, ...], tupl
 def _inspect_metadata(module: torch.jit.ScriptModule) -> tuple[tuple[dict, ...], tuple[dict, ...], tuple[dict, ...] | None]:
     """(inputs, outputs) as reported, and the checks that are certain (None: names unknown)."""
     try:
-        names = [a.name for a in module.forward.schema.arguments[1:]]  # [0] is self
+        names = [a.name for a in module.forward.schema.arguments[1:]]  # type: ignore[attr-defined]  # [0] is self; torch types a ScriptMethod as a plain callable
         named = True
     except (AttributeError, RuntimeError):
         names, named = ["input0"], False
     parameter = next((p for p in module.parameters() if p.is_floating_point()), None)
     datatype = datatype_of(np.empty(0, dtype=str(parameter.dtype).removeprefix("torch."))) if parameter is not None \
         else "FP32"
-    linears = [m for m in module.modules() if getattr(m, "original_name", "") == "Linear"]
+    linears: list[Any] = [m for m in module.modules() if getattr(m, "original_name", "") == "Linear"]  # scripted: attributes untyped
     # The input is the first Linear's only when it is the first layer with weights (an
     # Embedding first takes integer ids of any width).
     weighted = [m for m in module.modules() if any(True for _ in m.parameters(recurse=False))]

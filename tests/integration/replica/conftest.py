@@ -8,25 +8,21 @@ import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from support.manifests import handler_manifest
+from support.manifests import manifest_writer
 from support.servers import free_port
 
 HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture
-def manifest(tmp_path: Path):
+def manifest(tmp_path: Path) -> Callable[..., Path]:
     """Write a manifest for ``spec`` (merged over a Probe handler default) and return its path."""
-
-    def write(name: str = "probe", **spec) -> Path:
-        return handler_manifest(tmp_path, HERE / "probe.py", name, **{"handler": "probe:Probe", **spec})
-
-    return write
+    return manifest_writer(tmp_path, HERE / "probe.py", "probe:Probe")
 
 
 @dataclass(frozen=True)
