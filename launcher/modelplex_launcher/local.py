@@ -37,7 +37,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from modelplex.autoscaling import (DEFAULT_TICK_S, ENV_PRELOAD_FILE, LOAD_PATH, Autoscaler, LoadReport, coldest_first,
@@ -69,6 +69,8 @@ class Plan:
     replica_ports: list[int]
     #: ``spec.router.auth``'s client tokens (client name → token), from a Secret of the manifests.
     client_tokens: dict[str, str] | None = None
+    #: ``spec.modelSource.secretRef``'s keys and values, the replicas' environment as a pod's envFrom.
+    source_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def router_url(self) -> str:
@@ -163,8 +165,18 @@ def plan(manifest_paths: list[str], *, host: str, port: int) -> list[Plan]:
         spec = deployment.spec
         slots = spec.autoscaling.max_replicas if spec.autoscaling else spec.starting_replicas
         plans.append(Plan(deployment, manifest, host, router_port, free_ports(slots),
-                          client_tokens=_client_tokens(deployment, secrets)))
+                          client_tokens=_client_tokens(deployment, secrets), source_env=_source_env(deployment, secrets)))
     return plans
+
+
+def _source_env(deployment: Deployment, secrets: dict[tuple[str, str], SecretDocument]) -> dict[str, str]:
+    """The Secret ``spec.modelSource.secretRef`` names, from the manifests (none there: the
+    replicas see local mode's own environment only, e.g. AWS_* or MODELPLEX_SOURCE_HEADER_*)."""
+    source = deployment.spec.model_source
+    if source is None or source.secret_ref is None:
+        return {}
+    secret = secrets.get((deployment.namespace, source.secret_ref.name))
+    return dict(secret.data) if secret is not None else {}
 
 
 def _client_tokens(deployment: Deployment, secrets: dict[tuple[str, str], SecretDocument]) -> dict[str, str] | None:
@@ -210,7 +222,7 @@ class LocalRun:
         for p in plans:
             name = p.deployment.name
             base = [sys.executable, "-m", "modelplex_launcher.cli", "--log-level", self.log_level]
-            replica_env = {**self.env, **_spec_env(p.deployment, self.say)}
+            replica_env = {**self.env, **p.source_env, **_spec_env(p.deployment, self.say)}
             autoscaling = p.deployment.spec.autoscaling
             hot_models_file = self.state_dir / f"{name}.hot-models"
             if autoscaling is not None:

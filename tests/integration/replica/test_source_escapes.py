@@ -19,6 +19,7 @@ from modelplex.wire.ids import InvalidModelId
 from modelplex.wire.names import MODEL_ID_HEADER
 from modelplex_replica.sources import ModelSource, source_headers
 from support.servers import MODELPLEX, wait_ready
+from support.stacks import start_local
 
 PREFIX = "/store/tenant-a/"
 PASSWORD = "pa55-w0rd-xyz"
@@ -147,3 +148,32 @@ def test_modelplex_local_refuses_a_model_id_in_the_host(processes, tmp_path):
     output = proc.log.read_text(errors="replace")
     assert "spec.modelSource.uri" in output and "host" in output
     assert PASSWORD not in output
+
+
+async def test_modelplex_local_sends_the_source_secret_as_a_header_and_shows_it_nowhere(processes, tmp_path, tenants):
+    documents = [
+        {"apiVersion": "modelplex.io/v1alpha1", "kind": "MultiplexedDeployment", "metadata": {"name": "creds"},
+         "spec": {"replicas": 1, "image": "local", "batching": {"batchWaitTimeoutMs": 1},
+                  "modelSource": {"uri": f"{tenants.url}{PREFIX}{{model_id}}.pt?sig={TOKEN}",
+                                  "secretRef": {"name": "store-reader"}}}},
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "store-reader"},
+         "stringData": {"MODELPLEX_SOURCE_HEADER_AUTHORIZATION": f"Bearer {PASSWORD}"}},
+    ]
+    manifest = tmp_path / "local-creds.yaml"
+    manifest.write_text("\n---\n".join(json.dumps(document) for document in documents))
+    stack = start_local(processes, manifest, 1)
+    url = stack.urls["creds"]
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        answers = []
+        for model_id in ("m1", "missing", "../tenant-b/private"):
+            async with session.post(url + "/", json={"inputs": [1.0, 2.0, 3.0]},
+                                    headers={MODEL_ID_HEADER: model_id}) as response:
+                answers.append((response.status, await response.text()))
+        async with session.get(url + "/metrics") as response:
+            metrics = await response.text()
+    assert [status for status, _ in answers] == [200, 404, 400]
+    assert {f.headers.get("Authorization") for f in tenants.fetches} == {f"Bearer {PASSWORD}"}
+    assert all(f.query == f"sig={TOKEN}" and f.path.startswith(PREFIX) for f in tenants.fetches)
+    log = stack.proc.log.read_text(errors="replace")
+    for text in [*(body for _, body in answers), metrics, log]:
+        assert PASSWORD not in text and TOKEN not in text
