@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, Callable
 
@@ -10,7 +11,7 @@ import orjson
 from aiohttp import web
 
 from modelplex.wire.credentials import INTERNAL_TOKEN_HEADER, internal_token_file
-from modelplex.wire.errors import ModelplexError
+from modelplex.wire.errors import ModelplexError, RequestTimeout
 
 log = logging.getLogger(__name__)
 
@@ -85,3 +86,14 @@ def internal_session(**options: Any) -> aiohttp.ClientSession:
     token = internal_token_file()
     middlewares = (sending_token(token.token),) if token is not None else ()
     return aiohttp.ClientSession(middlewares=middlewares, **options)
+
+
+async def read_body(request: web.Request, timeout_s: float) -> bytes:
+    """The whole body within ``timeout_s`` (``spec.router.bodyTimeoutSeconds``), else
+    :class:`RequestTimeout` (408): a client trickling its body holds nothing for long."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await request.read()  # over client_max_size: HTTPRequestEntityTooLarge → 413
+    except TimeoutError:
+        raise RequestTimeout(f"the request body did not arrive within {timeout_s:g} s "
+                             "(spec.router.bodyTimeoutSeconds)") from None

@@ -204,6 +204,15 @@ class NetworkPolicySpec(_Model):
     mode: Literal["none", "replicas", "strict"] = "replicas"
 
 
+class Cors(_Model):
+    """Browsers on these origins may call the router (``*``: any); empty: no CORS headers."""
+
+    allow_origins: tuple[str, ...] = Field(default=(), alias="allowOrigins")
+
+    def allows(self, origin: str) -> bool:
+        return "*" in self.allow_origins or origin in self.allow_origins
+
+
 class RouterAuth(_Model):
     """Bearer tokens for the router's clients: a Secret whose keys are client names and whose
     values are their tokens; ``models`` limits a client to the model ids matching its globs."""
@@ -229,6 +238,9 @@ class RouterSpec(_Model):
     # replicas (TorchScript is code): off unless asked for, as in Triton.
     model_control: bool = Field(default=False, alias="modelControl")
     auth: RouterAuth | None = None
+    cors: Cors = Cors()
+    # JSON lines for every request (model control and method calls are logged always).
+    access_log: bool = Field(default=False, alias="accessLog")
 
 
 class EnvVar(BaseModel):

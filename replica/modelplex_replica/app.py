@@ -25,7 +25,7 @@ from modelplex.context import set_multiplexed_model_id
 from modelplex.wire.errors import (BadRequest, HandlerError, ModelplexError, NotFound, NotReady, Overloaded,
                                    RequestTimeout)
 from modelplex.handles import close_handles
-from modelplex.http import error_middleware, from_json, is_json, to_json
+from modelplex.http import error_middleware, from_json, is_json, read_body, to_json
 from modelplex.wire.ids import InvalidModelId, validate_model_id
 from modelplex.wire.loaded import LoadedModels, LoadedSummary
 from modelplex.multiplex import find_cache
@@ -247,14 +247,12 @@ async def _read_body(request: web.Request, state: ReplicaState, model_id: str) -
     408 and a closed connection when it does not arrive in time."""
     timeout = state.deployment.spec.router.body_timeout_seconds
     try:
-        async with asyncio.timeout(timeout):
-            await request.read()  # over client_max_size: HTTPRequestEntityTooLarge → 413
-    except TimeoutError:
+        await read_body(request, timeout)
+    except RequestTimeout:
         state.metrics.observe_request(model_id, RequestTimeout.status, timeout)
         # No force_close: aiohttp sends the 408, then reads (lingers on) the rest for a while and
         # closes; closing at once with unread bytes would reset the connection, losing the 408.
-        raise RequestTimeout(f"the request body did not arrive within {timeout:g} s "
-                             f"(spec.router.bodyTimeoutSeconds)") from None
+        raise
     except web.HTTPException as error:
         state.metrics.observe_request(model_id, error.status, 0.0)
         raise

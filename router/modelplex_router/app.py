@@ -30,10 +30,12 @@ from aiohttp import web
 from modelplex.autoscaling import LOAD_PATH
 from modelplex.wire.credentials import ClientTokens, TokenFile
 from modelplex.wire.forwarded import forwarded_headers
-from modelplex.http import error_middleware, internal_session
+from modelplex.http import error_middleware, internal_session, read_body
 from modelplex.wire.names import DASHED_MODEL_ID_HEADER, MODEL_ID_HEADER
 from modelplex_router import load, oip
+from modelplex_router.access_log import access_log
 from modelplex_router.auth import Access, access_middleware, external
+from modelplex_router.browsers import add_cors_headers, preflights
 from modelplex_router.config import RouterConfig
 from modelplex_router.discovery.base import Discovery
 from modelplex_router.discovery.documents import DocumentFetcher
@@ -56,7 +58,10 @@ def create_app(config: RouterConfig, discovery: Discovery, *,
                clock: Callable[[], float] = time.monotonic) -> web.Application:
     """A router for one deployment, its replicas found by ``discovery``."""
     access = access_of(config)
-    app = web.Application(middlewares=[error_middleware, oip.protocol_errors, access_middleware(access)],
+    # In this order: a CORS preflight is answered before authentication, which comes before the body
+    # is read (within the body timeout, by the handlers).
+    app = web.Application(middlewares=[error_middleware, preflights(config.cors), access_log(config.access_log),
+                                       oip.protocol_errors, access_middleware(access)],
                           client_max_size=config.max_request_bytes)
     app[ACCESS] = access
     app[CONFIG] = config
@@ -87,9 +92,13 @@ def create_app(config: RouterConfig, discovery: Discovery, *,
     routes.add_get("/v1/replicas", replicas)
     routes.add_get(LOAD_PATH, load.load)
     routes.add_post("/v1/models/{model}/predict", predict)
+    # For clients that cannot send headers (a browser's EventSource): the model in the path.
+    routes.add_get("/v1/models/{model}/predict", predict)
     oip.add_routes(routes, ready=readyz)
     routes.add_route("*", "/{tail:" + RESERVED + ".*}", invoke)
     app.on_response_prepare.append(_hide_routing)
+    if config.cors.allow_origins:
+        app.on_response_prepare.append(lambda request, response: add_cors_headers(request, response, config.cors))
     return app
 
 
@@ -170,13 +179,15 @@ async def invoke(request: web.Request) -> web.StreamResponse:
 
 
 async def predict(request: web.Request) -> web.StreamResponse:
-    """``POST /v1/models/{model}/predict``: the model named in the path."""
+    """``POST`` (or ``GET``) ``/v1/models/{model}/predict``: the model named in the path; the
+    method, path and query string reach the handler as sent."""
     model = request.match_info["model"]
-    return await measured(request, model, lambda: _forward(request, model))
+    sent = forwarded_headers(request.method, request.raw_path, request.headers.items(), FORWARDED_REQUEST_HEADERS)
+    return await measured(request, model, lambda: _forward(request, model, sent))
 
 
 async def _forward(request: web.Request, model: str, headers: dict[str, str] | None = None) -> web.StreamResponse:
-    body = await request.read()
+    body = await read_body(request, request.app[CONFIG].body_timeout_s)
     return await request.app[PROXY].forward(request, model, body, headers=headers)
 
 

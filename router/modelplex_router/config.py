@@ -8,8 +8,8 @@ from typing import Mapping
 
 from modelplex.autoscaling import DEFAULT_HOLD_AT_ZERO_S
 from modelplex.wire.credentials import ENV_CLIENT_TOKENS_DIR, ENV_INTERNAL_TOKEN_FILE
-from modelplex.wire.spec import (DEFAULT_LOAD_TIMEOUT_S, DEFAULT_MAX_REQUEST_BYTES, REQUEST_TIMEOUT_MARGIN_S, Deployment,
-                                 RouterAuth)
+from modelplex.wire.spec import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_LOAD_TIMEOUT_S, DEFAULT_MAX_REQUEST_BYTES,
+                                 REQUEST_TIMEOUT_MARGIN_S, Cors, Deployment, RouterAuth)
 from modelplex_router.policy import POLICIES, Params
 
 # Not MODELPLEX_ROUTER_*: local mode exports MODELPLEX_ROUTER_<DEPLOYMENT> for every
@@ -49,6 +49,11 @@ class RouterConfig:
     poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
     #: ``spec.router.modelControl``: load and unload through the router.
     model_control: bool = False
+    #: ``spec.router.bodyTimeoutSeconds``: a body not in by then is a 408.
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    #: ``spec.router.cors.allowOrigins`` and ``spec.router.accessLog``.
+    cors: Cors = Cors()
+    access_log: bool = False
     #: ``spec.router.auth``: client tokens and the models each client may call.
     auth: RouterAuth | None = None
     #: The client tokens (a mounted Secret: one file per client) and the internal credential.
@@ -75,6 +80,9 @@ class RouterConfig:
             poll_interval_s=_positive(env, ENV_POLL_INTERVAL, DEFAULT_POLL_INTERVAL_S),
             hold_at_zero_s=_positive(env, ENV_HOLD_AT_ZERO, DEFAULT_HOLD_AT_ZERO_S) if spec.autoscaling else None,
             model_control=spec.router.model_control,
+            body_timeout_s=spec.router.body_timeout_seconds,
+            cors=spec.router.cors,
+            access_log=spec.router.access_log,
             auth=spec.router.auth,
             client_tokens_dir=env.get(ENV_CLIENT_TOKENS_DIR) or None,
             internal_token_file=env.get(ENV_INTERNAL_TOKEN_FILE) or None,

@@ -22,10 +22,10 @@ import orjson
 from aiohttp import web
 
 from modelplex.wire.errors import ModelNotFound, ModelplexError
-from modelplex.http import error_response
+from modelplex.http import error_response, read_body
 from modelplex.wire.oip import (HEADER_LENGTH, PROTOCOL, PROTOCOL_HEADER, VERSION_HEADER, error_body, parse_header,
                            split_body)
-from modelplex_router.keys import CLOCK, PROXY, SESSION, TABLE
+from modelplex_router.keys import CLOCK, CONFIG, PROXY, SESSION, TABLE
 from modelplex_router.measured import checked_model_id, measured
 
 SERVER_NAME = "modelplex"
@@ -157,7 +157,7 @@ async def infer(request: web.Request) -> web.StreamResponse:
     model, version = _model(request)
 
     async def answer() -> web.StreamResponse:
-        body = await request.read()
+        body = await read_body(request, request.app[CONFIG].body_timeout_s)
         header_length = request.headers.get(HEADER_LENGTH)
         parse_header(split_body(body, header_length)[0])  # a malformed request is refused here, not by a replica
         headers = {PROTOCOL_HEADER: PROTOCOL}

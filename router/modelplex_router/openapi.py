@@ -97,6 +97,9 @@ OPERATIONS: dict[tuple[str, str], list[tuple[str, dict]]] = {
     ("POST", "/v1/models/{model}/predict"): [("/v1/models/{model}/predict", {
         "summary": "Call the handler for a model named in the path", "tags": ["handler"], "parameters": [_MODEL],
         "requestBody": _HANDLER_BODY, "responses": _HANDLER_ANSWERS})],
+    ("GET", "/v1/models/{model}/predict"): [("/v1/models/{model}/predict", {
+        "summary": "Call the handler for a model named in the path, with no body (a browser's EventSource)",
+        "tags": ["handler"], "parameters": [_MODEL], "responses": _HANDLER_ANSWERS})],
     ("*", "/{tail}"): [
         ("/", {"get": _handler_operation("Call the handler (no body)", body=False),
                "post": _handler_operation("Call the handler", body=True)}),

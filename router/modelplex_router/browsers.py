@@ -1,0 +1,57 @@
+"""Browsers: CORS preflights answered by the router itself, and CORS headers on answers to the
+origins ``spec.router.cors.allowOrigins`` names.
+
+A preflight (``OPTIONS`` with ``Origin`` and ``Access-Control-Request-Method``) never reaches a
+handler, whatever the config: with the origin allowed it gets 204 and the CORS headers, else 204
+with none (the browser then refuses the call). It is answered before authentication, since a
+browser sends no credential with it.
+"""
+
+from __future__ import annotations
+
+from aiohttp import hdrs, web
+from aiohttp.typedefs import Handler, Middleware
+
+from modelplex.wire.names import DASHED_MODEL_ID_HEADER, MODEL_ID_HEADER
+from modelplex.wire.spec import Cors
+
+#: What a browser may send besides the CORS-safelisted headers: the model id (either spelling),
+#: a bearer token, a JSON body, an event stream's Last-Event-ID.
+ALLOWED_HEADERS = ", ".join([MODEL_ID_HEADER, DASHED_MODEL_ID_HEADER, "Authorization", "Content-Type", "Last-Event-ID"])
+#: A preflight's answer is cached this long by the browser.
+MAX_AGE_S = 600
+
+
+def is_preflight(request: web.Request) -> bool:
+    return (request.method == hdrs.METH_OPTIONS and hdrs.ORIGIN in request.headers
+            and hdrs.ACCESS_CONTROL_REQUEST_METHOD in request.headers)
+
+
+def cors_headers(cors: Cors, origin: str | None) -> dict[str, str]:
+    """The CORS headers for an answer to ``origin`` (none when it is not allowed)."""
+    if not origin or not cors.allows(origin):
+        return {}
+    return {hdrs.ACCESS_CONTROL_ALLOW_ORIGIN: origin, hdrs.VARY: hdrs.ORIGIN}
+
+
+def preflights(cors: Cors) -> Middleware:
+    """Answer preflights here; add CORS headers to every other answer (streams included)."""
+
+    @web.middleware
+    async def answer_preflights(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not is_preflight(request):
+            return await handler(request)
+        headers = cors_headers(cors, request.headers.get(hdrs.ORIGIN))
+        if headers:
+            headers.update({hdrs.ACCESS_CONTROL_ALLOW_METHODS: "GET, POST, PUT, PATCH, DELETE, OPTIONS",
+                            hdrs.ACCESS_CONTROL_ALLOW_HEADERS: ALLOWED_HEADERS,
+                            hdrs.ACCESS_CONTROL_MAX_AGE: str(MAX_AGE_S)})
+        return web.Response(status=204, headers=headers)
+
+    return answer_preflights
+
+
+async def add_cors_headers(request: web.Request, response: web.StreamResponse, cors: Cors) -> None:
+    """Called as an answer's headers go out: the CORS headers for an allowed origin."""
+    for name, value in cors_headers(cors, request.headers.get(hdrs.ORIGIN)).items():
+        response.headers[name] = value
