@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, TypeVar
 
 import aiohttp
 from aiohttp import web
@@ -17,6 +17,8 @@ from modelplex_router.metrics import RouterMetrics
 from modelplex_router.proxy import ABORTED, Proxy
 from modelplex_router.scheduler import Scheduler
 from modelplex_router.table import RoutingTable
+
+T = TypeVar("T")
 
 CONFIG = web.AppKey("config", RouterConfig)
 TABLE = web.AppKey("table", RoutingTable)
@@ -43,7 +45,14 @@ def checked_model_id(model: str) -> str:
 async def measured(request: web.Request, model: str,
                    answer: Callable[[], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
     """Run ``answer()`` counted in the router's metrics: in flight, status and latency."""
-    metrics = request.app[METRICS]
+    return await counted(request.app[METRICS], model, answer, protocol="http",
+                         status_of=lambda response: response.get(ABORTED, response.status))
+
+
+async def counted(metrics: RouterMetrics, model: str, answer: Callable[[], Awaitable[T]], *, protocol: str,
+                  status_of: Callable[[T], int]) -> T:
+    """Run ``answer()`` counted in ``metrics`` under ``protocol``: in flight, status (what
+    ``status_of`` says of its answer, or the error's) and latency."""
     start = time.perf_counter()
     metrics.inflight.inc()
     status = 500
@@ -55,7 +64,7 @@ async def measured(request: web.Request, model: str,
             label = ""
             raise
         response = await answer()
-        status = response.get(ABORTED, response.status)
+        status = status_of(response)
         return response
     except ModelplexError as error:
         status = error.status
@@ -68,4 +77,4 @@ async def measured(request: web.Request, model: str,
         raise
     finally:
         metrics.inflight.dec()
-        metrics.observe(status, time.perf_counter() - start, label)
+        metrics.observe(status, time.perf_counter() - start, label, protocol=protocol)
