@@ -63,8 +63,10 @@ class InferenceService:
                 return messages.ModelReadyResponse(ready=True)
             try:
                 await self._metadata(model)
-            except ModelNotFound:
-                return messages.ModelReadyResponse(ready=False)
+            except ModelplexError as error:
+                if error.status != ModelNotFound.status:
+                    raise
+                return messages.ModelReadyResponse(ready=False)  # no replica can serve it
             return messages.ModelReadyResponse(ready=True)
 
         return await self._answer(context, answer)
@@ -203,11 +205,18 @@ def _raise_for(reply: Reply) -> None:
     """A replica's error answer as the error it stands for."""
     if reply.status < 400:
         return
-    error = error_for_status(reply.status, oip.replica_message(reply.first, None))
+    error = error_for_status(reply.status, oip.replica_message(reply.first, None), _error_code(reply.first))
     retry_after = reply.headers.get("Retry-After")
     if retry_after and retry_after.isdigit():
         error.retry_after = float(retry_after)
     raise error
+
+
+def _error_code(body: bytes) -> str | None:
+    try:
+        return orjson.loads(body)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _checked(parse: Callable[[Reply], Any]) -> Callable[[Reply], Awaitable[Any]]:
