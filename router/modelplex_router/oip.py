@@ -98,17 +98,18 @@ def _as_oip(response: web.StreamResponse) -> web.StreamResponse:
     """A replica's buffered answer with its native error body turned into the protocol's."""
     if response.status < 400 or not isinstance(response, web.Response):
         return response
-    oip = _error(response.status, replica_message(response.body, response.reason))
+    body = response.body if isinstance(response.body, (bytes, bytearray)) else None
+    oip = _error(response.status, replica_message(body, response.reason))
     for name in ("Retry-After", "X-Modelplex-Replica"):
         if name in response.headers:
             oip.headers[name] = response.headers[name]
     return oip
 
 
-def replica_message(body: bytes | None, reason: str | None) -> str:
+def replica_message(body: bytes | bytearray | None, reason: str | None) -> str:
     """The message of a replica's error answer (its JSON error's, else its text or reason)."""
     try:
-        return orjson.loads(body)["error"]["message"]
+        return orjson.loads(body or b"")["error"]["message"]
     except (ValueError, KeyError, TypeError):
         return (body or b"").decode(errors="replace") or reason or "error"
 

@@ -85,7 +85,8 @@ class GrpcServer:
 
     async def _drain(self, grace_s: float) -> None:
         await self.health.set(messages.SERVICE_NAME, _NOT_SERVING)
-        await self._server.stop(grace_s)
+        if self._server is not None:
+            await self._server.stop(grace_s)
 
     async def stop(self, grace_s: float) -> None:
         """Stop (within ``grace_s`` unless a drain already runs) and wait until stopped."""
