@@ -3,7 +3,8 @@
 ``Echo`` answers every input back and their sum; ``Countdown`` streams one computed tensor per
 step, and before each step after the first waits (bounded) for the file named by its ``gate``
 input to exist: a test writes it only once it has the step before, so a stream that arrived
-whole at its end would fail here (the gate never opens) instead of finishing.
+whole at its end would fail here (the gate never opens) instead of finishing. From 13 it fails
+after its first step.
 """
 
 from __future__ import annotations
@@ -39,3 +40,5 @@ class Countdown:
                 else:
                     raise TimeoutError(f"the client never received step {step + 1}")
             yield {"step": np.array([step], dtype=np.int32), "square": np.array([float(step * step)])}
+            if start == 13:
+                raise ValueError("13 is unlucky: no more steps")

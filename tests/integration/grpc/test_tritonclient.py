@@ -243,6 +243,26 @@ def test_a_streamed_request_for_an_unknown_model_gets_its_error_and_the_stream_g
     np.testing.assert_allclose(result.as_numpy("output0"), rest_answer(stack, "mlp-a", ROWS), rtol=1e-6, atol=1e-6)
 
 
+def test_a_generator_that_fails_midway_ends_its_request_with_the_error(stack):
+    answers: queue.Queue = queue.Queue()
+    with client(stack, "countdown") as countdown:
+        countdown.start_stream(callback=lambda result, error: answers.put((result, error)))
+        try:
+            countdown.async_stream_infer("any", countdown_inputs(13, None), request_id="u-13",
+                                         enable_empty_final_response=True)
+            first, error = answers.get(timeout=WAIT_S)
+            assert error is None and first.as_numpy("step").tolist() == [13] and not is_final(first)
+            result, error = answers.get(timeout=WAIT_S)
+            assert result is None and "13 is unlucky" in error.message()
+            # The stream still serves the next request.
+            countdown.async_stream_infer("any", countdown_inputs(1, None), request_id="u-1",
+                                         enable_empty_final_response=True)
+            results = [answers.get(timeout=WAIT_S) for _ in range(2)]
+        finally:
+            countdown.stop_stream()
+    assert [(r.get_response().id, is_final(r)) for r, e in results] == [("u-1", False), ("u-1", True)]
+
+
 async def test_the_asyncio_client_infers_and_streams(stack, tmp_path):
     async with triton_aio.InferenceServerClient(stack.grpc["zoo"]) as zoo:
         assert await zoo.is_server_ready()
