@@ -150,12 +150,13 @@ class Proxy:
         try:
             upstream, first = await self._send(lease, target, headers, body)
             self._learn(lease, upstream.headers.get(LOADED_MODELS_HEADER))
+            clean = target.buffer  # read whole: the connection is reusable whatever ``consume`` makes of it
             rest = _no_chunks() if target.buffer else upstream.content.iter_any()
             try:
                 result = await consume(Reply(upstream.status, upstream.headers, first, rest, lease.replica.name))
             except _FAILURES as error:  # the replica died mid-stream: the caller's answer is cut
                 raise ReplicaFailed(f"replica {lease.replica.name} failed mid-stream ({type(error).__name__})") from None
-            clean = target.buffer or upstream.content.at_eof()
+            clean = clean or upstream.content.at_eof()
             ok = upstream.status < 400
             return result
         finally:
