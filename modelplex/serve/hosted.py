@@ -50,7 +50,7 @@ def construct(target: Any, args: tuple, kwargs: dict, user_config: Any = None) -
         if reconfigure is None:
             raise TypeError(f"{target.__qualname__} has a user_config but no reconfigure(config) method")
         result = reconfigure(user_config)
-        if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):  # an async reconfigure (asyncio.run takes only a coroutine)
             asyncio.run(result)
     return instance
 

@@ -25,6 +25,8 @@ import cloudpickle
 import yaml
 
 from modelplex import processes
+from modelplex.wire.credentials import (ENV_INTERNAL_TOKEN_FILE, TokenFile, internal_token_file, new_token,
+                                        use_internal_token, write_token_file)
 from modelplex.wire.forwarded import ENV_ROUTE_PREFIX, check_route_prefix
 from modelplex.handles import DeploymentHandle, handle
 from modelplex.wire.names import dns_label, router_env_name
@@ -51,12 +53,13 @@ class _Running:
         self.ready = threading.Event()
         # In a group of its own that gets SIGTERM should this process die: nothing outlives it.
         argv = [sys.executable, "-m", "modelplex_launcher.cli", "local", str(folder / "app.yaml"), "--port", str(port)]
-        self.proc = processes.spawn(argv, pipe=True, env={**os.environ, "PYTHONPATH": import_path()})
+        env = {**os.environ, "PYTHONPATH": import_path(), ENV_INTERNAL_TOKEN_FILE: str(script_credential().path)}
+        self.proc = processes.spawn(argv, pipe=True, env=env)
         self.echo = threading.Thread(target=self._echo, name="modelplex-serve-output", daemon=True)
         self.echo.start()
 
     def _echo(self) -> None:
-        for raw in self.proc.stdout:
+        for raw in self.proc.stdout or ():  # (spawned with pipe=True: always set)
             line = raw.decode(errors="replace")
             sys.stderr.write(line)
             self.tail.append(line)
@@ -86,6 +89,19 @@ class _Running:
                 if os.environ.get(router_env_name(name)) == self.urls.get(node.name):
                     os.environ.pop(router_env_name(name), None)
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def script_credential() -> TokenFile:
+    """This script's internal credential, for its handles and every run it starts: one for the
+    script's life, so a handle made for one run still works after a re-run."""
+    current = internal_token_file()
+    if current is not None and current.token() is not None:
+        return current
+    folder = Path(tempfile.mkdtemp(prefix="modelplex-serve-credential-"))
+    atexit.register(shutil.rmtree, folder, True)
+    path = write_token_file(folder / "internal-token", new_token())
+    use_internal_token(path)
+    return TokenFile(path)
 
 
 def import_path() -> str:

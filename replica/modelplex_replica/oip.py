@@ -10,7 +10,7 @@ go as OIP answers, one a frame, when the router asks for them with ``Accept:``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -31,7 +31,7 @@ class OipInvocation(Invocation):
     """``__call__(InferRequest)``, its answer encoded as the protocol says (JSON, or JSON and
     binary tensors with the header length that :func:`finish` sets)."""
 
-    infer: InferRequest | None = None
+    infer: InferRequest = field(kw_only=True)
     header_length: int | None = None
     #: The router asked for a stream's chunks as OIP answers (:data:`STREAM_CONTENT_TYPE`).
     framed: bool = False

@@ -3,7 +3,10 @@
 Model ids, versions, replica endpoints, readiness and the repository's rules are
 :mod:`modelplex_router.oip`'s; requests go through the app's :class:`~modelplex_router.proxy.Proxy`
 (the same scheduler, queue bounds and retries) and are counted in its metrics under
-``protocol="grpc"``. A router error, or a replica's error answer, ends the call with the JSON
+``protocol="grpc"``. Access is the REST request's (:func:`modelplex_router.auth.authorize` of the
+REST path each RPC stands for): the bearer token and the internal credential come as metadata
+(``authorization: Bearer <token>``), and model control is off unless ``spec.router.modelControl``.
+A router error, or a replica's error answer, ends the call with the JSON
 error's message under the code :func:`~modelplex_router.grpc.status.code_for` gives; in
 ``ModelStreamInfer`` it is the stream's ``error_message`` for that request, as Triton does, and the
 stream goes on. RPCs that the router does not serve (model configuration, statistics, shared
@@ -15,19 +18,23 @@ from __future__ import annotations
 import asyncio
 import logging
 from typing import Any, AsyncIterator, Awaitable, Callable
+from urllib.parse import quote
 
 import grpc
 import orjson
 from aiohttp import web
 
+from modelplex.wire.credentials import INTERNAL_TOKEN_HEADER
 from modelplex.wire.errors import BadRequest, ModelNotFound, ModelplexError, ReplicaFailed, error_for_status
 from modelplex.wire.oip import HEADER_LENGTH, STREAM_CONTENT_TYPE, StreamFrames, split_body
 from modelplex_router import oip
-from modelplex_router.app import readiness
+from modelplex_router.app import ACCESS, readiness
+from modelplex_router.auth import Asked, authorize
 from modelplex_router.grpc import messages
 from modelplex_router.grpc.status import code_for, retry_metadata
 from modelplex_router.grpc.tensors import FINAL, final_response, infer_response, request_body, wants_empty_final
-from modelplex_router.keys import METRICS, PROXY, counted
+from modelplex_router.keys import METRICS, PROXY
+from modelplex_router.measured import counted
 from modelplex_router.proxy import Reply
 
 log = logging.getLogger("modelplex.router.grpc")
@@ -51,7 +58,10 @@ class InferenceService:
         return messages.ServerReadyResponse(ready=readiness(self.app)["ready"])
 
     async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return messages.ServerMetadataResponse(**oip.server_metadata_document())
+        async def answer() -> Any:
+            return messages.ServerMetadataResponse(**oip.server_metadata_document())
+
+        return await self._answer(context, answer, path="/v2")
 
     # -- models ------------------------------------------------------------------------------
 
@@ -69,7 +79,7 @@ class InferenceService:
                 return messages.ModelReadyResponse(ready=False)  # no replica can serve it
             return messages.ModelReadyResponse(ready=True)
 
-        return await self._answer(context, answer)
+        return await self._answer(context, answer, path=_model_path(request.name, "/ready"), named=request.name)
 
     async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def answer() -> Any:
@@ -84,7 +94,7 @@ class InferenceService:
                                                  shape=tensor["shape"])
             return response
 
-        return await self._answer(context, answer, model=request.name)
+        return await self._answer(context, answer, path=_model_path(request.name), model=request.name)
 
     async def _metadata(self, model: str) -> dict:
         """The model's metadata from a replica (one that holds it, else one that loads it now)."""
@@ -108,7 +118,8 @@ class InferenceService:
             return await self.app[PROXY].exchange(model, body, oip.infer_headers(str(header_length), version),
                                                   _checked(unary))
 
-        return await self._answer(context, answer, model=request.model_name)
+        return await self._answer(context, answer, path=_model_path(request.model_name, "/infer"),
+                                  model=request.model_name)
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> None:
         """Every request of the stream at once; each one's answers as they come, then (when it
@@ -121,9 +132,10 @@ class InferenceService:
 
         async with asyncio.TaskGroup() as group:
             async for request in requests:
-                group.create_task(self._stream_one(request, write))
+                group.create_task(self._stream_one(request, write, context))
 
-    async def _stream_one(self, request: Any, write: Callable[[Any], Awaitable[None]]) -> None:
+    async def _stream_one(self, request: Any, write: Callable[[Any], Awaitable[None]],
+                          context: grpc.aio.ServicerContext) -> None:
         async def answer() -> None:
             model, version = oip.model_version(request.model_name, request.model_version or None)
             body, header_length = request_body(request)
@@ -144,6 +156,7 @@ class InferenceService:
             await self.app[PROXY].exchange(model, body, headers, relay, buffer=False)
 
         try:
+            self._authorize(context, _model_path(request.model_name, "/infer"), request.model_name)
             await counted(self.app[METRICS], request.model_name, answer, protocol="grpc", status_of=lambda _: 200)
         except ModelplexError as error:
             await write(messages.ModelStreamInferResponse(error_message=error.message,
@@ -157,11 +170,14 @@ class InferenceService:
 
     async def RepositoryIndex(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """Every model a replica holds (``READY``) or is loading (``LOADING``; not with ``ready``)."""
-        response = messages.RepositoryIndexResponse()
-        for model, state in oip.repository_states(self.app).items():
-            if state == "READY" or not request.ready:
-                response.models.add(name=model, version=oip.VERSION, state=state)
-        return response
+        async def answer() -> Any:
+            response = messages.RepositoryIndexResponse()
+            for model, state in oip.repository_states(self.app).items():
+                if state == "READY" or not request.ready:
+                    response.models.add(name=model, version=oip.VERSION, state=state)
+            return response
+
+        return await self._answer(context, answer, path="/v2/repository/index")
 
     async def RepositoryModelLoad(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """Load the model on the replica the router would send its requests to."""
@@ -170,7 +186,8 @@ class InferenceService:
             await self.app[PROXY].exchange(model, b"", {}, _checked(lambda reply: None), path=oip.load_path(model))
             return messages.RepositoryModelLoadResponse()
 
-        return await self._answer(context, answer, model=request.model_name)
+        return await self._answer(context, answer, path=_repository_path(request.model_name, "load"),
+                                  model=request.model_name)
 
     async def RepositoryModelUnload(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """Evict the model from every replica that holds it."""
@@ -179,15 +196,26 @@ class InferenceService:
             await oip.unload(self.app, model)
             return messages.RepositoryModelUnloadResponse()
 
-        return await self._answer(context, answer)
+        return await self._answer(context, answer, path=_repository_path(request.model_name, "unload"),
+                                  named=request.model_name)
 
     # -- errors ------------------------------------------------------------------------------
 
+    def _authorize(self, context: grpc.aio.ServicerContext, path: str, model: str = "") -> None:
+        """Refuse (401/403) what the REST request at ``path`` would be refused, from the call's metadata."""
+        metadata = {key.lower(): value for key, value in context.invocation_metadata() or ()}
+        scheme, _, token = str(metadata.get("authorization", "")).partition(" ")
+        bearer = token.strip() if scheme.lower() == "bearer" and token.strip() else None
+        internal = metadata.get(INTERNAL_TOKEN_HEADER.lower())
+        authorize(self.app[ACCESS], Asked(path=path, bearer=bearer, model=model,
+                                          internal_token=internal if isinstance(internal, str) else None))
+
     async def _answer(self, context: grpc.aio.ServicerContext, answer: Callable[[], Awaitable[Any]], *,
-                      model: str | None = None) -> Any:
-        """``answer()``, counted in the metrics when it names a ``model``; its error as the
-        call's status."""
+                      path: str, model: str | None = None, named: str = "") -> Any:
+        """``answer()`` once the REST request at ``path`` (for the model ``named``) would pass,
+        counted in the metrics when it names a ``model``; its error as the call's status."""
         try:
+            self._authorize(context, path, model or named)
             if model is None:
                 return await answer()
             return await counted(self.app[METRICS], model, answer, protocol="grpc", status_of=lambda _: 200)
@@ -199,6 +227,15 @@ class InferenceService:
         except Exception:  # noqa: BLE001 - never a traceback to the client
             log.exception("a gRPC request failed")
             await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the router log")
+
+
+def _model_path(model: str, tail: str = "") -> str:
+    """The REST path of a model's call (its id percent-encoded, as in a URL)."""
+    return f"/v2/models/{quote(model, safe='')}{tail}"
+
+
+def _repository_path(model: str, action: str) -> str:
+    return f"/v2/repository/models/{quote(model, safe='')}/{action}"
 
 
 def _raise_for(reply: Reply) -> None:
