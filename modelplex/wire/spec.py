@@ -16,7 +16,7 @@ import math
 import re
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlparse
 
 import yaml
@@ -170,6 +170,16 @@ class Batching(_Model):
     batch_wait_timeout_ms: float | None = Field(default=None, ge=0, alias="batchWaitTimeoutMs")
 
 
+class NetworkPolicySpec(_Model):
+    """Who may reach the pods, as NetworkPolicies the operator writes (an enforcing network plugin
+    applies them). ``replicas``: a replica's port only from its deployment's routers and the
+    operator (and metrics scrapers the operator is told of); ``strict``: the routers too, only
+    from pods of their own namespace; ``none``: open. Egress stays open in every mode: the
+    apiserver and the model stores must stay reachable."""
+
+    mode: Literal["none", "replicas", "strict"] = "replicas"
+
+
 class RouterAuth(_Model):
     """Bearer tokens for the router's clients: a Secret whose keys are client names and whose
     values are their tokens; ``models`` limits a client to the model ids matching its globs."""
@@ -268,6 +278,7 @@ class DeploymentSpec(_Model):
     env: tuple[EnvVar, ...] = ()
     router: RouterSpec = RouterSpec()
     metrics: Metrics = Metrics()
+    network_policy: NetworkPolicySpec = Field(default=NetworkPolicySpec(), alias="networkPolicy")
     graceful_shutdown_timeout_seconds: float = Field(default=DEFAULT_GRACEFUL_SHUTDOWN_S, ge=0,
                                                      alias="gracefulShutdownTimeoutSeconds")
 

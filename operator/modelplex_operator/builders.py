@@ -86,6 +86,9 @@ class BuildSettings:
 
     router_image: str = DEFAULT_ROUTER_IMAGE
     image_pull_policy: str = ""
+    #: The operator's namespace ("" : any) and who may scrape the replicas' metrics (NetworkPolicy peers).
+    operator_namespace: str = ""
+    metrics_from: tuple[dict[str, Any], ...] = ()
 
 
 # --------------------------------------------------------------------------- names and labels
@@ -513,6 +516,31 @@ def disruption_budgets(deployment: Deployment, owner: dict[str, Any]) -> list[di
     ]
 
 
+#: The operator's pods, as the chart labels them.
+OPERATOR_POD_LABELS = {"app.kubernetes.io/component": "operator", "app.kubernetes.io/part-of": "modelplex"}
+
+
+def network_policies(deployment: Deployment, owner: dict[str, Any], settings: BuildSettings) -> list[dict[str, Any]]:
+    """``spec.networkPolicy``: ingress to the replicas (and with ``strict`` the routers) from
+    whom they serve only. ``none`` writes an allow-all policy in place of a restrictive one (the
+    operator deletes nothing). Egress is never restricted: the apiserver and model stores."""
+    mode = deployment.spec.network_policy.mode
+    operator = {"podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)}, "namespaceSelector": (
+        {"matchLabels": {"kubernetes.io/metadata.name": settings.operator_namespace}}
+        if settings.operator_namespace else {})}
+    replica_peers = [{"podSelector": {"matchLabels": selector(deployment.name, ROLE_ROUTER)}}, operator,
+                     *settings.metrics_from]
+    rules = {
+        ROLE_REPLICA: {} if mode == "none" else {"from": replica_peers,
+                                                 "ports": [{"port": REPLICA_PORT, "protocol": "TCP"}]},
+        # Pods of the namespace: its own clients, and handles in other deployments' replicas.
+        ROLE_ROUTER: {} if mode != "strict" else {"from": [{"podSelector": {}}]},
+    }
+    return _per_role(deployment, owner, "networking.k8s.io/v1", "NetworkPolicy", lambda role, object_name: {
+        "spec": {"podSelector": {"matchLabels": selector(deployment.name, role)}, "policyTypes": ["Ingress"],
+                 "ingress": [rules[role]]}})
+
+
 def desired_objects(
     deployment: Deployment,
     owner: dict[str, Any],
@@ -527,6 +555,7 @@ def desired_objects(
         *role_bindings(deployment, owner),
         config_map(deployment, owner),
         service(deployment, owner),
+        *network_policies(deployment, owner, settings),
         replica_deployment(deployment, owner, settings, replicas),
         router_deployment(deployment, owner, settings),
         *disruption_budgets(deployment, owner),

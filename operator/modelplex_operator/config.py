@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 ENV_WATCH_NAMESPACES = "MODELPLEX_WATCH_NAMESPACES"
 ENV_ROUTER_IMAGE = "MODELPLEX_ROUTER_IMAGE"
@@ -12,6 +13,10 @@ ENV_LOG_LEVEL = "MODELPLEX_LOG_LEVEL"
 ENV_HEALTH = "MODELPLEX_OPERATOR_HEALTH"
 ENV_RESYNC = "MODELPLEX_OPERATOR_RESYNC_SECONDS"
 ENV_IMAGE_PULL_POLICY = "MODELPLEX_IMAGE_PULL_POLICY"
+#: The operator's own namespace (the chart sets it): replicas accept its reads of /v1/models.
+ENV_OPERATOR_NAMESPACE = "MODELPLEX_OPERATOR_NAMESPACE"
+#: NetworkPolicy peers (a JSON list) that may scrape the replicas' /metrics (the chart's monitoring values).
+ENV_METRICS_FROM = "MODELPLEX_METRICS_FROM"
 
 DEFAULT_ROUTER_IMAGE = "modelplex/router:0.1.0"
 DEFAULT_HEALTH = "http://0.0.0.0:8080/healthz"
@@ -35,6 +40,10 @@ class OperatorConfig:
     resync_seconds: float = DEFAULT_RESYNC_S
     #: imagePullPolicy of the pods; empty leaves Kubernetes' default.
     image_pull_policy: str = ""
+    #: Where the operator runs; empty: unknown (its pods are then matched in every namespace).
+    operator_namespace: str = ""
+    #: NetworkPolicy peers allowed to scrape the replicas' metrics.
+    metrics_from: tuple[dict[str, Any], ...] = ()
 
     @property
     def clusterwide(self) -> bool:
@@ -64,4 +73,19 @@ class OperatorConfig:
             health_endpoint=env.get(ENV_HEALTH, DEFAULT_HEALTH).strip(),
             resync_seconds=resync,
             image_pull_policy=policy,
+            operator_namespace=env.get(ENV_OPERATOR_NAMESPACE, "").strip(),
+            metrics_from=_peers(env.get(ENV_METRICS_FROM, "")),
         )
+
+
+def _peers(raw: str) -> tuple[dict[str, Any], ...]:
+    """NetworkPolicy peers from JSON (``[{"namespaceSelector": {...}, "podSelector": {...}}]``)."""
+    if not raw.strip():
+        return ()
+    try:
+        peers = json.loads(raw)
+    except ValueError:
+        raise ConfigError(f"{ENV_METRICS_FROM}: must be a JSON list of NetworkPolicy peers (got {raw!r})") from None
+    if not isinstance(peers, list) or not all(isinstance(peer, dict) for peer in peers):
+        raise ConfigError(f"{ENV_METRICS_FROM}: must be a JSON list of NetworkPolicy peers (got {raw!r})")
+    return tuple(peers)

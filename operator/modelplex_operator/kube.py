@@ -41,6 +41,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     (f"{API_GROUP}/{API_VERSION}", "MultiplexedDeployment"): PLURAL,
 }
 #: ``status`` of a request the server never answered (the network, a timeout): worth a retry.

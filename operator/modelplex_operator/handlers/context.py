@@ -38,7 +38,9 @@ class OperatorContext:
 
     @property
     def build_settings(self) -> BuildSettings:
-        return BuildSettings(router_image=self.config.router_image, image_pull_policy=self.config.image_pull_policy)
+        return BuildSettings(router_image=self.config.router_image, image_pull_policy=self.config.image_pull_policy,
+                             operator_namespace=self.config.operator_namespace,
+                             metrics_from=self.config.metrics_from)
 
     def lock(self, key: Key) -> asyncio.Lock:
         """Serialises the applies of one resource (the reconcile handler and the keeper's repairs)."""

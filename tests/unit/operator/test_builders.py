@@ -51,6 +51,8 @@ def test_the_objects_of_design_md_in_apply_order():
         ("RoleBinding", "recs-router"),
         ("ConfigMap", "recs-spec"),
         ("Service", "recs"),
+        ("NetworkPolicy", "recs-replica"),
+        ("NetworkPolicy", "recs-router"),
         ("Deployment", "recs-replica"),
         ("Deployment", "recs-router"),
         ("PodDisruptionBudget", "recs-replica"),
@@ -251,3 +253,31 @@ def test_the_warm_tier_gets_an_empty_dir_sized_from_host_cache_bytes():
     plain = by_kind_name(build())["Deployment", "recs-replica"]
     assert "MODELPLEX_WARM_DIR" not in env_of(container(plain))
     assert all(v["name"] != "warm-models" for v in plain["spec"]["template"]["spec"]["volumes"])
+
+
+def policies_of(doc: dict, settings: BuildSettings = SETTINGS) -> dict[str, dict]:
+    return {o["metadata"]["name"]: o["spec"] for o in build(doc, settings) if o["kind"] == "NetworkPolicy"}
+
+
+def test_by_default_a_replica_accepts_its_port_only_from_its_routers_the_operator_and_named_scrapers():
+    scraper = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    policies = policies_of(body(), BuildSettings(operator_namespace="modelplex-system", metrics_from=(scraper,)))
+    replica = policies["recs-replica"]
+    assert replica["podSelector"] == {"matchLabels": {LABEL_DEPLOYMENT: "recs", LABEL_ROLE: "replica"}}
+    assert replica["policyTypes"] == ["Ingress"]  # egress open: the apiserver and model stores
+    (rule,) = replica["ingress"]
+    assert rule["ports"] == [{"port": REPLICA_PORT, "protocol": "TCP"}]
+    assert rule["from"] == [
+        {"podSelector": {"matchLabels": {LABEL_DEPLOYMENT: "recs", LABEL_ROLE: "router"}}},
+        {"podSelector": {"matchLabels": {"app.kubernetes.io/component": "operator",
+                                         "app.kubernetes.io/part-of": "modelplex"}},
+         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "modelplex-system"}}},
+        scraper]
+    assert policies["recs-router"]["ingress"] == [{}]  # the router is the Service: open
+
+
+def test_strict_limits_the_routers_to_their_namespace_and_none_opens_the_replicas():
+    assert policies_of(body(networkPolicy={"mode": "strict"}))["recs-router"]["ingress"] == [
+        {"from": [{"podSelector": {}}]}]
+    # An allow-all policy takes the restrictive one's place: the operator deletes nothing.
+    assert policies_of(body(networkPolicy={"mode": "none"}))["recs-replica"]["ingress"] == [{}]
