@@ -33,5 +33,5 @@ COPY --from=build /opt/app /opt/app
 RUN /opt/modelplex/bin/python -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()['purelib'], 'modelplex-app.pth').write_text('/opt/app\\n')"
 # The operator runs router pods as this user (runAsNonRoot, runAsUser 10001).
 USER 10001:10001
-EXPOSE 8000
+EXPOSE 8000 8001
 CMD ["modelplex", "router"]

@@ -118,6 +118,11 @@ def build(sdk) -> SimpleNamespace:
             _torch_handler(self, MLP_SIZES)
 
         async def __call__(self, body):
+            if hasattr(body, "tensors"):  # Modelplex's OIP over gRPC (run.py --grpc): a row in, its scores out
+                import numpy as np
+
+                answer = await self.predict({"inputs": body.tensors[0].reshape(-1).tolist()})
+                return {"outputs": np.asarray([answer["outputs"]], dtype=np.float32)}
             return await self.predict(body)
 
         # Not on __call__ itself: Ray's adapter overrides __call__, and Ray's @batch finds its

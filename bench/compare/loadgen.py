@@ -227,6 +227,40 @@ async def paired(url_a: str, url_b: str, body: dict, headers: dict, n: int) -> t
     return a, b
 
 
+async def unary_grpc(address: str, model: str, row: list[float], concurrency: int, seconds: float, *,
+                     warmup_s: float = 1.0, max_requests: int = 100_000, timeout_s: float = 60.0) -> Point:
+    """:func:`unary` over the Open Inference Protocol's gRPC ``ModelInfer`` (Modelplex's router at
+    ``address``): ``row`` as one FP32 tensor of raw contents, as tritonclient sends it."""
+    import grpc
+    import numpy as np
+    from modelplex_router.grpc import messages
+
+    request = messages.ModelInferRequest(model_name=model)
+    request.inputs.add(name="inputs", datatype="FP32", shape=[1, len(row)])
+    request.raw_input_contents.append(np.asarray(row, dtype="<f4").tobytes())
+    point = Point(concurrency)
+    async with grpc.aio.insecure_channel(address) as channel:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                    request_serializer=messages.ModelInferRequest.SerializeToString,
+                                    response_deserializer=messages.ModelInferResponse.FromString)
+
+        async def client(deadline: float, record: bool) -> None:
+            while time.perf_counter() < deadline and point.ok < max_requests:
+                started = time.perf_counter()
+                try:
+                    await infer(request, timeout=timeout_s)
+                except grpc.aio.AioRpcError as error:
+                    if record:
+                        point.error(f"gRPC {error.code().name}")
+                    continue
+                if record:
+                    point.latencies.append(time.perf_counter() - started)
+                    point.ok += 1
+
+        point.seconds = await _warm_then_measure(client, concurrency, warmup_s, seconds)
+    return point
+
+
 async def _warm_then_measure(client, concurrency: int, warmup_s: float, seconds: float) -> float:
     """Run ``concurrency`` clients unrecorded for ``warmup_s``, then recorded for ``seconds``;
     returns the measured wall time."""

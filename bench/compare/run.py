@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import platform
@@ -440,6 +441,8 @@ class Settings:
     busy_seconds: float
     busy_stream_concurrency: list[int]
     busy_concurrency: list[int]
+    #: Workload 1's batched mode over gRPC too (Modelplex only; ``results["batching_grpc"]``).
+    grpc: bool = False
 
 
 def compute_bound(sizes, batch_sizes: list[int], device: str = "cpu", seconds: float = 1.0) -> dict[int, dict]:
@@ -509,8 +512,25 @@ def _batching_phase(system, modes, max_ongoing, body, settings, workdir, results
     else:
         for mode, cls in modes:
             spec = {"replicas": 1, "handler": f"mp_handlers:{cls}", "maxOngoingRequests": max_ongoing}
+            grpc_port = free_port()
+            if settings.grpc:
+                spec["router"] = {"grpcPort": grpc_port}
             with ModelplexStack(workdir, f"mlp-{mode}", spec, bench_env()) as stack:
                 _sweep(system, mode, stack.url, body, settings, points)
+                if settings.grpc and mode == "batched":
+                    _sweep_grpc(f"127.0.0.1:{grpc_port}", body, settings, results)
+
+
+def _sweep_grpc(address: str, body: dict, settings: Settings, results: dict) -> None:
+    """The batched mode over gRPC beside its REST sweep: the same stack, rows and concurrencies."""
+    sweeps = results.setdefault("batching_grpc", {})
+    for c in settings.concurrency:
+        point = asyncio.run(loadgen.unary_grpc(address, "mlp", body["inputs"], c, settings.seconds,
+                                               warmup_s=settings.warmup_s))
+        s = point.summary()
+        log(f"batching {MPX:9s} {'gRPC':9s} c={c:<3d} {s['rps']:8.1f} req/s  p50 {s['p50_ms']:7.2f} ms  "
+            f"p99 {s['p99_ms']:7.2f} ms  errors {s['errors']}")
+        sweeps.setdefault(str(c), []).append(s)
 
 
 def _sweep(system: str, mode: str, url: str, body: dict, settings: Settings, points) -> None:
@@ -955,6 +975,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="first wait (up to --max-wait s) until the 1-minute load average is below LOAD "
                              "(default: 1.0 for the full run, no wait for --quick)")
     parser.add_argument("--max-wait", type=float, default=600.0)
+    parser.add_argument("--grpc", action="store_true",
+                        help="also sweep workload 1's batched mode over Modelplex's gRPC (results: batching_grpc)")
     parser.add_argument("--cpus", type=float, default=1.0,
                         help="run each system in a cgroup of its own with this CPU quota, the same for both, so "
                              "that other people's load does not decide the comparison (0: no groups)")
@@ -965,7 +987,7 @@ def main(argv: list[str] | None = None) -> int:
         product_root = args.tree.resolve()
         if not any((product_root / path).exists() for path in CLI_PATHS.values()):
             parser.error(f"--tree {args.tree}: not a Modelplex checkout (no {' or '.join(CLI_PATHS.values())})")
-    settings = settings_for(args)
+    settings = dataclasses.replace(settings_for(args), grpc=args.grpc)
     out_dir = args.out or (ROOT / "bench" / "results" / ("quick" if args.quick else ""))
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.quick and args.out is None:

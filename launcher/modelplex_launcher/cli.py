@@ -38,6 +38,8 @@ def _parser() -> argparse.ArgumentParser:
     router.add_argument("--name", help="which deployment of a multi-document manifest")
     router.add_argument("--host", default=os.environ.get("POD_IP", "127.0.0.1"))
     router.add_argument("--port", type=int, default=ROUTER_PORT)
+    router.add_argument("--grpc-port", type=int, default=None,
+                        help="the Open Inference Protocol's gRPC port (default: spec.router.grpcPort, else a free one)")
     router.add_argument("--replica", action="append", default=[], metavar="URL", help="static replica URL (repeat)")
 
     commands.add_parser("operator", help="run the kopf operator (in-cluster or from KUBECONFIG)")
@@ -73,7 +75,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "router":
             from modelplex_router.server import run_router
 
-            return run_router(_deployment(args), host=args.host, port=args.port, replica_urls=args.replica)
+            deployment = _deployment(args)
+            grpc_port = args.grpc_port if args.grpc_port is not None else deployment.spec.router.grpc_port or 0
+            return run_router(deployment, host=args.host, port=args.port, replica_urls=args.replica,
+                              grpc_port=grpc_port)
         if args.command == "local":
             from modelplex_launcher.local import run_local
             from modelplex.serve.build import local_manifests

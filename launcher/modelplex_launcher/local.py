@@ -2,7 +2,9 @@
 
 For each MultiplexedDeployment (several manifests, or multi-document YAML) this starts
 ``spec.replicas`` replica processes on 127.0.0.1 (free ports) and one router process, the
-first deployment's router on ``--port`` and the next ones on the ports after it. Every child
+first deployment's router on ``--port`` and the next ones on the ports after it. Each router
+also serves the Open Inference Protocol over gRPC: on ``spec.router.grpcPort`` when the manifest
+gives one (a port in use is an error naming it), else on a free port, printed beside its URL. Every child
 gets ``MODELPLEX_ROUTER_<NAME>=http://host:port`` for every deployment, so handles between
 deployments resolve by name as they would in a cluster.
 
@@ -43,7 +45,7 @@ from pathlib import Path
 from modelplex.autoscaling import (DEFAULT_TICK_S, ENV_PRELOAD_FILE, LOAD_PATH, Autoscaler, LoadReport, coldest_first,
                                    format_hot_models, hottest_models)
 from modelplex.wire.names import MODEL_ID_HEADER, ROUTER_PORT, router_env_name
-from modelplex.processes import free_ports, port_free, signal_group, spawn
+from modelplex.processes import free_port, free_ports, port_free, signal_group, spawn
 from modelplex.wire.credentials import (ENV_CLIENT_TOKENS_DIR, ENV_INTERNAL_TOKEN_FILE, INTERNAL_TOKEN_HEADER,
                                         TokenFile, new_token, write_token_file)
 from modelplex.wire.spec import (DEFAULT_GRACEFUL_SHUTDOWN_S, DEFAULT_MAX_MODELS_PER_REPLICA, Deployment, SecretDocument,
@@ -71,10 +73,17 @@ class Plan:
     client_tokens: dict[str, str] | None = None
     #: ``spec.modelSource.secretRef``'s keys and values, the replicas' environment as a pod's envFrom.
     source_env: dict[str, str] = field(default_factory=dict)
+    #: The router's gRPC port: spec.router.grpcPort, else a free one.
+    grpc_port: int = 0
 
     @property
     def router_url(self) -> str:
         return f"http://{_connect_host(self.router_host)}:{self.router_port}"
+
+    @property
+    def grpc_address(self) -> str:
+        """What a gRPC client dials (``host:port``)."""
+        return f"{_connect_host(self.router_host)}:{self.grpc_port}"
 
     def replica_name(self, index: int) -> str:
         return f"{self.deployment.name}-{index}"
@@ -157,6 +166,7 @@ def plan(manifest_paths: list[str], *, host: str, port: int) -> list[Plan]:
     if duplicates:
         raise SpecError([f"deployment {n!r} is defined more than once" for n in duplicates])
     plans = []
+    taken = set(range(port, port + len(found)))  # the routers' HTTP ports
     for index, (deployment, manifest) in enumerate(found):
         router_port = port + index
         if not port_free(host, router_port):
@@ -164,8 +174,11 @@ def plan(manifest_paths: list[str], *, host: str, port: int) -> list[Plan]:
                              "pass --port to pick another"])
         spec = deployment.spec
         slots = spec.autoscaling.max_replicas if spec.autoscaling else spec.starting_replicas
+        grpc_port = _grpc_port(deployment, host, taken)
+        taken.add(grpc_port)
         plans.append(Plan(deployment, manifest, host, router_port, free_ports(slots),
-                          client_tokens=_client_tokens(deployment, secrets), source_env=_source_env(deployment, secrets)))
+                          client_tokens=_client_tokens(deployment, secrets), source_env=_source_env(deployment, secrets),
+                          grpc_port=grpc_port))
     return plans
 
 
@@ -177,6 +190,23 @@ def _source_env(deployment: Deployment, secrets: dict[tuple[str, str], SecretDoc
         return {}
     secret = secrets.get((deployment.namespace, source.secret_ref.name))
     return dict(secret.data) if secret is not None else {}
+
+
+def _grpc_port(deployment: Deployment, host: str, taken: set[int]) -> int:
+    """The router's gRPC port: the manifest's (free and not another router's), else a free one."""
+    given = deployment.spec.router.grpc_port
+    if given is None:
+        for _ in range(50):  # free_port draws at random: another router's port is unlikely twice
+            candidate = free_port()
+            if candidate not in taken:
+                return candidate
+        raise SpecError([f"found no free port for the gRPC of {deployment.name!r}"])
+    where = f"spec.router.grpcPort of {deployment.name!r}"
+    if given in taken:
+        raise SpecError([f"port {given} ({where}) is another router's port in this run; pick another"])
+    if not port_free(host, given):
+        raise SpecError([f"port {given} on {host} is in use ({where}); free it or pick another"])
+    return given
 
 
 def _client_tokens(deployment: Deployment, secrets: dict[tuple[str, str], SecretDocument]) -> dict[str, str] | None:
@@ -245,7 +275,7 @@ class LocalRun:
             if not p.replica_ports:
                 continue  # spec.replicas: 0 — nothing to route to (said so at start)
             router_argv = [*base, "router", "--spec", str(p.manifest), "--name", name,
-                           "--host", p.router_host, "--port", str(p.router_port)]
+                           "--host", p.router_host, "--port", str(p.router_port), "--grpc-port", str(p.grpc_port)]
             for i in range(len(p.replica_ports)):
                 router_argv += ["--replica", f"{p.replica_name(i)}={p.replica_url(i)}"]
             # Ready once it has the replicas started with it; at zero, once it serves.
@@ -363,7 +393,8 @@ class LocalRun:
             if not p.replica_ports:
                 continue
             spec = p.deployment.spec
-            self.say(f"{p.deployment.name} is ready at {p.router_url}  ({router_env_name(p.deployment.name)})")
+            self.say(f"{p.deployment.name} is ready at {p.router_url}  gRPC {p.grpc_address}  "
+                     f"({router_env_name(p.deployment.name)})")
             if p.deployment.spec.autoscaling is not None and not p.starting_replicas:
                 self.say("  (scaled to zero: the first request starts a replica and waits for it)")
             model = f" -H '{MODEL_ID_HEADER}: {spec.multiplexing.prewarm[0]}'" if spec.multiplexing.prewarm else ""

@@ -41,6 +41,8 @@ ENV_WARM_DIR = "MODELPLEX_WARM_DIR"
 
 REPLICA_PORT = 9000
 ROUTER_PORT = 8000
+#: The router's Open Inference Protocol over gRPC in pods, as Triton's (``spec.router.grpcPort``).
+ROUTER_GRPC_PORT = 8001
 
 #: ``modelplex local`` tells every process where each deployment's router is.
 ENV_ROUTER_PREFIX = "MODELPLEX_ROUTER_"

@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+import struct
+
 import numpy as np
 import orjson
 
@@ -28,6 +30,11 @@ PROTOCOL_HEADER = "X-Modelplex-Protocol"
 PROTOCOL = "oip-v2"
 #: Router → replica: the OIP model version asked for (``/versions/V``), if any.
 VERSION_HEADER = "X-Modelplex-Model-Version"
+
+#: Router → replica (``Accept``): a streaming handler's chunks as OIP answers, one per frame
+#: (:func:`stream_frame`); the router's gRPC ``ModelStreamInfer`` asks for it.
+STREAM_CONTENT_TYPE = "application/x-modelplex-oip-stream"
+_FRAME_HEAD = struct.Struct("<II")
 
 #: OIP datatype → numpy dtype (little-endian, as the binary extension requires).
 DTYPES: dict[str, np.dtype] = {
@@ -315,7 +322,7 @@ def encode_response(request: InferRequest, outputs: Mapping[str, np.ndarray], *,
         datatype = datatype_of(array)
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         if binary:
-            blob = _to_binary(array, datatype)
+            blob = tensor_bytes(array, datatype)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
@@ -335,7 +342,9 @@ def encode_response(request: InferRequest, outputs: Mapping[str, np.ndarray], *,
     return b"".join([header, *blobs]), len(header)
 
 
-def _to_binary(array: np.ndarray, datatype: str) -> bytes:
+def tensor_bytes(array: np.ndarray, datatype: str) -> bytes:
+    """A tensor's bytes in the binary extension's (and gRPC's raw contents') layout: little-endian
+    values, or each BYTES element after its 4-byte little-endian length."""
     if datatype == "BYTES":
         parts = []
         for item in array.reshape(-1):
@@ -361,3 +370,38 @@ def error_body(message: str) -> bytes:
 
 def tensor_metadata(name: str, datatype: str, shape: Iterable[int]) -> dict[str, Any]:
     return {"name": name, "datatype": datatype, "shape": [int(d) for d in shape]}
+
+
+# -- streams ---------------------------------------------------------------------------------
+
+
+def stream_frame(body: bytes, header_length: int | None = None) -> bytes:
+    """One answer of a :data:`STREAM_CONTENT_TYPE` stream: the body's length and its JSON
+    header's (4-byte little-endian each), then the body (an answer from
+    :func:`encode_response`, or a JSON ``{"error": {...}}`` that ends the stream)."""
+    return _FRAME_HEAD.pack(len(body), len(body) if header_length is None else header_length) + body
+
+
+class StreamFrames:
+    """Splits a :data:`STREAM_CONTENT_TYPE` stream, fed as its chunks come, into its frames."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, chunk: bytes) -> list[tuple[bytes, int]]:
+        """The frames (body, JSON header length) that ``chunk`` completes."""
+        self._buffer += chunk
+        frames = []
+        while len(self._buffer) >= _FRAME_HEAD.size:
+            length, header_length = _FRAME_HEAD.unpack_from(self._buffer)
+            end = _FRAME_HEAD.size + length
+            if len(self._buffer) < end:
+                break
+            frames.append((bytes(self._buffer[_FRAME_HEAD.size:end]), header_length))
+            del self._buffer[:end]
+        return frames
+
+    @property
+    def pending(self) -> int:
+        """Bytes of a frame not complete yet (a stream that ends with some was cut)."""
+        return len(self._buffer)

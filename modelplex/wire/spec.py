@@ -229,6 +229,8 @@ class RouterAuth(_Model):
 class RouterSpec(_Model):
     replicas: int = Field(default=DEFAULT_ROUTER_REPLICAS, ge=0)
     port: int = Field(default=DEFAULT_ROUTER_PORT, ge=1, le=65535)
+    # The Open Inference Protocol over gRPC; unset: names.ROUTER_GRPC_PORT in pods, a free port locally.
+    grpc_port: int | None = Field(default=None, ge=1, le=65535, alias="grpcPort")
     # Until the replica's first byte (a model load included); unset: loadTimeoutSeconds + 30 s.
     request_timeout_seconds: float | None = Field(default=None, gt=0, alias="requestTimeoutSeconds")
     # A request's whole body must arrive within this (router and replica), else 408: a client
@@ -241,6 +243,12 @@ class RouterSpec(_Model):
     cors: Cors = Cors()
     # JSON lines for every request (model control and method calls are logged always).
     access_log: bool = Field(default=False, alias="accessLog")
+
+    @model_validator(mode="after")
+    def _ports_differ(self) -> RouterSpec:
+        if self.grpc_port is not None and self.grpc_port == self.port:
+            raise ValueError(f"router.grpcPort must differ from router.port (both are {self.port})")
+        return self
 
 
 class EnvVar(BaseModel):

@@ -44,6 +44,7 @@ from modelplex.wire.names import (
     REPLICA_PORT,
     ROLE_REPLICA,
     ROLE_ROUTER,
+    ROUTER_GRPC_PORT,
 )
 from modelplex.wire.credentials import (CLIENT_TOKENS_MOUNT, ENV_CLIENT_TOKENS_DIR, ENV_INTERNAL_TOKEN_FILE,
                                         INTERNAL_SECRET_KEY, INTERNAL_SECRET_NAME, INTERNAL_TOKEN_MOUNT)
@@ -58,6 +59,10 @@ SPEC_FILE = "spec.yaml"
 SPEC_PATH = f"{SPEC_MOUNT}/{SPEC_FILE}"
 SPEC_VOLUME = "spec"
 PORT_NAME = "http"
+#: The router's Open Inference Protocol over gRPC (container and Service port).
+GRPC_PORT_NAME = "grpc"
+#: What the router's gRPC health service reports ready while ``/readyz`` is (its readiness probe).
+GRPC_HEALTH_SERVICE = "inference.GRPCInferenceService"
 #: Before SIGTERM, a pod being deleted waits this long (preStop) while Service endpoints and
 #: routers stop sending to it; then the process drains for gracefulShutdownTimeoutSeconds.
 PRE_STOP_S = 5
@@ -271,9 +276,16 @@ def service(deployment: Deployment, owner: dict[str, Any]) -> dict[str, Any]:
         "spec": {
             "type": "ClusterIP",
             "selector": selector(name, ROLE_ROUTER),
-            "ports": [{"name": PORT_NAME, "port": port, "targetPort": PORT_NAME, "protocol": "TCP"}],
+            "ports": [{"name": PORT_NAME, "port": port, "targetPort": PORT_NAME, "protocol": "TCP"},
+                      {"name": GRPC_PORT_NAME, "port": grpc_port(deployment), "targetPort": GRPC_PORT_NAME,
+                       "protocol": "TCP"}],
         },
     }
+
+
+def grpc_port(deployment: Deployment) -> int:
+    """The router's gRPC port in pods: ``spec.router.grpcPort``, else 8001 (Triton's)."""
+    return deployment.spec.router.grpc_port or ROUTER_GRPC_PORT
 
 
 def _downward_env() -> list[dict[str, Any]]:
@@ -448,16 +460,21 @@ def replica_deployment(
 def router_deployment(deployment: Deployment, owner: dict[str, Any], settings: BuildSettings) -> dict[str, Any]:
     spec = deployment.spec
     port = spec.router.port
+    grpc = grpc_port(deployment)
     container: dict[str, Any] = {
         "name": ROLE_ROUTER,
         "image": settings.router_image,
         "command": ["modelplex", "router"],
-        "args": ["--port", str(port)],
-        "ports": [{"name": PORT_NAME, "containerPort": port, "protocol": "TCP"}],
+        "args": ["--port", str(port), "--grpc-port", str(grpc)],
+        "ports": [{"name": PORT_NAME, "containerPort": port, "protocol": "TCP"},
+                  {"name": GRPC_PORT_NAME, "containerPort": grpc, "protocol": "TCP"}],
         "env": _downward_env(),
         "volumeMounts": [{"name": SPEC_VOLUME, "mountPath": SPEC_MOUNT, "readOnly": True}, dict(_TMP_MOUNT)],
-        # The router is ready while a replica is: a Service never sends to a router with none.
-        "readinessProbe": _probe("/readyz", period=2, failures=3),
+        # The router is ready while a replica is: a Service never sends to a router with none. Asked
+        # over gRPC (its health service says what /readyz says), so a router whose gRPC side does
+        # not answer takes no traffic either; liveness stays on HTTP.
+        "readinessProbe": {"grpc": {"port": grpc, "service": GRPC_HEALTH_SERVICE},
+                           "periodSeconds": 2, "timeoutSeconds": 2, "failureThreshold": 3},
         "livenessProbe": _probe("/healthz", period=10, failures=3, initial_delay=10),
         "securityContext": dict(_CONTAINER_SECURITY),
     }

@@ -3,7 +3,9 @@
 model metadata.
 
 The router marks an OIP request with ``X-Modelplex-Protocol: oip-v2`` on ``/v1/invoke``; the
-body is the client's, untouched (JSON, or JSON plus binary tensors).
+body is the client's, untouched (JSON, or JSON plus binary tensors). A streaming handler's chunks
+go as OIP answers, one a frame, when the router asks for them with ``Accept:``
+:data:`~modelplex.wire.oip.STREAM_CONTENT_TYPE` (its gRPC ``ModelStreamInfer``).
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from typing import Any
 from aiohttp import web
 
 from modelplex.calls import Invocation, invocation
-from modelplex.wire.errors import HandlerError
-from modelplex.wire.oip import (HEADER_LENGTH, PROTOCOL, PROTOCOL_HEADER, VERSION_HEADER, InferRequest, as_outputs,
-                           decode_request, encode_response)
+from modelplex.http import to_json
+from modelplex.wire.errors import HandlerError, ModelplexError
+from modelplex.wire.oip import (HEADER_LENGTH, PROTOCOL, PROTOCOL_HEADER, STREAM_CONTENT_TYPE, VERSION_HEADER,
+                                InferRequest, as_outputs, decode_request, encode_response, stream_frame)
 
 
 def is_oip(request: web.Request) -> bool:
@@ -30,6 +33,8 @@ class OipInvocation(Invocation):
 
     infer: InferRequest = field(kw_only=True)
     header_length: int | None = None
+    #: The router asked for a stream's chunks as OIP answers (:data:`STREAM_CONTENT_TYPE`).
+    framed: bool = False
 
     def encode(self, value: Any) -> tuple[bytes, str]:
         try:
@@ -41,6 +46,23 @@ class OipInvocation(Invocation):
                                error_type="TypeError") from None
         return body, "application/json" if self.header_length is None else "application/octet-stream"
 
+    def stream_content_type(self, first: Any, sse: bool) -> str:
+        if not self.framed:
+            return super().stream_content_type(first, sse)
+        self.framing = "oip"
+        return STREAM_CONTENT_TYPE
+
+    def frame(self, chunk: Any, sse: bool) -> bytes:
+        if self.framing != "oip":
+            return super().frame(chunk, sse)
+        body, _ = self.encode(chunk)
+        return stream_frame(body, self.header_length)
+
+    def error_frame(self, error: ModelplexError, sse: bool) -> bytes:
+        if self.framing != "oip":
+            return super().error_frame(error, sse)
+        return stream_frame(to_json(error.to_dict()))
+
 
 def oip_invocation(request: web.Request, handler: Any, body: bytes, model_id: str) -> OipInvocation:
     """The handler's call for an OIP body (400 for a malformed one)."""
@@ -48,7 +70,9 @@ def oip_invocation(request: web.Request, handler: Any, body: bytes, model_id: st
     infer.model_name = model_id
     infer.model_version = request.headers.get(VERSION_HEADER) or None
     plain = invocation(handler, "", infer)
-    return OipInvocation(plain.target, plain.args, plain.kwargs, plain.mode, name=plain.name, infer=infer)
+    framed = STREAM_CONTENT_TYPE in request.headers.get("Accept", "")
+    return OipInvocation(plain.target, plain.args, plain.kwargs, plain.mode, name=plain.name, infer=infer,
+                         framed=framed)
 
 
 def finish(call: Invocation, response: web.StreamResponse) -> None:

@@ -202,14 +202,19 @@ async def readyz(request: web.Request) -> web.Response:
     """Ready while at least one replica is: a router with none can only answer 503. An
     autoscaled deployment's router is ready at zero replicas too: it holds the request that
     makes the autoscaler start one, so it must stay in its Service."""
-    app = request.app
+    body = readiness(request.app)
+    return web.json_response(body, status=200 if body["ready"] else 503)
+
+
+def readiness(app: web.Application) -> dict:
+    """``/readyz``'s answer (the gRPC ``ServerReady`` and health service say the same)."""
     ready = len(app[TABLE].usable(app[CLOCK]()))
     holds = app[CONFIG].hold_at_zero_s is not None
     body = {"ready": ready > 0 or holds, "replicas": len(app[TABLE]), "ready_replicas": ready}
     if app[DRAINING].is_set():
         body["ready"] = False
         body["draining"] = True
-    return web.json_response(body, status=200 if body["ready"] else 503)
+    return body
 
 
 async def openapi(request: web.Request) -> web.Response:

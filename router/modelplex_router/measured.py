@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, TypeVar
 
 from aiohttp import web
 
 from modelplex.wire.errors import BadRequest, ModelplexError
 from modelplex.wire.ids import InvalidModelId, validate_model_id
 from modelplex_router.keys import METRICS
+from modelplex_router.metrics import RouterMetrics
 from modelplex_router.proxy import ABORTED
+
+T = TypeVar("T")
 
 
 def checked_model_id(model: str) -> str:
@@ -28,7 +31,14 @@ def checked_model_id(model: str) -> str:
 async def measured(request: web.Request, model: str,
                    answer: Callable[[], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
     """Run ``answer()`` counted in the router's metrics: in flight, status and latency."""
-    metrics = request.app[METRICS]
+    return await counted(request.app[METRICS], model, answer, protocol="http",
+                         status_of=lambda response: response.get(ABORTED, response.status))
+
+
+async def counted(metrics: RouterMetrics, model: str, answer: Callable[[], Awaitable[T]], *, protocol: str,
+                  status_of: Callable[[T], int]) -> T:
+    """Run ``answer()`` counted in ``metrics`` under ``protocol``: in flight, status (what
+    ``status_of`` says of its answer, or the error's) and latency."""
     start = time.perf_counter()
     metrics.inflight.inc()
     status = 500
@@ -40,7 +50,7 @@ async def measured(request: web.Request, model: str,
             label = ""
             raise
         response = await answer()
-        status = response.get(ABORTED, response.status)
+        status = status_of(response)
         return response
     except ModelplexError as error:
         status = error.status
@@ -53,4 +63,4 @@ async def measured(request: web.Request, model: str,
         raise
     finally:
         metrics.inflight.dec()
-        metrics.observe(status, time.perf_counter() - start, label)
+        metrics.observe(status, time.perf_counter() - start, label, protocol=protocol)

@@ -8,6 +8,9 @@ filter to be right (a ``component`` label would make the unfiltered sum the wron
 router's latency is the client's (queueing and retries included); the replica's is its own.
 Series without a model label exist at 0 from the start, so ``rate()`` and alerts see them.
 
+Requests are counted and timed by ``protocol``: ``http`` (REST, the OIP's included) or ``grpc``
+(the OIP over gRPC, whose ``code`` is the HTTP status the same request gets over REST).
+
 A ``model`` label is added only when ``spec.metrics.modelLabel`` is
 on: thousands of models would otherwise swamp Prometheus. Label children are cached, since
 ``labels()`` takes a lock and builds a key on every call.
@@ -24,6 +27,8 @@ from modelplex_router.policy import Kind
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+#: The ``protocol`` label's values.
+PROTOCOLS = ("http", "grpc")
 
 
 class RouterMetrics:
@@ -36,12 +41,12 @@ class RouterMetrics:
         extra = ["model"] if model_label else []
         r = self.registry
         self._requests = Counter(
-            "modelplex_router_requests_total", "Requests answered by the router, by HTTP status.",
-            ["deployment", "code", *extra], registry=r,
+            "modelplex_router_requests_total", "Requests answered by the router, by HTTP status and protocol.",
+            ["deployment", "code", "protocol", *extra], registry=r,
         )
         self._latency = Histogram(
             "modelplex_router_request_latency_seconds", "Time from request to the end of the response, as the client sees it.",
-            ["deployment", *extra], buckets=LATENCY_BUCKETS, registry=r,
+            ["deployment", "protocol", *extra], buckets=LATENCY_BUCKETS, registry=r,
         )
         self._hits = Counter(
             "modelplex_router_cache_hits_total", "Requests sent to a replica holding (or loading) their model.",
@@ -75,9 +80,11 @@ class RouterMetrics:
         for reason in ("replica_failed", "replica_full"):
             self._child(self._retries, reason)
         if not model_label:
-            for metric in (self._latency, self._hits, self._misses, self._fallbacks):
+            for metric in (self._hits, self._misses, self._fallbacks):
                 self._child(metric)
-            self._child(self._requests, "200")
+            for protocol in PROTOCOLS:
+                self._child(self._latency, protocol)
+                self._child(self._requests, "200", protocol)
 
     def _child(self, metric, *labels: str):
         key = (id(metric), *labels)
@@ -86,14 +93,11 @@ class RouterMetrics:
             child = self._children[key] = metric.labels(self.deployment, *labels)
         return child
 
-    def observe(self, status: int, seconds: float, model: str) -> None:
-        """One request answered with ``status`` after ``seconds``."""
-        if self.model_label:
-            self._child(self._requests, str(status), model).inc()
-            self._child(self._latency, model).observe(seconds)
-        else:
-            self._child(self._requests, str(status)).inc()
-            self._child(self._latency).observe(seconds)
+    def observe(self, status: int, seconds: float, model: str, *, protocol: str = "http") -> None:
+        """One request over ``protocol`` answered with ``status`` after ``seconds``."""
+        labels = (model,) if self.model_label else ()
+        self._child(self._requests, str(status), protocol, *labels).inc()
+        self._child(self._latency, protocol, *labels).observe(seconds)
 
     def routed(self, kind: Kind, model: str) -> None:
         """One routing decision of kind ``kind``."""

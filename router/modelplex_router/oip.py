@@ -9,6 +9,10 @@
   repository extension over the replicas' caches.
 
 Every model has one version, ``1``. Errors under ``/v2`` are the protocol's ``{"error": "..."}``.
+
+The protocol's rules (ids and versions, the replica endpoints, readiness, the repository's
+states, unloading) are functions of the app, not of an aiohttp request: the gRPC service
+(:mod:`modelplex_router.grpc`) answers through them too.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from modelplex.wire.errors import ModelNotFound, ModelplexError
+from modelplex.wire.errors import ModelNotFound, ModelplexError, ReplicaFailed
 from modelplex.http import error_response, read_body
 from modelplex.wire.oip import (HEADER_LENGTH, PROTOCOL, PROTOCOL_HEADER, VERSION_HEADER, error_body, parse_header,
                            split_body)
@@ -95,114 +99,76 @@ def _as_oip(response: web.StreamResponse) -> web.StreamResponse:
     """A replica's buffered answer with its native error body turned into the protocol's."""
     if response.status < 400 or not isinstance(response, web.Response):
         return response
-    body = response.body if isinstance(response.body, (bytes, bytearray)) else b""  # a buffered answer's bytes
-    try:
-        message = orjson.loads(body)["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        message = body.decode(errors="replace") or response.reason
-    oip = _error(response.status, message)
+    body = response.body if isinstance(response.body, (bytes, bytearray)) else None  # a buffered answer's bytes
+    oip = _error(response.status, replica_message(body, response.reason))
     for name in ("Retry-After", "X-Modelplex-Replica"):
         if name in response.headers:
             oip.headers[name] = response.headers[name]
     return oip
 
 
-def _model(request: web.Request) -> tuple[str, str | None]:
-    model = checked_model_id(request.match_info["model"])
-    version = request.match_info.get("version")
+def replica_message(body: bytes | bytearray | None, reason: str | None) -> str:
+    """The message of a replica's error answer (its JSON error's, else its text or reason)."""
+    try:
+        return orjson.loads(body or b"")["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return (body or b"").decode(errors="replace") or reason or "error"
+
+
+def model_version(model: str, version: str | None) -> tuple[str, str | None]:
+    """The model id (400 unless valid) and version asked for (404 unless ``1`` or none)."""
+    model = checked_model_id(model)
     if version is not None and version != VERSION:
         raise ModelNotFound(f"model {model!r} has no version {version!r} (its only version is {VERSION!r})")
     return model, version
 
 
-# -- server ----------------------------------------------------------------------------------
+def _model(request: web.Request) -> tuple[str, str | None]:
+    return model_version(request.match_info["model"], request.match_info.get("version"))
 
 
-async def server_metadata(request: web.Request) -> web.Response:
-    return web.json_response({"name": SERVER_NAME, "version": _server_version(), "extensions": list(EXTENSIONS)})
+def metadata_path(model: str) -> str:
+    """The replica endpoint of a model's metadata (it loads the model to answer)."""
+    return f"/v1/models/{quote(model, safe='')}/metadata"
 
 
-async def live(request: web.Request) -> web.Response:
-    return web.json_response({"live": True})
+def load_path(model: str) -> str:
+    """The replica endpoint that loads a model."""
+    return f"/v1/models/{quote(model, safe='')}/load"
 
 
-# -- models ----------------------------------------------------------------------------------
+def infer_headers(header_length: str | None, version: str | None) -> dict[str, str]:
+    """What tells a replica that a ``/v1/invoke`` body is an OIP inference request."""
+    headers = {PROTOCOL_HEADER: PROTOCOL}
+    if header_length:
+        headers[HEADER_LENGTH] = header_length
+    if version is not None:
+        headers[VERSION_HEADER] = version
+    return headers
 
 
-async def _metadata(request: web.Request, model: str) -> web.StreamResponse:
-    """The model's metadata from a replica (one that holds it, else one that loads it now)."""
-    response = await request.app[PROXY].forward(
-        request, model, b"", method="GET", path=f"/v1/models/{quote(model, safe='')}/metadata", buffer=True)
-    return _as_oip(response)
+def server_metadata_document() -> dict:
+    return {"name": SERVER_NAME, "version": _server_version(), "extensions": list(EXTENSIONS)}
 
 
-async def model_metadata(request: web.Request) -> web.StreamResponse:
-    model, _ = _model(request)
-    return await measured(request, model, lambda: _metadata(request, model))
+def held(app: web.Application, model: str) -> bool:
+    """Whether a usable replica holds (or loads) the model now."""
+    return any(replica.loaded(model) for replica in app[TABLE].usable(app[CLOCK]()))
 
 
-async def model_ready(request: web.Request) -> web.StreamResponse:
-    """Ready when a replica holds the model, or loads it now (so "ready" means "servable")."""
-    model, _ = _model(request)
-    app = request.app
-    if any(replica.loaded(model) for replica in app[TABLE].usable(app[CLOCK]())):
-        return web.json_response({"name": model, "ready": True})
-    response = await _metadata(request, model)
-    if response.status >= 400:
-        return response
-    return web.json_response({"name": model, "ready": True})
-
-
-async def infer(request: web.Request) -> web.StreamResponse:
-    model, version = _model(request)
-
-    async def answer() -> web.StreamResponse:
-        body = await read_body(request, request.app[CONFIG].body_timeout_s)
-        header_length = request.headers.get(HEADER_LENGTH)
-        parse_header(split_body(body, header_length)[0])  # a malformed request is refused here, not by a replica
-        headers = {PROTOCOL_HEADER: PROTOCOL}
-        if header_length:
-            headers[HEADER_LENGTH] = header_length
-        if version is not None:
-            headers[VERSION_HEADER] = version
-        return _as_oip(await request.app[PROXY].forward(request, model, body, headers=headers, buffer=True))
-
-    return await measured(request, model, answer)
-
-
-# -- repository extension --------------------------------------------------------------------
-
-
-async def repository_index(request: web.Request) -> web.Response:
+def repository_states(app: web.Application) -> dict[str, str]:
     """Every model a replica holds (``READY``) or is loading (``LOADING``)."""
-    app = request.app
     states: dict[str, str] = {}
     for replica in app[TABLE].usable(app[CLOCK]()):
         for model in replica.all_loading():
             states.setdefault(model, "LOADING")
         for model in replica.all_models():
             states[model] = "READY"
-    return web.json_response([{"name": m, "version": VERSION, "state": s} for m, s in sorted(states.items())])
+    return dict(sorted(states.items()))
 
 
-async def repository_load(request: web.Request) -> web.StreamResponse:
-    """Load the model on the replica the router would send its requests to."""
-    model, _ = _model(request)
-
-    async def answer() -> web.StreamResponse:
-        response = _as_oip(await request.app[PROXY].forward(
-            request, model, b"", path=f"/v1/models/{quote(model, safe='')}/load", buffer=True))
-        if response.status >= 400:
-            return response
-        return web.json_response({"name": model, "state": "READY"})
-
-    return await measured(request, model, answer)
-
-
-async def repository_unload(request: web.Request) -> web.Response:
-    """Evict the model from every replica that holds it."""
-    model, _ = _model(request)
-    app = request.app
+async def unload(app: web.Application, model: str) -> None:
+    """Evict the model from every replica that holds it (502 naming those that failed)."""
     holders = [r for r in app[TABLE].replicas() if r.holds(model)]
     path = f"/v1/models/{quote(model, safe='')}"
 
@@ -218,5 +184,83 @@ async def repository_unload(request: web.Request) -> web.Response:
     if errors:
         raise errors[0]
     if failed:
-        return _error(502, f"unloading {model!r} failed on {', '.join(failed)}")
+        raise ReplicaFailed(f"unloading {model!r} failed on {', '.join(failed)}")
+
+
+# -- server ----------------------------------------------------------------------------------
+
+
+async def server_metadata(request: web.Request) -> web.Response:
+    return web.json_response(server_metadata_document())
+
+
+async def live(request: web.Request) -> web.Response:
+    return web.json_response({"live": True})
+
+
+# -- models ----------------------------------------------------------------------------------
+
+
+async def _metadata(request: web.Request, model: str) -> web.StreamResponse:
+    """The model's metadata from a replica (one that holds it, else one that loads it now)."""
+    response = await request.app[PROXY].forward(
+        request, model, b"", method="GET", path=metadata_path(model), buffer=True)
+    return _as_oip(response)
+
+
+async def model_metadata(request: web.Request) -> web.StreamResponse:
+    model, _ = _model(request)
+    return await measured(request, model, lambda: _metadata(request, model))
+
+
+async def model_ready(request: web.Request) -> web.StreamResponse:
+    """Ready when a replica holds the model, or loads it now (so "ready" means "servable")."""
+    model, _ = _model(request)
+    if held(request.app, model):
+        return web.json_response({"name": model, "ready": True})
+    response = await _metadata(request, model)
+    if response.status >= 400:
+        return response
+    return web.json_response({"name": model, "ready": True})
+
+
+async def infer(request: web.Request) -> web.StreamResponse:
+    model, version = _model(request)
+
+    async def answer() -> web.StreamResponse:
+        body = await read_body(request, request.app[CONFIG].body_timeout_s)
+        header_length = request.headers.get(HEADER_LENGTH)
+        parse_header(split_body(body, header_length)[0])  # a malformed request is refused here, not by a replica
+        headers = infer_headers(header_length, version)
+        return _as_oip(await request.app[PROXY].forward(request, model, body, headers=headers, buffer=True))
+
+    return await measured(request, model, answer)
+
+
+# -- repository extension --------------------------------------------------------------------
+
+
+async def repository_index(request: web.Request) -> web.Response:
+    """Every model a replica holds (``READY``) or is loading (``LOADING``)."""
+    states = repository_states(request.app)
+    return web.json_response([{"name": m, "version": VERSION, "state": s} for m, s in states.items()])
+
+
+async def repository_load(request: web.Request) -> web.StreamResponse:
+    """Load the model on the replica the router would send its requests to."""
+    model, _ = _model(request)
+
+    async def answer() -> web.StreamResponse:
+        response = _as_oip(await request.app[PROXY].forward(request, model, b"", path=load_path(model), buffer=True))
+        if response.status >= 400:
+            return response
+        return web.json_response({"name": model, "state": "READY"})
+
+    return await measured(request, model, answer)
+
+
+async def repository_unload(request: web.Request) -> web.Response:
+    """Evict the model from every replica that holds it."""
+    model, _ = _model(request)
+    await unload(request.app, model)
     return web.json_response({"name": model, "state": "UNAVAILABLE"})

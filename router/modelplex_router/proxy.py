@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import AsyncIterator, Awaitable, Callable, Mapping, TypeVar
 
 import aiohttp
 from aiohttp import hdrs, web
@@ -55,6 +55,8 @@ HOP_BY_HOP = frozenset(
 REPLICA_HEADER = "X-Modelplex-Replica"
 #: Set on a response cut short after it was committed: the status to count it as.
 ABORTED = "modelplex_aborted"
+
+T = TypeVar("T")
 
 #: Connection-level failures: the replica may not have seen the request or died with it.
 _FAILURES = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
@@ -100,6 +102,25 @@ class Proxy:
             forwarded[MODEL_ID_HEADER] = model
         forwarded.update(headers or {})
         target = _Target(method, path, buffer)
+        return await self._place(model, forwarded, lambda lease, sent: self._attempt(request, lease, target, sent, body))
+
+    async def exchange(self, model: str, body: bytes, headers: Mapping[str, str],
+                       consume: Callable[[Reply], Awaitable[T]], *, method: str = "POST", path: str = INVOKE_PATH,
+                       buffer: bool = True) -> T:
+        """:meth:`forward` for callers that are not aiohttp handlers (the gRPC service): the same
+        queue, retries and bounds; ``consume`` gets the replica's :class:`Reply` (its whole body
+        in ``first`` when ``buffer``, else the chunks as they come) while the replica's slot is
+        held, and what it returns is the answer."""
+        sent = {MODEL_ID_HEADER: model} if model else {}
+        sent.update(headers)
+        target = _Target(method, path, buffer)
+        return await self._place(model, sent,
+                                 lambda lease, sent: self._consume(lease, target, sent, body, consume))
+
+    async def _place(self, model: str, headers: dict[str, str],
+                     attempt: Callable[[Lease, dict[str, str]], Awaitable[T]]) -> T:
+        """``attempt`` on the replicas the scheduler gives, until one answers: a refusal waits and
+        tries again (within the request's queue bound), a failure tries another replica once."""
         failures = 0
         refusals = 0
         exclude: set[str] = set()
@@ -108,7 +129,7 @@ class Proxy:
             lease = await self.scheduler.acquire(model, exclude, since=since, refusals=refusals)
             self.metrics.routed(lease.kind, model)
             try:
-                return await self._attempt(request, lease, target, forwarded, body)
+                return await attempt(lease, headers)
             except _Retry as retry:
                 exclude.add(lease.replica.name)
                 if retry.failed:
@@ -122,6 +143,27 @@ class Proxy:
                 self.metrics.retried("replica_failed" if retry.failed else "replica_full")
                 log.debug("retrying a request for %r elsewhere: %s %s", model, lease.replica.name, retry.reason)
 
+    async def _consume(self, lease: Lease, target: _Target, headers: dict, body: bytes,
+                       consume: Callable[[Reply], Awaitable[T]]) -> T:
+        """One try of :meth:`exchange` on the lease's replica."""
+        ok = False
+        clean = False
+        upstream: aiohttp.ClientResponse | None = None
+        try:
+            upstream, first = await self._send(lease, target, headers, body)
+            self._heard(lease, upstream)
+            clean = target.buffer  # read whole: the connection is reusable whatever ``consume`` makes of it
+            rest = _no_chunks() if target.buffer else upstream.content.iter_any()
+            try:
+                result = await consume(Reply(upstream.status, upstream.headers, first, rest, lease.replica.name))
+            except _FAILURES as error:  # the replica died mid-stream: the caller's answer is cut
+                raise ReplicaFailed(f"replica {lease.replica.name} failed mid-stream ({type(error).__name__})") from None
+            clean = clean or upstream.content.at_eof()
+            ok = upstream.status < 400
+            return result
+        finally:
+            _done(upstream, lease, clean=clean, ok=ok)
+
     async def _attempt(self, request: web.Request, lease: Lease, target: _Target, headers: dict,
                        body: bytes) -> web.StreamResponse:
         """One try on the lease's replica: send, then answer the client from what it sends."""
@@ -130,9 +172,7 @@ class Proxy:
         upstream: aiohttp.ClientResponse | None = None
         try:
             upstream, first = await self._send(lease, target, headers, body)
-            if summary := upstream.headers.get(LOADED_MODELS_HEADER):
-                # A newer version than the table's document makes it fetch the replica's document.
-                self.table.apply(SummaryHeard(lease.replica, summary), self.clock())
+            self._heard(lease, upstream)
             # Commit: from here on the client has the status line; no more retries.
             answer_headers = _answer_headers(upstream, lease.replica.name)
             if target.buffer or _whole(upstream, first):
@@ -149,12 +189,13 @@ class Proxy:
                 await _end(response)
             return response
         finally:
-            if upstream is not None:
-                if clean:
-                    upstream.release()
-                else:
-                    upstream.close()  # unread or broken: never hand the connection back
-            lease.release(ok)
+            _done(upstream, lease, clean=clean, ok=ok)
+
+    def _heard(self, lease: Lease, upstream: aiohttp.ClientResponse) -> None:
+        """Take in the loaded-models summary a replica's answer carries."""
+        if summary := upstream.headers.get(LOADED_MODELS_HEADER):
+            # A newer version than the table's document makes it fetch the replica's document.
+            self.table.apply(SummaryHeard(lease.replica, summary), self.clock())
 
     async def _send(self, lease: Lease, target: _Target, headers: dict,
                     body: bytes) -> tuple[aiohttp.ClientResponse, bytes]:
@@ -249,10 +290,37 @@ def _answer_headers(upstream: aiohttp.ClientResponse, replica: str) -> CIMultiDi
     return out
 
 
+def _done(upstream: aiohttp.ClientResponse | None, lease: Lease, *, clean: bool, ok: bool) -> None:
+    """Hand the replica's connection back (read to its end) or close it, and free the slot."""
+    if upstream is not None:
+        if clean:
+            upstream.release()
+        else:
+            upstream.close()  # unread or broken: never hand the connection back
+    lease.release(ok)
+
+
 def _whole(upstream: aiohttp.ClientResponse, first: bytes) -> bool:
     """Whether ``first`` is the replica's whole body (its length known, and nothing follows)."""
     length = upstream.content_length
     return length is not None and len(first) == length and upstream.content.at_eof()
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A replica's answer as :meth:`Proxy.exchange` hands it over: status, headers, the first
+    chunk (the whole body when buffered) and the chunks after it."""
+
+    status: int
+    headers: Mapping[str, str]
+    first: bytes
+    rest: AsyncIterator[bytes]
+    replica: str
+
+
+async def _no_chunks() -> AsyncIterator[bytes]:
+    return
+    yield b""  # an async generator that yields nothing
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -16,11 +16,12 @@ START_TIMEOUT_S = 120.0  # two cores, several torch imports at once: generous
 
 @dataclass
 class Stack:
-    """A running ``modelplex local``: its process and each deployment's router URL."""
+    """A running ``modelplex local``: its process, each deployment's router URL and gRPC address."""
 
     proc: Proc
     urls: dict[str, str]
     folder: Path
+    grpc: dict[str, str] = field(default_factory=dict)
 
     def url(self, deployment: str) -> str:
         return self.urls[deployment]
@@ -53,7 +54,8 @@ def start_local(processes: Processes, manifest: Path, deployments: int, env: dic
                       guard=proc.check_running)
     urls = dict(re.findall(r"^(\S+) is ready at (http://\S+)", output, flags=re.M))
     assert len(urls) == deployments, output
-    return Stack(proc, urls, manifest.parent)
+    grpc = dict(re.findall(r"^(\S+) is ready at http://\S+  gRPC (\S+)", output, flags=re.M))
+    return Stack(proc, urls, manifest.parent, grpc)
 
 
 def manifest(name: str, handler: str, **spec) -> dict:

@@ -82,3 +82,14 @@ class Sized:
     async def __call__(self, request):
         model = await self.load_model(get_multiplexed_model_id())
         return {"model": model["id"], "pod": os.environ.get("POD_NAME", "")}
+
+
+class Tensors:
+    """Open Inference Protocol tensors (the gRPC test): each input doubled, and which pod answered."""
+
+    async def __call__(self, request):
+        import numpy as np
+
+        outputs = {f"{name}_doubled": array * 2 for name, array in request.inputs.items()}
+        outputs["pod"] = np.array([os.environ.get("POD_NAME", "").encode()], dtype=object)
+        return outputs

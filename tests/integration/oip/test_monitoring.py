@@ -21,7 +21,8 @@ from modelplex.wire.names import MODEL_ID_HEADER
 CHART = Path(__file__).resolve().parents[3] / "charts" / "modelplex"
 TIMEOUT = aiohttp.ClientTimeout(total=60)
 #: PromQL words that are not metric names.
-PROMQL_WORDS = {"sum", "by", "rate", "histogram_quantile", "le", "code", "pod", "reason", "namespace", "deployment"}
+PROMQL_WORDS = {"sum", "by", "rate", "histogram_quantile", "le", "code", "pod", "reason", "namespace", "deployment",
+                "protocol"}
 
 
 async def scrape(session: aiohttp.ClientSession, url: str) -> str:
@@ -72,7 +73,7 @@ async def test_a_request_is_counted_once_per_component_and_never_under_a_shared_
                                 headers={MODEL_ID_HEADER: "mlp-a"}) as resp:
             assert resp.status == 200
         router, replica = _series(await scrape(session, zoo.router_url)), _series(await scrape(session, zoo.replica_url))
-    router_key = 'modelplex_router_requests_total{code="200",deployment="zoo"}'
+    router_key = 'modelplex_router_requests_total{code="200",deployment="zoo",protocol="http"}'
     replica_key = 'modelplex_replica_requests_total{code="200",deployment="zoo"}'
     assert router[router_key] - router_before.get(router_key, 0) == 1
     assert replica[replica_key] - replica_before.get(replica_key, 0) == 1

@@ -74,7 +74,8 @@ async def test_the_model_can_be_named_in_the_path(plex):
         async with session.get(url + "/metrics") as resp:
             text = await resp.text()
         ok = [line for line in text.splitlines()
-              if line.startswith("modelplex_router_requests_total{") and 'code="200"' in line and 'deployment="plex"' in line]
+              if line.startswith("modelplex_router_requests_total{") and 'code="200"' in line and 'deployment="plex"' in line
+              and 'protocol="http"' in line]
         assert len(ok) == 1 and float(ok[0].rsplit(" ", 1)[1]) == 3.0, ok
         assert "modelplex_router_request_latency_seconds_bucket" in text
         assert "modelplex_router_inflight_requests" in text

@@ -1,8 +1,15 @@
-"""Local mode's supervisor: the restart backoff (pure, no processes)."""
+"""Local mode's supervisor: the restart backoff (pure, no processes) and the ports it plans."""
 
 from __future__ import annotations
 
-from modelplex_launcher.local import HEALTHY_RUN_S, RESTART_BACKOFF_MAX_S, restart_delay
+import json
+import socket
+
+import pytest
+
+from modelplex.processes import consecutive_free_ports, free_port, port_free
+from modelplex.wire.spec import SpecError
+from modelplex_launcher.local import HEALTHY_RUN_S, RESTART_BACKOFF_MAX_S, plan, restart_delay
 
 
 def crash_loop(runs: list[float]) -> list[float]:
@@ -26,3 +33,35 @@ def test_the_backoff_starts_over_after_a_healthy_run():
 
 def test_a_run_just_short_of_healthy_still_counts_as_a_crash():
     assert crash_loop([0.5, HEALTHY_RUN_S - 0.01]) == [1, 2]
+
+
+def _manifests(folder, routers: dict[str, dict]) -> str:
+    documents = [{"apiVersion": "modelplex.io/v1alpha1", "kind": "MultiplexedDeployment", "metadata": {"name": name},
+                  "spec": {"image": "local", "handler": "h:C", "router": router}} for name, router in routers.items()]
+    path = folder / "deployments.yaml"
+    path.write_text("\n---\n".join(json.dumps(d) for d in documents))
+    return str(path)
+
+
+def test_a_grpc_port_given_is_used_and_one_not_given_is_a_free_one(tmp_path):
+    given = free_port()
+    port = consecutive_free_ports(2)
+    plans = plan([_manifests(tmp_path, {"a": {"grpcPort": given}, "b": {}})], host="127.0.0.1", port=port)
+    assert plans[0].grpc_port == given
+    assert plans[0].grpc_address == f"127.0.0.1:{given}"
+    assert plans[1].grpc_port not in (given, port, port + 1) and port_free("127.0.0.1", plans[1].grpc_port)
+
+
+def test_a_grpc_port_in_use_is_an_error_that_names_it(tmp_path):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        busy = holder.getsockname()[1]
+        with pytest.raises(SpecError, match=f"port {busy} on 127.0.0.1 is in use \\(spec.router.grpcPort of 'a'\\)"):
+            plan([_manifests(tmp_path, {"a": {"grpcPort": busy}})], host="127.0.0.1", port=consecutive_free_ports(1))
+
+
+def test_a_grpc_port_that_is_another_router_s_http_port_is_an_error(tmp_path):
+    port = consecutive_free_ports(2)
+    with pytest.raises(SpecError, match=f"port {port + 1} \\(spec.router.grpcPort of 'a'\\) is another router's"):
+        plan([_manifests(tmp_path, {"a": {"grpcPort": port + 1}, "b": {}})], host="127.0.0.1", port=port)

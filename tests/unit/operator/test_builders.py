@@ -163,15 +163,28 @@ def test_router_deployment_and_service():
     assert dep["spec"]["selector"] == {"matchLabels": {LABEL_DEPLOYMENT: "recs", LABEL_ROLE: "router"}}
     c = container(dep)
     assert c["command"] == ["modelplex", "router"]
-    assert c["args"] == ["--port", "8100"]
+    assert c["args"] == ["--port", "8100", "--grpc-port", "8001"]
     assert c["image"] == "registry.example.com/modelplex/router:0.1.0"
-    assert c["ports"][0]["containerPort"] == 8100
-    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert c["ports"] == [{"name": "http", "containerPort": 8100, "protocol": "TCP"},
+                          {"name": "grpc", "containerPort": 8001, "protocol": "TCP"}]
+    # Ready as the gRPC health service says (what /readyz says); alive as /healthz says.
+    assert c["readinessProbe"]["grpc"] == {"port": 8001, "service": "inference.GRPCInferenceService"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert "LOG_LEVEL" not in env_of(c)  # spec.env is the replica's
     assert dep["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
     svc = objects["Service", "recs"]
     assert svc["spec"]["selector"] == {LABEL_DEPLOYMENT: "recs", LABEL_ROLE: "router"}
-    assert svc["spec"]["ports"] == [{"name": "http", "port": 8100, "targetPort": "http", "protocol": "TCP"}]
+    assert svc["spec"]["ports"] == [{"name": "http", "port": 8100, "targetPort": "http", "protocol": "TCP"},
+                                    {"name": "grpc", "port": 8001, "targetPort": "grpc", "protocol": "TCP"}]
+
+
+def test_a_router_grpc_port_from_the_spec_reaches_the_container_probe_and_service():
+    objects = by_kind_name(build(body(router={"grpcPort": 9001})))
+    c = container(objects["Deployment", "recs-router"])
+    assert c["args"][-2:] == ["--grpc-port", "9001"]
+    assert {"name": "grpc", "containerPort": 9001, "protocol": "TCP"} in c["ports"]
+    assert c["readinessProbe"]["grpc"]["port"] == 9001
+    assert {"name": "grpc", "port": 9001, "targetPort": "grpc", "protocol": "TCP"} in objects["Service", "recs"]["spec"]["ports"]
 
 
 def test_the_router_discovers_the_replica_port_by_its_name():

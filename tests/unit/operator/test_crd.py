@@ -131,6 +131,8 @@ def test_defaults_are_the_spec_defaults(spec_schema):
     assert _default(spec_schema, "multiplexing", "matchingTimeoutSeconds") == DEFAULT_MATCHING_TIMEOUT_S
     assert _default(spec_schema, "router", "replicas") == spec.router.replicas
     assert _default(spec_schema, "router", "port") == spec.router.port
+    # Unset gRPC port: 8001 in pods, a free one in local mode; a default would hide that.
+    assert _default(spec_schema, "router", "grpcPort") == "<none>" and spec.router.grpc_port is None
     assert _default(spec_schema, "metrics", "modelLabel") is spec.metrics.model_label is False
     # Unset sizes mean "the decorator's argument": no default may hide that.
     assert _default(spec_schema, "multiplexing", "maxModelsPerReplica") == "<none>"
@@ -157,6 +159,7 @@ def _constraint(model, name: str, kind: str):
         (("batching", "batchWaitTimeoutMs"), Batching, "batch_wait_timeout_ms"),
         (("router", "replicas"), RouterSpec, "replicas"),
         (("router", "port"), RouterSpec, "port"),
+        (("router", "grpcPort"), RouterSpec, "grpc_port"),
         (("autoscaling", "minReplicas"), Autoscaling, "min_replicas"),
         (("autoscaling", "maxReplicas"), Autoscaling, "max_replicas"),
         (("autoscaling", "initialReplicas"), Autoscaling, "initial_replicas"),

@@ -65,9 +65,9 @@ def test_metrics_count_requests_and_routing_decisions():
         metrics.routed(kind, "m1")
     metrics.retried("replica_failed")
     samples = _samples(metrics)
-    assert samples['modelplex_router_requests_total{code="200",deployment="recs"}'] == 2
-    assert samples['modelplex_router_requests_total{code="503",deployment="recs"}'] == 1
-    assert samples['modelplex_router_request_latency_seconds_count{deployment="recs"}'] == 3
+    assert samples['modelplex_router_requests_total{code="200",deployment="recs",protocol="http"}'] == 2
+    assert samples['modelplex_router_requests_total{code="503",deployment="recs",protocol="http"}'] == 1
+    assert samples['modelplex_router_request_latency_seconds_count{deployment="recs",protocol="http"}'] == 3
     assert samples['modelplex_router_cache_hits_total{deployment="recs"}'] == 2
     assert samples['modelplex_router_cache_misses_total{deployment="recs"}'] == 2  # a fallback is a miss too
     assert samples['modelplex_router_fallbacks_total{deployment="recs"}'] == 1
@@ -81,23 +81,26 @@ def test_the_model_label_only_when_turned_on():
     metrics.observe(200, 0.01, "m1")
     metrics.routed(Kind.HIT, "m1")
     samples = _samples(metrics)
-    assert samples['modelplex_router_requests_total{code="200",deployment="recs",model="m1"}'] == 1
+    assert samples['modelplex_router_requests_total{code="200",deployment="recs",model="m1",protocol="http"}'] == 1
     assert samples['modelplex_router_cache_hits_total{deployment="recs",model="m1"}'] == 1
 
 
 def test_each_router_has_its_own_registry():
     first, second = RouterMetrics("recs"), RouterMetrics("recs")
     first.observe(200, 0.01, "m")
-    assert _samples(first)['modelplex_router_requests_total{code="200",deployment="recs"}'] == 1
-    assert _samples(second)['modelplex_router_requests_total{code="200",deployment="recs"}'] == 0
+    assert _samples(first)['modelplex_router_requests_total{code="200",deployment="recs",protocol="http"}'] == 1
+    assert _samples(second)['modelplex_router_requests_total{code="200",deployment="recs",protocol="http"}'] == 0
 
 
 def test_series_without_a_model_label_exist_at_zero_from_the_start():
     samples = _samples(RouterMetrics("recs"))
     for name in ("modelplex_router_cache_hits_total", "modelplex_router_cache_misses_total",
-                 "modelplex_router_fallbacks_total", "modelplex_router_request_latency_seconds_count",
-                 "modelplex_router_inflight_requests", "modelplex_router_queued_requests"):
+                 "modelplex_router_fallbacks_total", "modelplex_router_inflight_requests",
+                 "modelplex_router_queued_requests"):
         assert samples[name + '{deployment="recs"}'] == 0, name
+    for protocol in ("http", "grpc"):  # requests by protocol: REST and gRPC from the start
+        assert samples[f'modelplex_router_request_latency_seconds_count{{deployment="recs",protocol="{protocol}"}}'] == 0
+        assert samples[f'modelplex_router_requests_total{{code="200",deployment="recs",protocol="{protocol}"}}'] == 0
     assert samples['modelplex_router_retries_total{deployment="recs",reason="replica_failed"}'] == 0
 
 

@@ -8,7 +8,8 @@ import pytest
 import tritonclient.http as triton
 
 from modelplex.wire.errors import BadRequest
-from modelplex.wire.oip import DATATYPES, InferRequest, as_outputs, datatype_of, decode_request, encode_response
+from modelplex.wire.oip import (DATATYPES, InferRequest, StreamFrames, as_outputs, datatype_of, decode_request,
+                                encode_response, stream_frame)
 
 SAMPLES = {
     "BOOL": np.array([[True, False], [False, True]]),
@@ -120,3 +121,16 @@ def test_handler_answers_become_named_outputs():
     assert list(as_outputs(np.zeros(2))) == ["output0"]
     assert list(as_outputs([np.zeros(2), np.ones(1)])) == ["output0", "output1"]
     assert list(as_outputs({"logits": [1.0]})) == ["logits"]
+
+
+def test_stream_frames_come_out_whole_however_the_stream_is_cut():
+    answers = [(b'{"model_name":"m","outputs":[]}', None), (b'{"h":1}' + b"\x00\x01\x02", 7), (b"", None)]
+    stream = b"".join(stream_frame(body, length) for body, length in answers)
+    for size in (1, 3, 8, len(stream)):
+        frames = StreamFrames()
+        got = [frame for start in range(0, len(stream), size) for frame in frames.feed(stream[start:start + size])]
+        assert got == [(body, len(body) if length is None else length) for body, length in answers], size
+        assert frames.pending == 0
+    cut = StreamFrames()
+    assert cut.feed(stream[:-9]) == [(answers[0][0], len(answers[0][0]))]
+    assert cut.pending > 0  # a stream cut in the middle of an answer

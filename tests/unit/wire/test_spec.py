@@ -46,6 +46,15 @@ def test_two_routers_by_default_and_a_request_timeout_past_the_load_timeout():
     assert parse_spec({**MINIMAL, "router": {"requestTimeoutSeconds": 2.5}}).request_timeout_s == 2.5
 
 
+def test_the_grpc_port_is_unset_by_default_and_must_differ_from_the_http_port():
+    assert parse_spec(MINIMAL).router.grpc_port is None  # 8001 in pods, a free port locally
+    assert parse_spec({**MINIMAL, "router": {"grpcPort": 9001}}).router.grpc_port == 9001
+    with pytest.raises(SpecError, match="grpcPort must differ from router.port"):
+        parse_spec({**MINIMAL, "router": {"port": 8100, "grpcPort": 8100}})
+    with pytest.raises(SpecError, match="grpcPort"):
+        parse_spec({**MINIMAL, "router": {"grpcPort": 70000}})
+
+
 def test_design_example_parses():
     spec = parse_spec({
         "replicas": 3, "image": "registry.example.com/recs:1.4", "handler": "recs.models:Recommender",

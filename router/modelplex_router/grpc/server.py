@@ -1,0 +1,109 @@
+"""The router's gRPC server: grpcio's asyncio server on the router's own event loop, started
+and stopped with the aiohttp app (:meth:`GrpcServer.context` in its ``cleanup_ctx``).
+
+It serves :class:`~modelplex_router.grpc.service.InferenceService` and the standard health
+service (``grpc.health.v1.Health``): the empty service name is ``SERVING`` while the process
+runs; ``inference.GRPCInferenceService`` is ``SERVING`` while ``/readyz`` says ready (the pods'
+readiness probe asks for it), ``NOT_SERVING`` from the start of a drain.
+
+The port is bound without ``SO_REUSEPORT`` (grpcio sets it by default), so a port in use is an
+error, not a second server sharing it. Messages up to ``spec.maxRequestBytes`` are accepted,
+as the REST side accepts bodies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import AsyncIterator
+
+import grpc
+from aiohttp import web
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from modelplex_router.app import readiness
+from modelplex_router.grpc import messages
+from modelplex_router.grpc.service import InferenceService, handler
+from modelplex_router.keys import CONFIG
+
+log = logging.getLogger("modelplex.router.grpc")
+
+#: How often the health service's readiness follows the routing table.
+HEALTH_INTERVAL_S = 1.0
+_SERVING = health_pb2.HealthCheckResponse.SERVING
+_NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class GrpcServer:
+    """The gRPC side of one router app, on ``host:port`` (0: a free port, see :attr:`port`)."""
+
+    def __init__(self, app: web.Application, host: str, port: int):
+        self.app = app
+        self.host = host
+        self.port = port
+        self.health = health.aio.HealthServicer()
+        self._server: grpc.aio.Server | None = None
+        self._stopping: asyncio.Task | None = None
+
+    async def context(self, app: web.Application) -> AsyncIterator[None]:
+        """For the app's ``cleanup_ctx``: serve while the app runs (after its client session
+        exists), stop with it."""
+        await self.start()
+        follower = asyncio.create_task(self._follow_readiness(), name="grpc health")
+        try:
+            yield
+        finally:
+            follower.cancel()
+            await asyncio.gather(follower, return_exceptions=True)
+            await self.stop(0)
+
+    async def start(self) -> None:
+        """Bind and start serving; ``OSError`` naming the address when it cannot be bound."""
+        options = [
+            ("grpc.so_reuseport", 0),
+            ("grpc.max_receive_message_length", self.app[CONFIG].max_request_bytes),
+            ("grpc.max_send_message_length", -1),
+        ]
+        server = grpc.aio.server(options=options)
+        server.add_generic_rpc_handlers((handler(InferenceService(self.app)),))
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        try:
+            self.port = server.add_insecure_port(f"{_bracketed(self.host)}:{self.port}")
+        except RuntimeError:
+            raise OSError(f"cannot serve gRPC on {self.host}:{self.port}: the address is in use or not "
+                          "available") from None
+        await server.start()
+        self._server = server
+        await self.health.set("", _SERVING)
+        await self._update_readiness()
+        log.info("gRPC (inference.GRPCInferenceService, grpc.health.v1.Health) on %s:%d", self.host, self.port)
+
+    def drain(self, grace_s: float) -> None:
+        """Stop taking calls now; those in flight get ``grace_s`` to finish (awaited by :meth:`stop`)."""
+        if self._server is not None and self._stopping is None:
+            self._stopping = asyncio.create_task(self._drain(grace_s), name="grpc drain")
+
+    async def _drain(self, grace_s: float) -> None:
+        await self.health.set(messages.SERVICE_NAME, _NOT_SERVING)
+        if self._server is not None:
+            await self._server.stop(grace_s)
+
+    async def stop(self, grace_s: float) -> None:
+        """Stop (within ``grace_s`` unless a drain already runs) and wait until stopped."""
+        self.drain(grace_s)
+        if self._stopping is not None:
+            await self._stopping
+
+    async def _follow_readiness(self) -> None:
+        while self._stopping is None:  # bounded by the app's life: cancelled when it stops
+            await asyncio.sleep(HEALTH_INTERVAL_S)
+            if self._stopping is None:
+                await self._update_readiness()
+
+    async def _update_readiness(self) -> None:
+        status = _SERVING if readiness(self.app)["ready"] else _NOT_SERVING
+        await self.health.set(messages.SERVICE_NAME, status)
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
