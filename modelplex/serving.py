@@ -70,9 +70,18 @@ def check_unguarded_host(host: str, what: str) -> None:
 class JsonErrorProtocol(RequestHandler):
     """aiohttp's connection protocol, answering its own (parser-level) errors in JSON."""
 
+    #: While answering a client's malformed request, what was wrong with it: aiohttp's ERROR with a
+    #: traceback becomes one WARNING line (the client's mistake, not the server's).
+    _client_error: str | None = None
+
     def handle_error(self, request, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
-        plain = super().handle_error(request, status, exc, message)  # logs it; refuses after output
+        detail = (message or "").strip().splitlines()
+        self._client_error = (detail[0] if detail else "malformed HTTP request") if status < 500 else None
+        try:
+            plain = super().handle_error(request, status, exc, message)  # logs it; refuses after output
+        finally:
+            self._client_error = None
         try:
             reason = HTTPStatus(status).phrase
         except ValueError:
@@ -86,6 +95,14 @@ class JsonErrorProtocol(RequestHandler):
         response = web.Response(status=plain.status, body=to_json(body), content_type="application/json")
         response.force_close()
         return response
+
+
+    def log_exception(self, *args: typing.Any, **kwargs: typing.Any) -> None:
+        if self._client_error is None:
+            super().log_exception(*args, **kwargs)
+            return
+        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+        log.warning("malformed request from %s: %s", peer[0] if peer else "?", self._client_error)
 
 
 class ConnectionHandoff(typing.Protocol):

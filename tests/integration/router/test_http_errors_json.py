@@ -42,6 +42,12 @@ async def test_parser_level_errors_are_json(plex):
             assert headers["content-type"].startswith("application/json"), (case, url, headers)
             error = json.loads(body)["error"]
             assert error["code"] == "bad_request" and error["message"].startswith("malformed HTTP request"), error
+    # What aiohttp reports (the header errors; it says nothing of a garbage request line) is one
+    # WARNING line each: a client's mistake, not a server error with a traceback.
+    for proc in (cluster.router_proc, *cluster.replica_procs.values()):
+        log = proc.log.read_text()
+        assert log.count("WARNING modelplex.serving: malformed request from 127.0.0.1: ") >= 3, log[-2000:]
+        assert "Traceback" not in log and "ERROR aiohttp.server" not in log, log[-2000:]
     # Both are still healthy after all that.
     async with aiohttp.ClientSession() as session:
         for url in (cluster.router_url, *cluster.replica_urls.values()):
