@@ -274,11 +274,11 @@ async def invoke(request: web.Request) -> web.StreamResponse:
         if call.streams:
             response = await _stream(request, state, call, model_id)
         else:
-            payload, content_type = await _unary(state, call, model_id)
-            response = web.Response(body=payload, content_type=content_type.split(";")[0],
-                                    charset=_charset(content_type))
-            response.headers[LOADED_MODELS_HEADER] = state.models_header()
-            oip.finish(call, response)
+            answer = await _unary(state, call, model_id)
+            if isinstance(answer, Invocation):  # a plain request's handler returned a stream: send it as one
+                response = await _stream(request, state, answer, model_id)
+            else:
+                response = _answer(call, *answer, state.models_header())
         status = 500 if response.get(STREAM_FAILED) else response.status
         return response
     except ModelplexError as error:
@@ -295,6 +295,13 @@ async def invoke(request: web.Request) -> web.StreamResponse:
         if in_slot:
             state.metrics.inflight_now.dec()
         state.metrics.observe_request(model_id, status, time.perf_counter() - started)
+
+
+def _answer(call: Invocation, payload: bytes, content_type: str, models_header: str) -> web.Response:
+    response = web.Response(body=payload, content_type=content_type.split(";")[0], charset=_charset(content_type))
+    response.headers[LOADED_MODELS_HEADER] = models_header
+    oip.finish(call, response)
+    return response
 
 
 def _pinned(state: ReplicaState, model_id: str):
@@ -316,18 +323,19 @@ def _handler_error(error: Exception) -> ModelplexError:
     return HandlerError.of(error)  # the user's exception type travels to a handle
 
 
-async def _unary(state: ReplicaState, call: Invocation, model_id: str) -> tuple[bytes, str]:
-    """The handler's answer, encoded; the call and the encoding run off the server loop."""
+async def _unary(state: ReplicaState, call: Invocation, model_id: str) -> tuple[bytes, str] | Invocation:
+    """The handler's answer, encoded (or the stream it returned); the call and the encoding run
+    off the server loop."""
     if call.mode == "sync":  # a blocking handler: a worker thread of the user loop, at its priority
         return await state.user.run(asyncio.to_thread(_call_sync, state, call, model_id))
     return await state.user.run(_call_async(state, call, model_id))
 
 
-async def _call_async(state: ReplicaState, call: Invocation, model_id: str) -> tuple[bytes, str]:
+async def _call_async(state: ReplicaState, call: Invocation, model_id: str) -> tuple[bytes, str] | Invocation:
     set_multiplexed_model_id(model_id)  # this task's own context
     try:
         with _pinned(state, model_id):
-            return call.encode(await call.run())
+            return call.outcome(await call.run())
     except asyncio.CancelledError:
         raise
     except Exception as error:  # noqa: BLE001 - the user's code: report, never a traceback
@@ -336,10 +344,10 @@ async def _call_async(state: ReplicaState, call: Invocation, model_id: str) -> t
         raise _handler_error(error) from None
 
 
-def _call_sync(state: ReplicaState, call: Invocation, model_id: str) -> tuple[bytes, str]:
+def _call_sync(state: ReplicaState, call: Invocation, model_id: str) -> tuple[bytes, str] | Invocation:
     set_multiplexed_model_id(model_id)  # to_thread runs this in a copy of the caller's context
     try:
-        return call.encode(call.run())
+        return call.outcome(call.run())
     except Exception as error:  # noqa: BLE001
         if not isinstance(error, ModelplexError):
             log.exception("handler failed")

@@ -27,6 +27,8 @@ DEPLOYMENTS = {
     "streaming-app": "parity:StreamingApp",
     "sync-gen-function": "parity:sync_gen_function",
     "async-gen-function": "parity:async_gen_function",
+    "returns-streams": "parity:ReturnsStreams",
+    "sync-returns-streams": "parity:SyncReturnsStreams",
 }
 #: Spec fields per deployment, beyond one replica of its handler.
 SPECS = {"loader": {"replicas": 2, "maxOngoingRequests": 1}, "lru": {"multiplexing": {"maxModelsPerReplica": 2}},
