@@ -80,6 +80,23 @@ def _class_call_mode(klass: type) -> str | None:
     return call_mode(klass.__call__)
 
 
+def _takes_arguments(handler: Any) -> bool:
+    """Whether a plain HTTP request passes its body: not to a ``__call__(self)`` that takes
+    nothing (Ray calls that one without arguments). Known once per class or function."""
+    if inspect.isroutine(handler):
+        return _parameters(handler, bound=False)
+    return _parameters(type(handler).__call__, bound=True)
+
+
+@functools.lru_cache(maxsize=256)
+def _parameters(function: Callable, bound: bool) -> bool:
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature: give it the body
+        return True
+    return len(parameters) > (1 if bound else 0)
+
+
 def method_of(handler: Any, name: str) -> Callable:
     """The bound method ``name`` of ``handler``; a private or missing one is a clear error."""
     if name == "__call__":
@@ -230,7 +247,7 @@ def invocation(handler: Any, content_type: str, body: Any) -> Invocation:
     mode = _whole_call_mode(handler)
     if mode is None:
         raise _no_call(handler)
-    return Invocation(handler, (body,), {}, mode, name=type(handler).__qualname__)
+    return Invocation(handler, (body,) if _takes_arguments(handler) else (), {}, mode, name=type(handler).__qualname__)
 
 
 async def iterate_in_thread(generator: Iterator[Any]) -> AsyncIterator[Any]:

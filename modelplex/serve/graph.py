@@ -9,6 +9,8 @@ deployment are ``name`` and ``name-1``, as Ray suffixes them. Bound arguments be
 from __future__ import annotations
 
 import inspect
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,11 +112,42 @@ def decorated(target: Any) -> dict[str, Any]:
     return spec
 
 
-def manifest(node: Node, *, image: str, handler: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+#: Ray Serve's environment variables that have a Modelplex equivalent: the spec field each sets.
+RAY_ENVIRONMENT = {"RAY_SERVE_MULTIPLEXED_MODEL_ID_MATCHING_TIMEOUT_S": ("multiplexing", "matchingTimeoutSeconds")}
+
+
+def ray_environment(environ: Mapping[str, str]) -> dict[str, dict[str, float]]:
+    """The spec fields that Ray Serve's environment variables in ``environ`` set (a value that
+    is not a number of seconds >= 0 is refused, by name)."""
+    spec: dict[str, dict[str, float]] = {}
+    for name, (section, field) in RAY_ENVIRONMENT.items():
+        raw = environ.get(name)
+        if raw is None:
+            continue
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if not 0 <= value < math.inf:
+            raise ValueError(f"{name}={raw!r}: must be a number of seconds >= 0")
+        spec.setdefault(section, {})[field] = value
+    return spec
+
+
+def unsupported_ray_environment(environ: Mapping[str, str]) -> list[str]:
+    """Ray Serve's variables set in ``environ`` that Modelplex has no equivalent for (to warn of)."""
+    return sorted(name for name in environ if name.startswith("RAY_SERVE_") and name not in RAY_ENVIRONMENT)
+
+
+def manifest(node: Node, *, image: str, handler: str, env: dict[str, str] | None = None,
+             environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The MultiplexedDeployment of ``node``: replicas and resources from its options, batching
-    and multiplexing from its decorators, its edges (the deployments it calls) an annotation."""
+    and multiplexing from its decorators, its edges (the deployments it calls) an annotation;
+    Ray's environment variables in ``environ`` that have an equivalent in the spec set it."""
     spec: dict[str, Any] = {**node.options.replica_spec(), "image": image, "handler": handler,
                             **decorated(node.target)}
+    for section, fields in ray_environment(environ or {}).items():
+        spec[section] = {**spec.get(section, {}), **fields}
     if node.options.max_ongoing_requests is not None:
         spec["maxOngoingRequests"] = node.options.max_ongoing_requests
     resources = node.options.resources()

@@ -397,6 +397,8 @@ class Loader:
         return {"id": model_id}
 
     async def __call__(self, body):
+        if body == {"peek": True}:  # a request that needs no model: it runs without an id too
+            return {"model_id": get_multiplexed_model_id()}
         model_id = body if isinstance(body, bytes) else get_multiplexed_model_id()
         return {**await self.get_model(model_id), "pid": os.getpid()}
 

@@ -50,6 +50,8 @@ def run_example(name: str, checks: str = "") -> str:
         pytest.fail(f"{name} did not finish in {RUN_TIMEOUT_S} s:\n{output.decode(errors='replace')[-6000:]}")
     text = output.decode(errors="replace")
     assert proc.returncode == 0, f"{name} exited with {proc.returncode}:\n{text[-6000:]}"
+    # Issue 31, item 6: pooled connections left to the garbage collector at the end.
+    assert "Unclosed" not in text, f"{name} left aiohttp sessions open:\n{text[-6000:]}"
     return text
 
 
