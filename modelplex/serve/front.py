@@ -27,12 +27,23 @@ log = logging.getLogger("modelplex.serve")
 _HOP_BY_HOP = frozenset(("connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding",
                          "upgrade", "host"))
 START_TIMEOUT_S = 30.0
+#: How long requests still open may go on once the port closes (their applications stop too).
+STOP_GRACE_S = 5.0
 
 
 def route(routes: Mapping[str, str], path: str) -> str | None:
     """The router URL of the application whose prefix is the longest that ``path`` is under."""
     matching = [prefix for prefix in routes if under_prefix(path, prefix)]
     return routes[max(matching, key=len)] if matching else None
+
+
+def _where(routes: Mapping[str, str]) -> str:
+    prefixes = sorted(routes)
+    if not prefixes:
+        return "no application with an HTTP route is running"
+    if len(prefixes) == 1:
+        return f"the application answers under {prefixes[0]}"
+    return f"the applications answer under {', '.join(prefixes)}"
 
 
 class Front:
@@ -89,7 +100,7 @@ class Front:
         app = web.Application(client_max_size=0)  # bodies stream through: the router bounds them
         app.router.add_route("*", "/{tail:.*}", self._relay)
         # handler_cancellation: a client that goes away closes its request upstream too.
-        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=STOP_GRACE_S)
         await self._runner.setup()
         self._session = aiohttp.ClientSession(auto_decompress=False,
                                               timeout=aiohttp.ClientTimeout(total=None, sock_connect=30))
@@ -104,9 +115,7 @@ class Front:
     async def _relay(self, request: web.Request) -> web.StreamResponse:
         target = route(self._routes, request.path)
         if target is None:
-            prefixes = ", ".join(sorted(self._routes)) or "none (no application is running)"
-            return error_response(404, "not_found", f"no application answers {request.path}; "
-                                                    f"route prefixes: {prefixes}")
+            return error_response(404, "not_found", f"no route for {request.path}: {_where(self._routes)}")
         headers = [(name, value) for name, value in request.headers.items() if name.lower() not in _HOP_BY_HOP]
         body = request.content if request.body_exists else None
         try:

@@ -118,6 +118,17 @@ async def test_a_bad_call_is_a_type_error():
         await loader.load()
 
 
+def server_of(model_class):
+    """A deployment-like class whose @multiplexed loader (one model at a time) builds ``model_class(model_id)``."""
+
+    class Server:
+        @multiplexed(max_num_models_per_replica=1)
+        async def get_model(self, model_id):
+            return model_class(model_id)
+
+    return Server()
+
+
 async def test_an_unload_that_raises_does_not_break_the_next_load():
     class Fragile:
         def __init__(self, model_id):
@@ -126,12 +137,7 @@ async def test_an_unload_that_raises_does_not_break_the_next_load():
         def unload(self):
             raise RuntimeError(f"{self.model_id} is dead")
 
-    class Server:
-        @multiplexed(max_num_models_per_replica=1)
-        async def get_model(self, model_id):
-            return Fragile(model_id)
-
-    server = Server()
+    server = server_of(Fragile)
     await server.get_model("1")
     # Ray raises the model's __del__ error into the caller; we log it and serve the new model.
     assert (await server.get_model("2")).model_id == "2"
@@ -151,12 +157,7 @@ async def test_an_async_del_is_awaited_on_eviction(recwarn):
             await asyncio.sleep(0.5)  # an awaited finaliser: it closes connections, frees memory
             finished.append(self.model_id)
 
-    class Server:
-        @multiplexed(max_num_models_per_replica=1)
-        async def get_model(self, model_id):
-            return MyModel(model_id)
-
-    server = Server()
+    server = server_of(MyModel)
     await server.get_model("1")
     assert (await server.get_model("2")).model_id == "2"
     assert finished == ["1"]  # awaited before the new model was kept
