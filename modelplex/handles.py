@@ -67,6 +67,9 @@ _sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, aiohtt
     weakref.WeakKeyDictionary()
 #: Per event loop, the suspended async generator whose closing closes its sessions (see _closer).
 _closers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncIterator[None]] = weakref.WeakKeyDictionary()
+#: Per event loop, the sessions of routers that are gone, to close there (:func:`forget_routers`).
+_retired: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[aiohttp.ClientSession]] = \
+    weakref.WeakKeyDictionary()
 #: Routers that ``serve.run`` moved: a handle made before the move follows it.
 _moved: dict[str, str] = {}
 #: How long a call whose connection was refused waits before its one retry (a router restarting).
@@ -124,17 +127,25 @@ def router_moved(old: str, new: str) -> None:
 
 def forget_routers(urls: list[str]) -> None:
     """Drop the pooled connections to routers that are gone (``serve.run`` replaced or deleted
-    them), in every loop: the next call connects anew instead of writing into a dead socket."""
+    them), in every loop: the next call connects anew instead of writing into a dead socket.
+    Their sessions are closed by their own loop, at its next call or at its end (a loop that
+    runs cells one by one may not run in between)."""
     for loop, pool in list(_sessions.items()):
         for url in urls:
             session = pool.pop(url.rstrip("/"), None)
             if session is not None and not loop.is_closed():
-                asyncio.run_coroutine_threadsafe(session.close(), loop)
+                _retired.setdefault(loop, []).append(session)
+
+
+async def _close_retired() -> None:
+    for session in _retired.pop(asyncio.get_running_loop(), None) or ():
+        await session.close()
 
 
 async def close_handles() -> None:
     """Close this event loop's pooled connections (the replica does this at shutdown)."""
     loop = asyncio.get_running_loop()
+    await _close_retired()
     pool = _sessions.pop(loop, None) or {}
     _closers.pop(loop, None)
     for session in pool.values():
@@ -153,7 +164,6 @@ class _BackgroundLoop:
             if self._loop is None or self._loop.is_closed():
                 self._loop = asyncio.new_event_loop()
                 threading.Thread(target=self._loop.run_forever, name="modelplex-handles", daemon=True).start()
-                atexit.register(self.close)
             return self._loop
 
     def close(self) -> None:
@@ -167,6 +177,10 @@ class _BackgroundLoop:
 
 
 _background = _BackgroundLoop()
+# Registered at import, before serve.run's own shutdown (which imports this module): exit
+# handlers run last first, so the applications stop (and their routers are forgotten) before
+# the background loop's connections close.
+atexit.register(_background.close)
 
 
 class _Started:
@@ -484,6 +498,7 @@ class DeploymentHandle:
     async def _post(self, body: bytes, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientResponse:
         """Send the call. A connection refused sent nothing (a router restarting, or one that
         ``serve.run`` replaced): it is tried once more, at the router's new address if it moved."""
+        await _close_retired()
         for attempt in range(2):
             url = _route(self.url)
             try:
