@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 TORCH_WHEEL := $(firstword $(wildcard /opt/wheels/torch-*.whl))
 TORCH_REQ   := $(if $(TORCH_WHEEL),torch==$(word 2,$(subst -, ,$(notdir $(TORCH_WHEEL)))),torch)
 
-.PHONY: run test test-prereqs venv tools unit integration e2e lint node-packages control-plane images cluster-prereqs bench-venv bench bench-components clean
+.PHONY: run test test-prereqs venv tools unit integration e2e lint typecheck node-packages control-plane images cluster-prereqs bench-venv bench bench-components clean
 
 # uv installs: it downloads in parallel and links from its cache (~/.cache/uv), so a fresh venv
 # takes seconds where pip took minutes unpacking torch again. It trusts the system's CA store
@@ -63,6 +63,10 @@ cluster-prereqs:
 lint: venv
 	$(VENV)/bin/lint-imports
 
+# mypy over the product packages, strict on modelplex/wire (configured in pyproject.toml).
+typecheck: venv
+	$(VENV)/bin/mypy
+
 unit: venv
 	$(PY) -m pytest tests/unit
 
@@ -73,10 +77,10 @@ e2e: venv cluster-prereqs
 	$(PY) -m pytest tests/e2e
 
 # Everything `make test` needs. The Go build is CPU-bound and the longest step of a cold run, so
-# it runs beside the rest (venv, promtool, lint, images), which mostly wait on downloads. The
+# it runs beside the rest (venv, promtool, lint, typecheck, images), which mostly wait on downloads. The
 # Debian packages come first, alone: apt takes one process at a time.
 test-prereqs: node-packages
-	$(MAKE) --no-print-directory -j2 control-plane tools lint images
+	$(MAKE) --no-print-directory -j2 control-plane tools lint typecheck images
 
 # pytest exits 5 when it collected no test: that fails here, as any non-zero exit does.
 # --durations: the slowest tests in every run's log, to keep the CI budget in view.

@@ -30,11 +30,12 @@ import asyncio
 import functools
 import inspect
 import logging
+import math
 from collections import deque
 from collections.abc import Coroutine, Generator, Mapping, Sized
 from dataclasses import dataclass, field
 from numbers import Real
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from modelplex.context import get_multiplexed_model_id
 from modelplex.wire.errors import BatchItemTooLarge, HandlerError
@@ -56,11 +57,11 @@ _STOP_TOKENS = (StopIteration, StopAsyncIteration)
 def _check_batch_size(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, Real):
         raise TypeError(f"max_batch_size must be integer >= 1, got {value}")
-    if value != int(value):
+    if value != math.trunc(value):
         raise TypeError(f"max_batch_size must be integer >= 1, got {value}")
     if value < 1:
         raise ValueError(f"max_batch_size must be an integer >= 1, got {value}")
-    return int(value)
+    return int(math.trunc(value))
 
 
 def _check_timeout(value: Any) -> float:
@@ -142,7 +143,12 @@ class _Pending:
             if not self.future.done():
                 self.future.set_exception(error)
         elif not self.gone:
-            self.stream.put_nowait(error)
+            self.send(error)
+
+    def send(self, value: Any) -> None:
+        """A streaming caller's next chunk, its end or its error."""
+        if self.stream is not None:
+            self.stream.put_nowait(value)
 
 
 @dataclass(eq=False)
@@ -271,7 +277,7 @@ class _BatchQueue:
 
     def _fail_oversized(self, limit: int) -> None:
         """Requests that could never fit in a batch fail now instead of blocking the queue."""
-        kept = deque()
+        kept: deque[_Pending] = deque()
         for item in self.pending:
             size = self._size([item])
             if size > limit:
@@ -314,7 +320,7 @@ class _BatchQueue:
         _resolve(batch.taken)  # cancelled before it ran: the worker goes on
         self.running.discard(batch)
         task = batch.task
-        if task.cancelled():
+        if task is not None and task.cancelled():
             for item in batch.items:
                 item.fail(HandlerError("the batch was cancelled"))
         self._wake()
@@ -342,7 +348,7 @@ class _BatchQueue:
                 item.fail(error)
             return
         for item, result in zip(items, results):
-            if not item.live:
+            if not item.live or item.future is None:  # (a unary caller's future is always set)
                 continue
             if isinstance(result, BaseException):
                 item.future.set_exception(result)
@@ -359,13 +365,13 @@ class _BatchQueue:
                     item, output = items[index], outputs[index]
                     # By identity: ``in`` would compare with ==, which an array or tensor answers elementwise.
                     if any(output is token for token in _STOP_TOKENS) or isinstance(output, _STOP_TOKENS):
-                        item.stream.put_nowait(_END)
+                        item.send(_END)
                         open_items.discard(index)
                     elif isinstance(output, BaseException):
-                        item.stream.put_nowait(output)
+                        item.send(output)
                         open_items.discard(index)
                     elif item.live:
-                        item.stream.put_nowait(output)
+                        item.send(output)
                 if not any(items[i].live for i in open_items):
                     break  # every caller left or ended: stop producing
         except Exception as error:  # noqa: BLE001 - every open stream hears about it
@@ -376,7 +382,7 @@ class _BatchQueue:
             await outputs_of.aclose()
         for index in open_items:
             if items[index].live:
-                items[index].stream.put_nowait(_END)
+                items[index].send(_END)
 
 
 def _resolve(future: asyncio.Future) -> None:
@@ -431,7 +437,7 @@ class _BatchedStream:
         if self._item is None:
             self._queue, self._item = self._join()
         try:
-            chunk = await self._item.stream.get()
+            chunk = await cast("asyncio.Queue[Any]", self._item.stream).get()  # a streaming caller's: set
         except BaseException:
             self._leave()
             raise
@@ -448,7 +454,7 @@ class _BatchedStream:
 
     def _leave(self) -> None:
         self._done = True
-        if self._item is not None and not self._item.gone:
+        if self._item is not None and self._queue is not None and not self._item.gone:
             self._item.gone = True
             self._queue.caller_left(self._item)
 
@@ -580,7 +586,11 @@ def _wrap(handler: Callable, settings: _Settings) -> Callable:
         ))
         queue.submit(item)
         if item.future is not None:
-            item.future.add_done_callback(lambda future: future.cancelled() and queue.caller_left(item))
+            def left(future: asyncio.Future[Any]) -> None:
+                if future.cancelled():
+                    queue.caller_left(item)
+
+            item.future.add_done_callback(left)
         return queue, item
 
     if streaming:
@@ -595,7 +605,7 @@ def _wrap(handler: Callable, settings: _Settings) -> Callable:
         @functools.wraps(handler)
         async def wrapper(*args: Any, **kwargs: Any) -> Any:
             _, item = join(args, kwargs)
-            return await item.future
+            return await cast("asyncio.Future[Any]", item.future)  # a unary caller's: set
 
     def set_max_batch_size(value: int) -> None:
         settings.max_batch_size, settings.size_set = _check_batch_size(value), True
@@ -604,10 +614,10 @@ def _wrap(handler: Callable, settings: _Settings) -> Callable:
     def set_batch_wait_timeout_s(value: float) -> None:
         settings.batch_wait_timeout_s, settings.timeout_set = _check_timeout(value), True
 
-    wrapper.set_max_batch_size = set_max_batch_size
-    wrapper.set_batch_wait_timeout_s = set_batch_wait_timeout_s
-    wrapper._get_max_batch_size = settings.batch_size
-    wrapper._get_batch_wait_timeout_s = settings.wait_timeout_s
+    setattr(wrapper, "set_max_batch_size", set_max_batch_size)
+    setattr(wrapper, "set_batch_wait_timeout_s", set_batch_wait_timeout_s)
+    setattr(wrapper, "_get_max_batch_size", settings.batch_size)
+    setattr(wrapper, "_get_batch_wait_timeout_s", settings.wait_timeout_s)
     return wrapper
 
 

@@ -193,7 +193,7 @@ class ModelCache:
         max_concurrent_loads: int | None = None,
         load_timeout_s: float | None = None,
         max_waiting: int | None = None,
-        policy: Policy = "lru",
+        policy: Policy | str = "lru",  # checked against POLICIES below: a spec's value is a str
         size_of: SizeOf | None = None,
         load_started: LoadStarted | None = None,
         warm: WarmTier | None = None,
@@ -401,7 +401,7 @@ class ModelCache:
     async def _fetch(self, load: _Load, context: LoadContext) -> Any:
         """The model from the warm tier, else from the loader, inside its byte reservation."""
         await self._reserve(load, self._expected(load.model_id))
-        if load.warm:
+        if load.warm and self._warm is not None:  # (only a cache with a warm tier marks a load warm)
             model = await self._warm.take(load.model_id)
             if model is not None:
                 return model
@@ -656,7 +656,7 @@ def _too_large(model_id: str, nbytes: int, budget: int) -> str:
             f"({_human(budget)}, spec.multiplexing.maxModelBytes / memoryFraction)")
 
 
-def _human(nbytes: int) -> str:
+def _human(nbytes: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if nbytes < 1024 or unit == "GiB":
             return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"

@@ -13,7 +13,7 @@ import contextvars
 import functools
 import inspect
 from dataclasses import dataclass, field, replace
-from typing import Any, AsyncIterator, Callable, Iterator
+from typing import Any, AsyncIterator, Callable, Generator
 
 from modelplex.batching import STREAMING_ATTR
 from modelplex.wire.codec import (
@@ -70,7 +70,7 @@ def _whole_call_mode(handler: Any) -> str | None:
     class: every plain HTTP request asks."""
     if inspect.isroutine(handler):
         return call_mode(handler)
-    return _class_call_mode(type(handler))
+    return _class_call_mode(type(handler))  # type: ignore[arg-type]  # a class is hashable; mypy reads type[Any] as not
 
 
 @functools.lru_cache(maxsize=256)
@@ -244,13 +244,14 @@ def invocation(handler: Any, content_type: str, body: Any) -> Invocation:
         # A method that is not a generator function may still return one: known once it ran.
         return Invocation(target, call.args, call.kwargs, mode, typed=True, stream_requested=call.stream, name=name,
                           method=call.method)
-    mode = _whole_call_mode(handler)
-    if mode is None:
+    whole_mode = _whole_call_mode(handler)
+    if whole_mode is None:
         raise _no_call(handler)
-    return Invocation(handler, (body,) if _takes_arguments(handler) else (), {}, mode, name=type(handler).__qualname__)
+    return Invocation(handler, (body,) if _takes_arguments(handler) else (), {}, whole_mode,
+                      name=type(handler).__qualname__)
 
 
-async def iterate_in_thread(generator: Iterator[Any]) -> AsyncIterator[Any]:
+async def iterate_in_thread(generator: Generator[Any, Any, Any]) -> AsyncIterator[Any]:
     """A synchronous generator as an async iterator: each item is computed in a worker thread,
     so a generator that computes (a forward pass per chunk) streams without blocking a loop.
 
@@ -263,7 +264,7 @@ async def iterate_in_thread(generator: Iterator[Any]) -> AsyncIterator[Any]:
     step = None
     try:
         while True:
-            step = loop.run_in_executor(None, context.run, next, generator, end)
+            step = loop.run_in_executor(None, context.run, next, generator, end)  # type: ignore[arg-type]  # overloaded next()
             item = await asyncio.shield(step)
             step = None
             if item is end:

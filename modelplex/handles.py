@@ -41,7 +41,7 @@ import os
 import threading
 import weakref
 from dataclasses import dataclass, replace
-from typing import Any, AsyncIterator, Awaitable, Coroutine
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Coroutine
 
 import aiohttp
 import orjson
@@ -51,7 +51,7 @@ from modelplex.wire.codec import (
     from_plain,
 )
 from modelplex.wire.errors import BadRequest, ModelplexError, ReplicaFailed, UpstreamTimeout, error_for_status
-from modelplex.http import from_json, is_json
+from modelplex.http import from_json, internal_session, is_json
 from modelplex.wire.ids import InvalidModelId, validate_model_id
 from modelplex.wire.names import ENV_POD_NAMESPACE, MODEL_ID_HEADER, ROUTER_PORT, dns_label, router_env_name
 
@@ -87,7 +87,7 @@ def _session(url: str) -> aiohttp.ClientSession:
     session = pool.get(url)
     if session is None or session.closed:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=60)
-        session = pool[url] = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        session = pool[url] = internal_session(connector=connector, auto_decompress=False)
     return session
 
 
@@ -203,7 +203,7 @@ class _Started:
             self.loop.call_soon_threadsafe(self._start, coroutine)
 
     def _start(self, coroutine: Coroutine) -> None:  # on the owner loop
-        if self._future.cancelled():
+        if self._future is not None and self._future.cancelled():
             coroutine.close()
             return
         self.task = self.loop.create_task(coroutine)
@@ -211,6 +211,8 @@ class _Started:
 
     def _link(self) -> None:  # on the owner loop: the task's outcome goes to the future, a cancel back
         task, future = self.task, self._future
+        if task is None or future is None:  # both set before this runs
+            return
 
         def copy(_: asyncio.Task) -> None:
             try:
@@ -326,7 +328,7 @@ class DeploymentResponseGenerator:
     """The items of one streaming call; the request is sent at once, items are read on demand,
     on the loop that made the call (from another loop or thread, through it)."""
 
-    def __init__(self, records: AsyncIterator[Any]):
+    def __init__(self, records: AsyncGenerator[Any, None]):
         self._records = records
         self._closed = False
         self._next: _Started | None = _Started(_next_or_end(records))  # sends the request now
@@ -411,7 +413,7 @@ async def _next_or_end(records: AsyncIterator[Any]) -> Any:
         return _END
 
 
-async def _close(records: AsyncIterator[Any], pending: _Started | None) -> None:  # on the owner loop
+async def _close(records: AsyncGenerator[Any, None], pending: _Started | None) -> None:  # on the owner loop
     if pending is not None:
         if pending.task is None:
             pending.cancel()  # not started yet: it never will be
@@ -455,7 +457,7 @@ class DeploymentHandle:
                 validate_model_id(multiplexed_model_id)
             except InvalidModelId as error:
                 raise BadRequest(f"{self.deployment}: {error}") from None
-        changes = {
+        changes: dict[str, Any] = {
             key: value
             for key, value in (
                 ("multiplexed_model_id", multiplexed_model_id),
@@ -527,7 +529,7 @@ class DeploymentHandle:
         except aiohttp.ClientError as error:
             raise ReplicaFailed(f"{self.deployment}: {error}") from None
 
-    async def _stream(self, call: Call, body: bytes | None) -> AsyncIterator[Any]:
+    async def _stream(self, call: Call, body: bytes | None) -> AsyncGenerator[Any, None]:
         body = body if body is not None else encode_call(await _resolved(call))
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=self.timeout_s)
         try:

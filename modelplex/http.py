@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
+import aiohttp
 import orjson
 from aiohttp import web
 
+from modelplex.wire.credentials import INTERNAL_TOKEN_HEADER, internal_token_file
 from modelplex.wire.errors import ModelplexError
 
 log = logging.getLogger(__name__)
@@ -26,8 +28,7 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except ModelplexError as error:
-        headers = {"Retry-After": str(max(1, round(error.retry_after)))} if error.retry_after is not None else None
-        return web.json_response(error.to_dict(), status=error.status, headers=headers)
+        return web.json_response(error.to_dict(), status=error.status, headers=error.response_headers())
     except web.HTTPRequestEntityTooLarge as error:
         return error_response(413, "payload_too_large", error.text or "request body too large")
     except web.HTTPException as error:
@@ -63,3 +64,24 @@ def encode_body(value: Any) -> tuple[bytes, str]:
     if isinstance(value, str):
         return value.encode(), "text/plain; charset=utf-8"
     return to_json(value), "application/json"
+
+
+def sending_token(token: Callable[[], str | None]) -> aiohttp.ClientMiddlewareType:
+    """A client middleware that sends ``token()`` (read per request, so a rotated value is used
+    from the next request) as the internal credential."""
+
+    async def send(request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType) -> aiohttp.ClientResponse:
+        value = token()
+        if value is not None:
+            request.headers[INTERNAL_TOKEN_HEADER] = value
+        return await handler(request)
+
+    return send
+
+
+def internal_session(**options: Any) -> aiohttp.ClientSession:
+    """A client session for the deployment's own components: it sends this process's internal
+    credential (``MODELPLEX_INTERNAL_TOKEN_FILE``) with every request, where there is one."""
+    token = internal_token_file()
+    middlewares = (sending_token(token.token),) if token is not None else ()
+    return aiohttp.ClientSession(middlewares=middlewares, **options)

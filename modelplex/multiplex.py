@@ -46,7 +46,7 @@ def multiplexed(func: Callable | None = None, *, max_num_models_per_replica: int
             model_id = _checked(args[-1])
             return await _cache_of(owner, load, takes_self, max_num_models_per_replica).get(model_id)
 
-        load_model.__modelplex_multiplexed__ = (load, max_num_models_per_replica)
+        setattr(load_model, "__modelplex_multiplexed__", (load, max_num_models_per_replica))
         return load_model
 
     return wrap(func) if func is not None else wrap

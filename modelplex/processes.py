@@ -32,6 +32,7 @@ from typing import TypeVar
 T = TypeVar("T")
 
 _PR_SET_PDEATHSIG = 1
+_prctl: Callable[..., int] | None
 try:
     _prctl = ctypes.CDLL(None, use_errno=True).prctl
 except (OSError, AttributeError):  # not Linux: stop() still reaches the whole group
@@ -243,72 +244,65 @@ def port_free(host: str, port: int) -> bool:
 # --------------------------------------------------------------------------- waiting
 
 
-class _Deadline:
-    def __init__(self, timeout: float, what: str, clock: Callable[[], float]):
-        self.timeout, self.what, self.clock = timeout, what, clock
+class _Poll:
+    """One wait's bookkeeping, shared by the blocking and the async loop: the guard before each
+    try, an error of ``retry_on`` taken as "not yet", and the timeout after a try that found nothing."""
+
+    def __init__(self, timeout: float, what: str, clock: Callable[[], float],
+                 guard: Callable[[], object] | None) -> None:
+        self.timeout, self.what, self.clock, self.guard = timeout, what, clock, guard
         self.at = clock() + timeout
         self.last: object = None
 
-    def passed(self) -> bool:
-        return self.clock() >= self.at
+    def before(self) -> None:
+        if self.guard is not None:
+            self.guard()
 
-    def error(self) -> WaitTimeout:
-        return WaitTimeout(f"timed out after {self.timeout:g} s waiting for {self.what}; last: {self.last!r}")
+    def found(self, value: object) -> bool:
+        """Whether ``value`` (a result, or the error a try raised) ends the wait; raises
+        :class:`WaitTimeout` when it does not and the time is up."""
+        if value and not isinstance(value, BaseException):
+            return True
+        self.last = value
+        if self.clock() >= self.at:
+            raise WaitTimeout(f"timed out after {self.timeout:g} s waiting for {self.what}; last: {self.last!r}")
+        return False
 
 
-def wait_for(
-    check: Callable[[], T],
-    timeout: float = 60.0,
-    interval: float = 0.25,
-    what: str = "",
-    *,
-    retry_on: tuple[type[BaseException], ...] = (Exception,),
-    guard: Callable[[], object] | None = None,
-) -> T:
+def wait_for(check: Callable[[], T], timeout: float = 60.0, interval: float = 0.25, what: str = "", *,
+             retry_on: tuple[type[BaseException], ...] = (Exception,), guard: Callable[[], object] | None = None) -> T:
     """Call ``check`` every ``interval`` seconds until it returns something truthy, and return
     that. An exception of ``retry_on`` counts as "not yet"; ``guard`` runs before each try and
     what it raises ends the wait (say, :func:`running` of the child being waited for). After
     ``timeout`` seconds: :class:`WaitTimeout`, naming ``what`` and the last value or error."""
-    deadline = _Deadline(timeout, what or repr(check), time.monotonic)
+    poll = _Poll(timeout, what or repr(check), time.monotonic, guard)
     while True:
-        if guard is not None:
-            guard()
+        poll.before()
         try:
             value = check()
-            if value:
-                return value
-            deadline.last = value
         except retry_on as error:
-            deadline.last = error
-        if deadline.passed():
-            raise deadline.error()
+            poll.found(error)
+        else:
+            if poll.found(value):
+                return value
         time.sleep(interval)
 
 
-async def wait_for_async(
-    check: Callable[[], Awaitable[T] | T],
-    timeout: float = 60.0,
-    interval: float = 0.05,
-    what: str = "",
-    *,
-    retry_on: tuple[type[BaseException], ...] = (Exception,),
-    guard: Callable[[], object] | None = None,
-) -> T:
+async def wait_for_async(check: Callable[[], Awaitable[T] | T], timeout: float = 60.0, interval: float = 0.05,
+                         what: str = "", *, retry_on: tuple[type[BaseException], ...] = (Exception,),
+                         guard: Callable[[], object] | None = None) -> T:
     """:func:`wait_for` on an event loop: ``check`` may be a coroutine function or a plain one;
     the pauses are the loop's, timed by its clock (a test on a virtual clock waits no real time)."""
-    deadline = _Deadline(timeout, what or repr(check), asyncio.get_running_loop().time)
+    poll = _Poll(timeout, what or repr(check), asyncio.get_running_loop().time, guard)
     while True:
-        if guard is not None:
-            guard()
+        poll.before()
         try:
             value = check()
             if inspect.isawaitable(value):
                 value = await value
-            if value:
-                return value
-            deadline.last = value
         except retry_on as error:
-            deadline.last = error
-        if deadline.passed():
-            raise deadline.error()
+            poll.found(error)
+        else:
+            if poll.found(value):
+                return value
         await asyncio.sleep(interval)

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import signal
 import typing
@@ -29,6 +30,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from modelplex.http import to_json
+from modelplex.wire.credentials import ENV_INTERNAL_TOKEN_FILE
 
 log = logging.getLogger("modelplex.serving")
 
@@ -36,6 +38,24 @@ log = logging.getLogger("modelplex.serving")
 _CANCEL_MARGIN_S = 2.0
 
 Drain = Callable[[float], Awaitable[None]]
+
+
+class UnguardedHost(ValueError):
+    """A router or replica with no internal credential asked to listen beyond loopback."""
+
+
+def check_unguarded_host(host: str, what: str) -> None:
+    """A server without an internal credential runs on loopback only (with a warning): local
+    mode and pods always give one; elsewhere it would let anyone who reaches it in."""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise UnguardedHost(f"a {what} on {host} needs an internal credential: set {ENV_INTERNAL_TOKEN_FILE} "
+                            "to a file holding it (local mode and pods set it)")
+    log.warning("no internal credential (%s): the %s's internal API is open to anyone on this machine",
+                ENV_INTERNAL_TOKEN_FILE, what)
 
 
 class JsonErrorProtocol(RequestHandler):
@@ -83,10 +103,12 @@ class _FirstBytes(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport
+        self._transport = typing.cast(asyncio.Transport, transport)  # a stream server's connection
 
     def data_received(self, data: bytes) -> None:
         transport = self._transport
+        if transport is None:  # lost already
+            return
         if self._handoff.wants(data):
             transport.pause_reading()
             self._handoff.take(transport, data)
@@ -106,7 +128,8 @@ class _FirstBytes(asyncio.Protocol):
 class _JsonErrorServer(web.Server):
     handoff: ConnectionHandoff | None = None
 
-    def __call__(self) -> asyncio.Protocol:
+    # The loop takes any protocol from a server's factory; aiohttp's annotation names its own.
+    def __call__(self) -> asyncio.Protocol:  # type: ignore[override]
         return self.protocol() if self.handoff is None else _FirstBytes(self, self.handoff)
 
     def protocol(self) -> RequestHandler:
@@ -121,8 +144,9 @@ class JsonErrorRunner(web.AppRunner):
         server = await super()._make_server()
         # The app's own Server, built by aiohttp as usual; only the protocol it makes differs.
         server.__class__ = _JsonErrorServer
-        server.handoff = self._app.get(HANDOFF)
-        return server
+        ours = typing.cast(_JsonErrorServer, server)
+        ours.handoff = self.app.get(HANDOFF)
+        return ours
 
 
 def serve(app: web.Application, *, host: str, port: int, grace_s: float, drain: Drain | None = None,

@@ -6,6 +6,7 @@ A hit is a request whose model is in the cache when it arrives; every miss is a 
 
 from __future__ import annotations
 
+import argparse
 import heapq
 import random
 from collections import OrderedDict
@@ -16,6 +17,14 @@ def zipf_trace(n: int, models: int, s: float, seed: int) -> list[str]:
     names = [f"model-{k:02d}" for k in range(1, models + 1)]
     weights = [1.0 / k**s for k in range(1, models + 1)]
     return random.Random(seed).choices(names, weights, k=n)
+
+
+def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
+    """The trace's options (``--requests``, ``--models``, ``--zipf``), with the defaults every
+    tool that replays a Zipf trace shares (the cache simulation, the router bench)."""
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--models", type=int, default=40)
+    parser.add_argument("--zipf", type=float, default=1.1)
 
 
 def belady_hits(trace: list[str], capacity: int) -> int:

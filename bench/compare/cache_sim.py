@@ -70,9 +70,7 @@ async def serve(trace: list[str], slots: int, clients: int, load_s: float, serve
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--models", type=int, default=40)
-    parser.add_argument("--zipf", type=float, default=1.1)
+    belady.add_trace_arguments(parser)
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--load-ms", type=float, default=120.0)

@@ -72,6 +72,17 @@ def _one_thread() -> None:
     torch.set_num_threads(1)  # one intra-op thread per replica, on both systems
 
 
+def _torch_handler(handler, sizes=None, device: str = "cpu") -> None:
+    """What every torch handler does first: one intra-op thread, ``torch`` kept on it (imported
+    here, in the replica, not where the classes are built), and its MLP from seed 0 if it has one."""
+    import torch
+
+    _one_thread()
+    handler.torch = torch
+    if sizes is not None:
+        handler.model = make_mlp(sizes, seed=0, device=device)
+
+
 def _log_load(model_id: str, seconds: float) -> None:
     """One line per load, appended (O_APPEND) to $BENCH_LOAD_LOG: how loads are counted on
     both systems, the same way (Modelplex's own counter is read as a cross-check)."""
@@ -92,11 +103,7 @@ def build(sdk) -> SimpleNamespace:
         """Workload 1, unbatched: one row per forward pass."""
 
         def __init__(self):
-            import torch
-
-            _one_thread()
-            self.torch = torch
-            self.model = make_mlp(MLP_SIZES, seed=0)
+            _torch_handler(self, MLP_SIZES)
 
         async def __call__(self, body):
             torch = self.torch
@@ -108,11 +115,7 @@ def build(sdk) -> SimpleNamespace:
         """Workload 1, batched: up to BATCH_MAX rows per forward pass."""
 
         def __init__(self):
-            import torch
-
-            _one_thread()
-            self.torch = torch
-            self.model = make_mlp(MLP_SIZES, seed=0)
+            _torch_handler(self, MLP_SIZES)
 
         async def __call__(self, body):
             return await self.predict(body)
@@ -145,13 +148,9 @@ def build(sdk) -> SimpleNamespace:
         """GPU variant of workload 1: a larger MLP on CUDA, batches of up to GPU_BATCH_MAX."""
 
         def __init__(self):
-            import torch
-
-            _one_thread()
-            self.torch = torch
             self.device = os.environ.get("BENCH_DEVICE", "cuda")
             sizes = tuple(int(s) for s in os.environ.get("BENCH_GPU_SIZES", ",".join(map(str, GPU_MLP_SIZES))).split(","))
-            self.model = make_mlp(sizes, seed=0, device=self.device)
+            _torch_handler(self, sizes, device=self.device)
 
         async def __call__(self, body):
             return await self.predict(body)
@@ -171,10 +170,7 @@ def build(sdk) -> SimpleNamespace:
         """Workload 2: one small MLP per model id; a load is a simulated fetch plus real construction."""
 
         def __init__(self):
-            import torch
-
-            _one_thread()
-            self.torch = torch
+            _torch_handler(self)
             self.fetch_s = _env_float("BENCH_FETCH_S", 0.1)
 
         @sdk.multiplexed(max_num_models_per_replica=MUX_SLOTS)
@@ -212,11 +208,7 @@ def build(sdk) -> SimpleNamespace:
         torch right inside ``async def`` (no thread), as the seeds write handlers."""
 
         def __init__(self):
-            import torch
-
-            _one_thread()
-            self.torch = torch
-            self.model = make_mlp(MLP_SIZES, seed=0)
+            _torch_handler(self, MLP_SIZES)
 
         async def __call__(self, body):
             torch = self.torch
@@ -229,11 +221,7 @@ def build(sdk) -> SimpleNamespace:
         a BUSY_ROWS-row batch, on its event loop) and yields it: a token generator on a CPU."""
 
         def __init__(self):
-            import torch
-
-            _one_thread()
-            self.torch = torch
-            self.model = make_mlp(MLP_SIZES, seed=0)
+            _torch_handler(self, MLP_SIZES)
 
         async def __call__(self, body):
             torch = self.torch

@@ -49,6 +49,16 @@ class Point:
         self.errors += 1
         self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
 
+    def answered(self, failure: str | None, started: float) -> bool:
+        """Count one answer: an error of kind ``failure``, or, with none, an answer whose latency
+        runs from ``started`` (``time.perf_counter()``); whether it was one."""
+        if failure is not None:
+            self.error(failure)
+            return False
+        self.latencies.append(time.perf_counter() - started)
+        self.ok += 1
+        return True
+
     def summary(self) -> dict:
         return {
             "concurrency": self.concurrency, "seconds": round(self.seconds, 3), "ok": self.ok,
@@ -82,18 +92,11 @@ async def unary(url: str, body: dict, concurrency: int, seconds: float, *, warmu
                 try:
                     async with session.post(url + "/", data=data, headers=hdrs) as resp:
                         await resp.read()
-                        status = resp.status
+                        failure = None if resp.status == 200 else f"HTTP {resp.status}"
                 except (aiohttp.ClientError, asyncio.TimeoutError) as error:
-                    if record:
-                        point.error(type(error).__name__)
-                    continue
-                if not record:
-                    continue
-                if status != 200:
-                    point.error(f"HTTP {status}")
-                    continue
-                point.latencies.append(time.perf_counter() - started)
-                point.ok += 1
+                    failure = type(error).__name__
+                if record:
+                    point.answered(failure, started)
 
         point.seconds = await _warm_then_measure(client, concurrency, warmup_s, seconds)
     return point
@@ -118,16 +121,11 @@ async def trace(url: str, models: list[str], body: dict, concurrency: int, *, ma
                 try:
                     async with session.post(url + "/", data=data, headers={**JSON, MODEL_ID_HEADER: model}) as resp:
                         await resp.read()
-                        status = resp.status
+                        failure = None if resp.status == 200 else f"HTTP {resp.status}"
                 except (aiohttp.ClientError, asyncio.TimeoutError) as error:
-                    point.error(type(error).__name__)
-                    continue
-                if status != 200:
-                    point.error(f"HTTP {status}")
-                    continue
-                point.latencies.append(time.perf_counter() - started)
-                point.models.append(model)
-                point.ok += 1
+                    failure = type(error).__name__
+                if point.answered(failure, started):
+                    point.models.append(model)
 
         started = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(concurrency)))
@@ -153,27 +151,19 @@ async def streams(url: str, body: dict, expect_chunks: int, concurrency: int, se
                     async with session.post(url + "/", data=data, headers=JSON) as resp:
                         if resp.status != 200:
                             await resp.read()
-                            if record:
-                                point.error(f"HTTP {resp.status}")
-                            continue
-                        async for line in resp.content:
-                            if first is None:
-                                first = time.perf_counter() - started
-                            if line.strip():
-                                lines += 1
+                            failure: str | None = f"HTTP {resp.status}"
+                        else:
+                            async for line in resp.content:
+                                if first is None:
+                                    first = time.perf_counter() - started
+                                if line.strip():
+                                    lines += 1
+                            failure = None if lines == expect_chunks else f"{lines} chunks"
                 except (aiohttp.ClientError, asyncio.TimeoutError) as error:
-                    if record:
-                        point.error(type(error).__name__)
-                    continue
-                if not record:
-                    continue
-                if lines != expect_chunks:
-                    point.error(f"{lines} chunks")
-                    continue
-                point.latencies.append(time.perf_counter() - started)
-                point.ttfc.append(first)
-                point.chunks += lines
-                point.ok += 1
+                    failure = type(error).__name__
+                if record and point.answered(failure, started):
+                    point.ttfc.append(first)
+                    point.chunks += lines
 
         point.seconds = await _warm_then_measure(client, concurrency, warmup_s, seconds)
     return point

@@ -87,14 +87,7 @@ def targets(results: dict) -> list[tuple[str, str, str]]:
             f"{m['rps']:.1f} vs {r['rps']:.1f} req/s = {speedup:.2f}x"))
     streaming = results.get("streaming")
     if streaming and all(s in streaming["systems"] for s in SYSTEMS):
-        r8, m8 = streaming["systems"][RAY].get("8"), streaming["systems"][MPX].get("8")
-        if r8 and m8 and "ttfc_p99_ms" in r8 and "ttfc_p99_ms" in m8:
-            ok = m8["ttfc_p99_ms"] <= 0.5 * r8["ttfc_p99_ms"]
-            out.append((
-                "Streaming: time to first chunk p99 at concurrency 8 <= half of Ray Serve's",
-                "met" if ok else "not met",
-                f"{m8['ttfc_p99_ms']:.1f} vs {r8['ttfc_p99_ms']:.1f} ms = {_ratio(m8['ttfc_p99_ms'], r8['ttfc_p99_ms']):.2f}x"
-                f" of Ray Serve's"))
+        out += _ttfc_target("Streaming:", streaming["systems"][RAY].get("8"), streaming["systems"][MPX].get("8"))
         levels = sorted(int(c) for c in streaming["systems"][MPX])
         top = str(levels[-1])
         m_top = streaming["systems"][MPX][top]
@@ -133,15 +126,20 @@ def _busy_targets(results: dict) -> list[tuple[str, str, str]]:
         "met" if total == 0 else "not met",
         f"Modelplex {errors[MPX]['stream']} stream / {errors[MPX]['unary']} unary errors, router 'not ready' "
         f"lines {transitions}; Ray Serve {errors[RAY]['stream']} / {errors[RAY]['unary']}"))
-    r8, m8 = busy["systems"][RAY]["stream"].get("8"), busy["systems"][MPX]["stream"].get("8")
-    if r8 and m8 and "ttfc_p99_ms" in r8 and "ttfc_p99_ms" in m8:
-        ok = m8["ttfc_p99_ms"] <= 0.5 * r8["ttfc_p99_ms"]
-        out.append((
-            "Busy replicas: CPU-bound stream, time to first chunk p99 at concurrency 8 <= half of Ray Serve's",
-            "met" if ok else "not met",
-            f"{m8['ttfc_p99_ms']:.1f} vs {r8['ttfc_p99_ms']:.1f} ms = "
-            f"{_ratio(m8['ttfc_p99_ms'], r8['ttfc_p99_ms']):.2f}x of Ray Serve's"))
+    out += _ttfc_target("Busy replicas: CPU-bound stream,", busy["systems"][RAY]["stream"].get("8"),
+                        busy["systems"][MPX]["stream"].get("8"))
     return out
+
+
+def _ttfc_target(what: str, ray: dict | None, mpx: dict | None) -> list[tuple[str, str, str]]:
+    """The streams' goal at concurrency 8: Modelplex's time to first chunk p99 at most half of
+    Ray Serve's (nothing when either side has no such point)."""
+    if not (ray and mpx and "ttfc_p99_ms" in ray and "ttfc_p99_ms" in mpx):
+        return []
+    ok = mpx["ttfc_p99_ms"] <= 0.5 * ray["ttfc_p99_ms"]
+    return [(f"{what} time to first chunk p99 at concurrency 8 <= half of Ray Serve's", "met" if ok else "not met",
+             f"{mpx['ttfc_p99_ms']:.1f} vs {ray['ttfc_p99_ms']:.1f} ms = "
+             f"{_ratio(mpx['ttfc_p99_ms'], ray['ttfc_p99_ms']):.2f}x of Ray Serve's")]
 
 
 # -- markdown ----------------------------------------------------------------------------------
@@ -192,10 +190,10 @@ def markdown(results: dict) -> str:
     lines += [table(["phase", "seconds", "load avg at start", "CPU busy", "this run", "others"],
                     [[x["when"], f"{x['seconds']:.0f}", f"{x['load'][0]:.2f}", f"{x['busy_cores']:.2f}",
                       f"{x['our_cores']:.2f}", f"{x['other_cores']:.2f}"] for x in phases]), ""]
-    lines += _batching_md(results)
-    lines += _mux_md(results)
-    lines += _stream_md(results)
-    lines += _busy_md(results)
+    for key, section in (("batching", _batching_md), ("multiplexing", _mux_md), ("streaming", _stream_md),
+                         ("busy", _busy_md)):
+        if results.get(key):  # a workload not run has no section
+            lines += section(results)
     lines += _gpu_md(results)
     lines += ["## Targets (issues 7 and 10)", ""]
     goals = targets(results)
@@ -230,9 +228,7 @@ def markdown(results: dict) -> str:
 
 
 def _batching_md(results: dict) -> list[str]:
-    batching = results.get("batching")
-    if not batching:
-        return []
+    batching = results["batching"]
     max_batch = results["batch"]["max_batch_size"]
     lines = ["## 1. Batching: 512-2048-2048-512 MLP, one replica, one intra-op thread", ""]
     bound = results["compute_bound"]
@@ -258,9 +254,7 @@ def _batching_md(results: dict) -> list[str]:
 
 
 def _mux_md(results: dict) -> list[str]:
-    mux = results.get("multiplexing")
-    if not mux:
-        return []
+    mux = results["multiplexing"]
     lines = [f"## 2. Multiplexing: {mux['models']} models, Zipf({mux['zipf']}), {mux['replicas']} replicas x "
              f"{mux['slots']} slots, {mux['fetch_s'] * 1000:.0f} ms fetch + real construction", "",
              f"{mux['requests']} requests ({mux['distinct_in_trace']} distinct models) from {mux['concurrency']} "
@@ -309,9 +303,7 @@ def _mux_md(results: dict) -> list[str]:
 
 
 def _stream_md(results: dict) -> list[str]:
-    st = results.get("streaming")
-    if not st:
-        return []
+    st = results["streaming"]
     lines = [f"## 3. Streaming: {st['chunks']}-chunk responses, {st['interval_s'] * 1000:.0f} ms apart, "
              f"{st['replicas']} replicas", ""]
     rows = []
@@ -331,9 +323,7 @@ def _stream_md(results: dict) -> list[str]:
 
 
 def _busy_md(results: dict) -> list[str]:
-    busy = results.get("busy")
-    if not busy:
-        return []
+    busy = results["busy"]
     bound = busy["compute_bound"]
     health = busy.get("modelplex_health", {})
     lines = [f"## 4. Busy replicas: user code computing on its event loop, {busy['replicas']} replica", "",
@@ -421,7 +411,14 @@ def plots(results: dict, latencies: dict, out: Path) -> list[str]:
         import matplotlib.pyplot as plt
     except ImportError:
         return ["matplotlib is not installed: no plots"]
-    written = []
+    written: list[str] = []
+
+    def save(fig, name: str) -> None:
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        written.append(name)
+
     max_batch = results["batch"]["max_batch_size"]
 
     batching, streaming = results.get("batching"), results.get("streaming")
@@ -464,10 +461,7 @@ def plots(results: dict, latencies: dict, out: Path) -> list[str]:
             ax.set_title("3. Streaming throughput")
             ax.legend(fontsize=8)
             ax.grid(alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(out / "throughput_vs_concurrency.png", dpi=110)
-        plt.close(fig)
-        written.append("throughput_vs_concurrency.png")
+        save(fig, "throughput_vs_concurrency.png")
 
     panels = []
     if batching:
@@ -495,10 +489,7 @@ def plots(results: dict, latencies: dict, out: Path) -> list[str]:
             ax.set_title(title, fontsize=9)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / "latency_cdf.png", dpi=110)
-        plt.close(fig)
-        written.append("latency_cdf.png")
+        save(fig, "latency_cdf.png")
 
     if mux and mux["systems"]:
         labels, values, colors = [], [], []
@@ -523,10 +514,7 @@ def plots(results: dict, latencies: dict, out: Path) -> list[str]:
         ax.set_title(f"2. Multiplexing hit rate, Zipf({mux['zipf']}), {mux['models']} models, 2 x 4 slots")
         ax.legend(fontsize=8)
         plt.setp(ax.get_xticklabels(), rotation=15, fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / "hit_rate.png", dpi=110)
-        plt.close(fig)
-        written.append("hit_rate.png")
+        save(fig, "hit_rate.png")
     return written
 
 

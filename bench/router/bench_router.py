@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -30,13 +29,9 @@ import aiohttp
 from modelplex.processes import free_port, signal_group, spawn, stop, wait_for_async
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "compare"))
+import belady  # noqa: E402  (the trace, shared with the cache simulation)
 MODEL_ID_HEADER = "serve_multiplexed_model_id"
-
-
-def zipf_trace(n: int, models: int, s: float, seed: int) -> list[str]:
-    names = [f"model-{k:02d}" for k in range(1, models + 1)]
-    weights = [1.0 / k**s for k in range(1, models + 1)]
-    return random.Random(seed).choices(names, weights, k=n)
 
 
 def write_manifest(folder: Path, replicas: int, slots: int, max_ongoing: int) -> Path:
@@ -66,6 +61,18 @@ class Stack:
         log.write_bytes(b"")
         self.procs.append(spawn(argv, log=log, env=env))
 
+    async def _wait_ready(self, timeout: float = 120.0) -> None:
+        def started() -> None:
+            if any(p.poll() is not None for p in self.procs):
+                raise RuntimeError(f"a process exited while starting; logs in {self.manifest.parent}")
+
+        async with aiohttp.ClientSession() as session:
+            async def ready() -> bool:
+                async with session.get(self.router_url + "/readyz") as resp:
+                    return resp.status == 200 and (await resp.json())["ready_replicas"] == self.replicas
+
+            await wait_for_async(ready, timeout, 0.1, "the stack ready", retry_on=(aiohttp.ClientError,), guard=started)
+
     def __enter__(self) -> Stack:
         cli = [sys.executable, "-m", "modelplex_launcher.cli", "--log-level", "warning"]
         folder = self.manifest.parent
@@ -87,18 +94,6 @@ class Stack:
             self.__exit__()
             raise
         return self
-
-    async def _wait_ready(self, timeout: float = 120.0) -> None:
-        def started() -> None:
-            if any(p.poll() is not None for p in self.procs):
-                raise RuntimeError(f"a process exited while starting; logs in {self.manifest.parent}")
-
-        async with aiohttp.ClientSession() as session:
-            async def ready() -> bool:
-                async with session.get(self.router_url + "/readyz") as resp:
-                    return resp.status == 200 and (await resp.json())["ready_replicas"] == self.replicas
-
-            await wait_for_async(ready, timeout, 0.1, "the stack ready", retry_on=(aiohttp.ClientError,), guard=started)
 
     def __exit__(self, *exc) -> None:
         for proc in self.procs:
@@ -208,10 +203,8 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=2000)
+    belady.add_trace_arguments(parser)
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--models", type=int, default=40)
-    parser.add_argument("--zipf", type=float, default=1.1)
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--slots", type=int, default=4, help="models per replica")
     parser.add_argument("--max-ongoing", type=int, default=16)
@@ -222,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
-    trace = zipf_trace(args.requests, args.models, args.zipf, args.seed)
+    trace = belady.zipf_trace(args.requests, args.models, args.zipf, args.seed)
     env = {**os.environ, "BENCH_LOAD_S": str(args.load_s), "BENCH_INFER_S": str(args.infer_s)}
     results: list[Result] = []
     over: dict[str, float] = {}

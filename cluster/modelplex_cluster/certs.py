@@ -45,6 +45,32 @@ def _name(common_name: str, organization: str | None = None) -> x509.Name:
     return x509.Name(attrs)
 
 
+def _certificate(subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey, *,
+                 ca: bool) -> x509.CertificateBuilder:
+    """A builder with what every certificate here carries: a year's validity (from five minutes
+    ago, for clock skew), its basic constraints and its key usage (a CA signs certificates and
+    CRLs; a leaf signs and enciphers keys)."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + _VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True, content_commitment=False, key_encipherment=not ca,
+                data_encipherment=False, key_agreement=False, key_cert_sign=ca,
+                crl_sign=ca, encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )
+    )
+
+
 class CertificateAuthority:
     """A throwaway CA whose files live in ``directory``."""
 
@@ -52,25 +78,9 @@ class CertificateAuthority:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.timezone.utc)
         subject = _name(name)
         self._cert = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(subject)
-            .public_key(self._key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + _VALIDITY)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True, content_commitment=False, key_encipherment=False,
-                    data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                    crl_sign=True, encipher_only=False, decipher_only=False,
-                ),
-                critical=True,
-            )
+            _certificate(subject, subject, self._key.public_key(), ca=True)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(self._key.public_key()), critical=False)
             .sign(self._key, hashes.SHA256())
         )
@@ -96,29 +106,13 @@ class CertificateAuthority:
     ) -> KeyPair:
         """Issue a certificate; writes ``<stem>.crt`` and ``<stem>.key``."""
         key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.timezone.utc)
         usages = []
         if client:
             usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
         if server:
             usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
         builder = (
-            x509.CertificateBuilder()
-            .subject_name(_name(common_name, organization))
-            .issuer_name(self._cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + _VALIDITY)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True, content_commitment=False, key_encipherment=True,
-                    data_encipherment=False, key_agreement=False, key_cert_sign=False,
-                    crl_sign=False, encipher_only=False, decipher_only=False,
-                ),
-                critical=True,
-            )
+            _certificate(_name(common_name, organization), self._cert.subject, key.public_key(), ca=False)
             .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
             .add_extension(
                 x509.AuthorityKeyIdentifier.from_issuer_public_key(self._key.public_key()), critical=False

@@ -108,18 +108,9 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-def write_kubeconfig(
-    path: Path,
-    server: str,
-    ca_pem: bytes,
-    *,
-    user: str,
-    client_cert: Path | None = None,
-    client_key: Path | None = None,
-    token: str | None = None,
-    namespace: str | None = None,
-    cluster: str = "modelplex",
-) -> Path:
+def write_kubeconfig(path: Path, server: str, ca_pem: bytes, *, user: str, client_cert: Path | None = None,
+                     client_key: Path | None = None, token: str | None = None, namespace: str | None = None,
+                     cluster: str = "modelplex") -> Path:
     """Write a self-contained kubeconfig (certificates embedded)."""
     creds: dict = {}
     if client_cert and client_key:
@@ -507,16 +498,22 @@ class ControlPlane:
 
         self._wait("kube-apiserver /readyz", ready, deadline, comp, interval=0.5)
 
-    def _start_controller_manager(self) -> None:
-        kc = self._kcm_kubeconfig
-        self._launch("kube-controller-manager", [
-            str(self.bin_dir / "kube-controller-manager"),
-            f"--kubeconfig={kc}",
-            f"--authentication-kubeconfig={kc}",
-            f"--authorization-kubeconfig={kc}",
+    def _controller_argv(self, binary: str, kubeconfig: Path, cert_dir: str) -> list[str]:
+        """The start of a controller's command line (controller-manager, scheduler): one
+        kubeconfig for its API calls and its delegated authn/authz, its secure port on loopback."""
+        return [
+            str(self.bin_dir / binary),
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
             "--bind-address=127.0.0.1",
             f"--secure-port={free_port()}",
-            f"--cert-dir={self.pki_dir / 'controller-manager-serving'}",
+            f"--cert-dir={self.pki_dir / cert_dir}",
+        ]
+
+    def _start_controller_manager(self) -> None:
+        self._launch("kube-controller-manager", [
+            *self._controller_argv("kube-controller-manager", self._kcm_kubeconfig, "controller-manager-serving"),
             f"--service-account-private-key-file={self._sa_key}",
             f"--root-ca-file={self.ca_file}",
             f"--cluster-signing-cert-file={self.ca_file}",
@@ -532,15 +529,8 @@ class ControlPlane:
         ])
 
     def _start_scheduler(self) -> None:
-        kc = self._scheduler_kubeconfig
         self._launch("kube-scheduler", [
-            str(self.bin_dir / "kube-scheduler"),
-            f"--kubeconfig={kc}",
-            f"--authentication-kubeconfig={kc}",
-            f"--authorization-kubeconfig={kc}",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={free_port()}",
-            f"--cert-dir={self.pki_dir / 'scheduler-serving'}",
+            *self._controller_argv("kube-scheduler", self._scheduler_kubeconfig, "scheduler-serving"),
             "--leader-elect=false",
             "--v=1",
         ])

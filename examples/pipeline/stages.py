@@ -16,7 +16,8 @@ import asyncio
 import base64
 import hashlib
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -42,15 +43,20 @@ def _one_thread() -> None:
     torch.set_num_threads(1)
 
 
+def _within(default: int, low: int, high: int) -> Any:
+    """A field of a video description, with the range a request may ask for."""
+    return field(default=default, metadata={"range": (low, high)})
+
+
 @dataclass(frozen=True)
 class Video:
     """What a request asks to decode: a synthetic clip, cut into chunks of ``chunk_frames``."""
 
-    frames: int = 256
-    chunk_frames: int = 8
-    height: int = 96
-    width: int = 96
-    faces: int = 3
+    frames: int = _within(256, 1, MAX_FRAMES)
+    chunk_frames: int = _within(8, 1, 1024)
+    height: int = _within(96, 16, MAX_SIDE)
+    width: int = _within(96, 16, MAX_SIDE)
+    faces: int = _within(3, 0, 16)
     seed: int = 0
 
     @classmethod
@@ -58,13 +64,14 @@ class Video:
         if not isinstance(body, dict):
             raise BadRequest("expected a JSON object describing the video, e.g. {\"frames\": 256}")
         try:
-            video = cls(**{name: int(body[name]) for name in cls.__dataclass_fields__ if name in body})
+            video = cls(**{f.name: int(body[f.name]) for f in fields(cls) if f.name in body})
         except (TypeError, ValueError) as error:
             raise BadRequest(f"bad video description: {error}") from None
-        if not (1 <= video.frames <= MAX_FRAMES and 1 <= video.chunk_frames <= 1024):
-            raise BadRequest(f"frames must be in 1..{MAX_FRAMES} and chunk_frames in 1..1024")
-        if not (16 <= video.height <= MAX_SIDE and 16 <= video.width <= MAX_SIDE and 0 <= video.faces <= 16):
-            raise BadRequest(f"height and width must be in 16..{MAX_SIDE}, faces in 0..16")
+        for f in fields(cls):
+            if "range" in f.metadata:
+                low, high = f.metadata["range"]
+                if not low <= getattr(video, f.name) <= high:
+                    raise BadRequest(f"{f.name} must be in {low}..{high} (got {getattr(video, f.name)})")
         return video
 
     @property

@@ -6,24 +6,19 @@ The orchestrator is Ray's code with the imports changed: ``from ray import serve
 is gone: the seed names ``ray.ObjectRef`` only in a local variable's annotation, which Python
 never evaluates. The stages it calls are in ``video_stages.py`` (the seed leaves them out);
 ``DecodeVideo`` here answers with every batch at once. The client posts to the FastAPI route,
-as the seed's would, and checks the video it gets back.
+as the seed's would, and checks the video it gets back (``serve_and_check`` in
+``video_stages.py``, shared with the streaming example).
 """
 
 import asyncio
-import atexit
-import shutil
-import tempfile
-from pathlib import Path
 from typing import List
 
-import requests
 from fastapi import FastAPI
 
 from modelplex import serve
 from modelplex.serve.handle import DeploymentHandle
 
-from video_stages import FusedDetectEncode, boxed_at, digest, local_path, make_video, read_frames, read_video, \
-    video_shape
+from video_stages import FusedDetectEncode, local_path, read_frames, serve_and_check, video_shape
 
 
 @serve.deployment
@@ -66,16 +61,4 @@ class NaiveOrchestration:
 
 # ---------------------------------------------------------------------------------------------
 
-folder = Path(tempfile.mkdtemp(prefix="video-naive-"))
-atexit.register(shutil.rmtree, folder, True)
-corners = make_video(folder / "input.video", frames=60)
-serve.run(NaiveOrchestration.bind(DecodeVideo.bind(), FusedDetectEncode.bind(str(folder))))
-
-response = requests.post(
-    "http://localhost:8000/detect_faces_naive",
-    params={"video_url": f"file://{folder}/input.video", "output_path": str(folder / "output.video")},
-)
-print(response.status_code, response.json())
-frames, chunks = read_video(response.json())
-print(f"{len(frames)} frames in {chunks} chunk(s), {boxed_at(frames, corners)} with a box on the face")
-print(f"video digest {digest(frames)}")
+serve_and_check("naive", lambda folder: NaiveOrchestration.bind(DecodeVideo.bind(), FusedDetectEncode.bind(str(folder))))

@@ -12,11 +12,16 @@ an output video is its chunks, each after its length (:func:`read_video` reads i
 
 from __future__ import annotations
 
+import atexit
 import hashlib
+import shutil
 import struct
+import tempfile
 import zlib
 from pathlib import Path
+from typing import Any, Callable
 
+import requests
 import torch
 
 from modelplex import serve
@@ -160,3 +165,22 @@ class ConcatVideo:
     async def concat(self, output_path: str, *chunks: bytes) -> str:
         write_video(local_path(output_path), list(chunks))
         return output_path
+
+
+def serve_and_check(name: str, app: Callable[[Path], Any]) -> None:
+    """The client side of both orchestrator examples: a 60-frame video in a temporary folder
+    (the blob store), ``app(folder)`` run, one POST to its ``/detect_faces_<name>`` route, as the
+    seed's client would, and what came back read and checked (frames, chunks, boxed faces)."""
+    folder = Path(tempfile.mkdtemp(prefix=f"video-{name}-"))
+    atexit.register(shutil.rmtree, folder, True)
+    corners = make_video(folder / "input.video", frames=60)
+    serve.run(app(folder))
+
+    response = requests.post(
+        f"http://localhost:8000/detect_faces_{name}",
+        params={"video_url": f"file://{folder}/input.video", "output_path": str(folder / "output.video")},
+    )
+    print(response.status_code, response.json())
+    frames, chunks = read_video(response.json())
+    print(f"{len(frames)} frames in {chunks} chunk(s), {boxed_at(frames, corners)} with a box on the face")
+    print(f"video digest {digest(frames)}")

@@ -12,20 +12,14 @@ that reads one batch of frames from the file each time the orchestrator asks for
 """
 
 import asyncio
-import atexit
-import shutil
-import tempfile
-from pathlib import Path
 from typing import List
 
-import requests
 from fastapi import FastAPI
 
 from modelplex import serve
 from modelplex.serve.handle import DeploymentHandle
 
-from video_stages import ConcatVideo, FusedDetectEncode, boxed_at, digest, local_path, make_video, read_frames, \
-    read_video, video_shape
+from video_stages import ConcatVideo, FusedDetectEncode, local_path, read_frames, serve_and_check, video_shape
 
 
 @serve.deployment
@@ -80,16 +74,5 @@ class StreamingOrchestration:
 
 # ---------------------------------------------------------------------------------------------
 
-folder = Path(tempfile.mkdtemp(prefix="video-streaming-"))
-atexit.register(shutil.rmtree, folder, True)
-corners = make_video(folder / "input.video", frames=60)
-serve.run(StreamingOrchestration.bind(DecodeVideo.bind(), FusedDetectEncode.bind(str(folder)), ConcatVideo.bind()))
-
-response = requests.post(
-    "http://localhost:8000/detect_faces_streaming",
-    params={"video_url": f"file://{folder}/input.video", "output_path": str(folder / "output.video")},
-)
-print(response.status_code, response.json())
-frames, chunks = read_video(response.json())
-print(f"{len(frames)} frames in {chunks} chunk(s), {boxed_at(frames, corners)} with a box on the face")
-print(f"video digest {digest(frames)}")
+serve_and_check("streaming", lambda folder: StreamingOrchestration.bind(
+    DecodeVideo.bind(), FusedDetectEncode.bind(str(folder)), ConcatVideo.bind()))

@@ -64,9 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         if args.command == "replica":
+            from modelplex.serving import UnguardedHost
             from modelplex_replica.server import run_replica
 
-            return run_replica(_deployment(args), host=args.host, port=args.port)
+            try:
+                return run_replica(_deployment(args), host=args.host, port=args.port)
+            except UnguardedHost as error:
+                print(f"modelplex replica: {error}", file=sys.stderr)
+                return 2
         if args.command == "router":
             from modelplex_router.server import run_router
 

@@ -42,9 +42,12 @@ from pathlib import Path
 
 from modelplex.autoscaling import (DEFAULT_TICK_S, ENV_PRELOAD_FILE, LOAD_PATH, Autoscaler, LoadReport, coldest_first,
                                    format_hot_models, hottest_models)
-from modelplex.wire.names import MODEL_ID_HEADER, router_env_name
+from modelplex.wire.names import MODEL_ID_HEADER, ROUTER_PORT, router_env_name
 from modelplex.processes import free_ports, port_free, signal_group, spawn
-from modelplex.wire.spec import DEFAULT_MAX_MODELS_PER_REPLICA, Deployment, SpecError, load_manifests
+from modelplex.wire.credentials import (ENV_CLIENT_TOKENS_DIR, ENV_INTERNAL_TOKEN_FILE, INTERNAL_TOKEN_HEADER,
+                                        TokenFile, new_token, write_token_file)
+from modelplex.wire.spec import (DEFAULT_GRACEFUL_SHUTDOWN_S, DEFAULT_MAX_MODELS_PER_REPLICA, Deployment, SecretDocument,
+                                 SpecError, load_manifest_documents)
 
 #: Past a child's own grace (``spec.gracefulShutdownTimeoutSeconds``), before SIGKILL.
 STOP_MARGIN_S = 5.0
@@ -64,6 +67,8 @@ class Plan:
     router_port: int
     #: One per replica: spec.replicas of them, or autoscaling.maxReplicas.
     replica_ports: list[int]
+    #: ``spec.router.auth``'s client tokens (client name → token), from a Secret of the manifests.
+    client_tokens: dict[str, str] | None = None
 
     @property
     def router_url(self) -> str:
@@ -96,7 +101,7 @@ class Child:
     expected_replicas: int | None = None
     env: dict | None = None  # None: the supervisor's own environment
     #: Between SIGTERM and SIGKILL: the deployment's gracefulShutdownTimeoutSeconds and a margin.
-    stop_grace_s: float = 20.0 + STOP_MARGIN_S
+    stop_grace_s: float = DEFAULT_GRACEFUL_SHUTDOWN_S + STOP_MARGIN_S
     #: Should run (restarted if it exits). An autoscaled replica scaled away is not wanted.
     wanted: bool = True
     #: A replica scaled away: SIGKILL if it still runs then.
@@ -105,6 +110,11 @@ class Child:
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def signal_group(self, sig: int) -> None:
+        """Send ``sig`` to the child's process group, if it was ever started."""
+        if self.proc is not None:
+            signal_group(self.proc.pid, sig)
 
 
 @dataclass(eq=False)
@@ -135,8 +145,11 @@ def restart_delay(restarts: int, ran_s: float) -> tuple[float, int]:
 def plan(manifest_paths: list[str], *, host: str, port: int) -> list[Plan]:
     """Read the manifests and give every deployment its ports. Raises SpecError."""
     found: list[tuple[Deployment, Path]] = []
+    secrets: dict[tuple[str, str], SecretDocument] = {}
     for path in manifest_paths:
-        found.extend((deployment, Path(path).resolve()) for deployment in load_manifests(path))
+        deployments, documents = load_manifest_documents(path)
+        found.extend((deployment, Path(path).resolve()) for deployment in deployments)
+        secrets.update({(secret.namespace, secret.name): secret for secret in documents})
     names = [d.name for d, _ in found]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -149,8 +162,22 @@ def plan(manifest_paths: list[str], *, host: str, port: int) -> list[Plan]:
                              "pass --port to pick another"])
         spec = deployment.spec
         slots = spec.autoscaling.max_replicas if spec.autoscaling else spec.starting_replicas
-        plans.append(Plan(deployment, manifest, host, router_port, free_ports(slots)))
+        plans.append(Plan(deployment, manifest, host, router_port, free_ports(slots),
+                          client_tokens=_client_tokens(deployment, secrets)))
     return plans
+
+
+def _client_tokens(deployment: Deployment, secrets: dict[tuple[str, str], SecretDocument]) -> dict[str, str] | None:
+    """The router's client tokens: the Secret ``spec.router.auth.secretRef`` names, from the manifests."""
+    auth = deployment.spec.router.auth
+    if auth is None:
+        return None
+    secret = secrets.get((deployment.namespace, auth.secret_ref.name))
+    if secret is None:
+        raise SpecError([f"deployment {deployment.name!r}: spec.router.auth.secretRef: no Secret "
+                         f"{auth.secret_ref.name!r} in namespace {deployment.namespace!r} among the manifests "
+                         "(add a kind: Secret document beside the deployment)"])
+    return dict(secret.data)
 
 
 def _connect_host(host: str) -> str:
@@ -176,8 +203,10 @@ class LocalRun:
         self.replicas: list[Child] = []
         self.routers: list[Child] = []
         self.scalers: list[Scaler] = []
-        #: Local mode's own files (the hot-models lists), removed at shutdown.
+        #: Local mode's own files (the hot-models lists, credentials), removed at shutdown.
         self.state_dir = Path(tempfile.mkdtemp(prefix="modelplex-local-"))
+        self.internal_token = _internal_token_file(self.env, self.state_dir)
+        self.env[ENV_INTERNAL_TOKEN_FILE] = str(self.internal_token.path)
         for p in plans:
             name = p.deployment.name
             base = [sys.executable, "-m", "modelplex_launcher.cli", "--log-level", self.log_level]
@@ -209,9 +238,19 @@ class LocalRun:
                 router_argv += ["--replica", f"{p.replica_name(i)}={p.replica_url(i)}"]
             # Ready once it has the replicas started with it; at zero, once it serves.
             starting = p.starting_replicas
+            router_env = None
+            if p.client_tokens is not None:
+                router_env = {**self.env, ENV_CLIENT_TOKENS_DIR: str(self._write_client_tokens(name, p.client_tokens))}
             self.routers.append(Child(name=f"{name} router", argv=router_argv,
                                       ready_url=p.router_url + ("/readyz" if starting else "/healthz"),
-                                      expected_replicas=starting or None, stop_grace_s=grace))
+                                      expected_replicas=starting or None, stop_grace_s=grace, env=router_env))
+
+    def _write_client_tokens(self, deployment: str, tokens: dict[str, str]) -> Path:
+        """The client tokens as a Secret volume lays them out: a folder, a file per client."""
+        folder = self.state_dir / f"{deployment}.clients"
+        for client, token in tokens.items():
+            write_token_file(folder / client, token)
+        return folder
 
     @property
     def children(self) -> list[Child]:
@@ -306,6 +345,8 @@ class LocalRun:
 
     def _print_ready(self) -> None:
         self.say("")
+        self.say(f"internal credential: {self.internal_token.path}  (set {ENV_INTERNAL_TOKEN_FILE} to it in scripts "
+                 "that use handles)")
         for p in self.plans:
             if not p.replica_ports:
                 continue
@@ -315,8 +356,11 @@ class LocalRun:
                 self.say("  (scaled to zero: the first request starts a replica and waits for it)")
             model = f" -H '{MODEL_ID_HEADER}: {spec.multiplexing.prewarm[0]}'" if spec.multiplexing.prewarm else ""
             body = p.deployment.example_request or "<request body>"
+            if p.client_tokens is not None:
+                model += " -H \"Authorization: Bearer $TOKEN\""  # a client's token: never printed
             self.say(f"  curl -s --json '{body}'{model} {p.router_url}/")
-            self.say(f"  curl -s {p.router_url}/v1/replicas")
+            if p.client_tokens is None:
+                self.say(f"  curl -s {p.router_url}/v1/replicas")
         self.say("Press Ctrl-C to stop.")
 
     def _supervise(self) -> None:
@@ -332,7 +376,7 @@ class LocalRun:
                     if child.kill_at is not None and now >= child.kill_at and child.running:
                         self.say(f"modelplex local: {child.name} did not stop in {child.stop_grace_s:.0f} s; "
                                  "killing it")
-                        signal_group(child.proc.pid, signal.SIGKILL)
+                        child.signal_group(signal.SIGKILL)
                         child.kill_at = None
                     continue
                 if child.restart_at is not None:
@@ -340,7 +384,7 @@ class LocalRun:
                         self.say(f"modelplex local: restarting {child.name}")
                         self._start(child)
                     continue
-                code = child.proc.poll()
+                code = child.proc.poll() if child.proc else None
                 if code is None:
                     continue
                 delay, child.restarts = restart_delay(child.restarts, now - child.started_at)
@@ -386,12 +430,14 @@ class LocalRun:
                     child.ready = False
                     child.restart_at = None
                     if child.running:
-                        signal_group(child.proc.pid, signal.SIGTERM)  # it drains, as a pod would
+                        child.signal_group(signal.SIGTERM)  # it drains, as a pod would
                         child.kill_at = now + child.stop_grace_s
 
     def _read_load(self, plan: Plan) -> LoadReport | None:
         try:
-            with urllib.request.urlopen(plan.router_url + LOAD_PATH, timeout=1.0) as response:
+            request = urllib.request.Request(plan.router_url + LOAD_PATH,
+                                             headers={INTERNAL_TOKEN_HEADER: self.internal_token.token() or ""})
+            with urllib.request.urlopen(request, timeout=1.0) as response:
                 return LoadReport.from_json(response.read())
         except (OSError, urllib.error.URLError, ValueError):
             return None
@@ -410,17 +456,17 @@ class LocalRun:
         grace, SIGKILL what is left. Idempotent."""
         # Routers first: they finish relaying what they took in while every replica still serves.
         for group in (self.routers, self.replicas):
-            running = [c for c in group if c.proc is not None and c.proc.poll() is None]
-            for child in running:
-                signal_group(child.proc.pid, signal.SIGTERM)
+            running = [(c, c.proc) for c in group if c.proc is not None and c.proc.poll() is None]
+            for child, proc in running:
+                signal_group(proc.pid, signal.SIGTERM)
             started = time.monotonic()
-            for child in running:
+            for child, proc in running:
                 try:
-                    child.proc.wait(timeout=max(0.0, started + child.stop_grace_s - time.monotonic()))
+                    proc.wait(timeout=max(0.0, started + child.stop_grace_s - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     self.say(f"modelplex local: {child.name} did not stop in {child.stop_grace_s:.0f} s; "
                              "killing it")
-                    signal_group(child.proc.pid, signal.SIGKILL)
+                    signal_group(proc.pid, signal.SIGKILL)
         for child in self.children:
             if child.proc is not None:
                 # Whatever is left in the group (the child, or processes it started) goes too.
@@ -430,6 +476,15 @@ class LocalRun:
                 except subprocess.TimeoutExpired:
                     pass
         shutil.rmtree(self.state_dir, ignore_errors=True)
+
+
+def _internal_token_file(env: dict[str, str], state_dir: Path) -> TokenFile:
+    """The run's internal credential: the file ``MODELPLEX_INTERNAL_TOKEN_FILE`` already names
+    (``serve.run`` makes one for its script's handles), else a new one in the run's folder."""
+    given = env.get(ENV_INTERNAL_TOKEN_FILE)
+    if given and TokenFile(Path(given)).token() is not None:
+        return TokenFile(Path(given))
+    return TokenFile(write_token_file(state_dir / "internal-token", new_token()))
 
 
 def _spec_env(deployment: Deployment, say) -> dict[str, str]:
@@ -444,7 +499,7 @@ def _spec_env(deployment: Deployment, say) -> dict[str, str]:
     return env
 
 
-def run_local(manifest_paths: list[str], *, host: str = "127.0.0.1", port: int = 8000) -> int:
+def run_local(manifest_paths: list[str], *, host: str = "127.0.0.1", port: int = ROUTER_PORT) -> int:
     """Run the deployments of ``manifest_paths`` here until Ctrl-C / SIGTERM; the exit code."""
     try:
         plans = plan(list(manifest_paths), host=host, port=port)

@@ -116,10 +116,13 @@ class Front:
         target = route(self._routes, request.path)
         if target is None:
             return error_response(404, "not_found", f"no route for {request.path}: {_where(self._routes)}")
+        session = self._session
+        if session is None:  # set before the port opens
+            raise RuntimeError("the front's client session is not open")
         headers = [(name, value) for name, value in request.headers.items() if name.lower() not in _HOP_BY_HOP]
         body = request.content if request.body_exists else None
         try:
-            upstream_call = self._session.request(request.method, target + request.raw_path, headers=headers,
+            upstream_call = session.request(request.method, target + request.raw_path, headers=headers,
                                                   data=body, allow_redirects=False)
             async with upstream_call as upstream:
                 response = web.StreamResponse(status=upstream.status, reason=upstream.reason)

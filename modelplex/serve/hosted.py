@@ -53,7 +53,7 @@ def construct(target: Any, args: tuple, kwargs: dict, user_config: Any = None, a
         if reconfigure is None:
             raise TypeError(f"{target.__qualname__} has a user_config but no reconfigure(config) method")
         result = reconfigure(user_config)
-        if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):  # an async reconfigure (asyncio.run takes only a coroutine)
             asyncio.run(result)
     return instance
 

@@ -43,7 +43,7 @@ def ingress(app: Any) -> Callable[[type], type]:
             _methods_as_routes(app, cls)
         setattr(cls, ASGI_ATTR, app)
         if not any("__call__" in vars(klass) for klass in cls.__mro__ if klass is not object):
-            cls.__call__ = _http_only  # handles call the class's methods by name
+            setattr(cls, "__call__", _http_only)  # handles call the class's methods by name
         return cls
 
     return decorate
@@ -117,5 +117,5 @@ def _bound_endpoint(method: Callable) -> Callable:
         @functools.wraps(method)
         def endpoint(**kwargs: Any) -> Any:
             return method(**kwargs)
-    endpoint.__signature__ = signature.replace(parameters=parameters)
+    setattr(endpoint, "__signature__", signature.replace(parameters=parameters))
     return endpoint

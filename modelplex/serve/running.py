@@ -32,6 +32,8 @@ import yaml
 from modelplex import processes
 from modelplex.handles import DeploymentHandle, forget_routers, handle, router_moved
 from modelplex.processes import consecutive_free_ports, port_free
+from modelplex.wire.credentials import (ENV_INTERNAL_TOKEN_FILE, TokenFile, internal_token_file, new_token,
+                                        use_internal_token, write_token_file)
 from modelplex.serve import graph
 from modelplex.serve.deployment import Application
 from modelplex.serve.front import Front
@@ -86,12 +88,13 @@ class _Running:
         self.ready = threading.Event()
         # In a group of its own that gets SIGTERM should this process die: nothing outlives it.
         argv = [sys.executable, "-m", "modelplex_launcher.cli", "local", str(folder / "app.yaml"), "--port", str(port)]
-        self.proc = processes.spawn(argv, pipe=True, env={**os.environ, "PYTHONPATH": import_path()})
+        env = {**os.environ, "PYTHONPATH": import_path(), ENV_INTERNAL_TOKEN_FILE: str(script_credential().path)}
+        self.proc = processes.spawn(argv, pipe=True, env=env)
         self.echo = threading.Thread(target=self._echo, name="modelplex-serve-output", daemon=True)
         self.echo.start()
 
     def _echo(self) -> None:
-        for raw in self.proc.stdout:
+        for raw in self.proc.stdout or ():  # (spawned with pipe=True: always set)
             line = raw.decode(errors="replace")
             sys.stderr.write(line)
             self.tail.append(line)
@@ -121,6 +124,19 @@ class _Running:
                 if os.environ.get(router_env_name(name)) == self.urls.get(node.name):
                     os.environ.pop(router_env_name(name), None)
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def script_credential() -> TokenFile:
+    """This script's internal credential, for its handles and every run it starts: one for the
+    script's life, so a handle made for one run still works after a re-run."""
+    current = internal_token_file()
+    if current is not None and current.token() is not None:
+        return current
+    folder = Path(tempfile.mkdtemp(prefix="modelplex-serve-credential-"))
+    atexit.register(shutil.rmtree, folder, True)
+    path = write_token_file(folder / "internal-token", new_token())
+    use_internal_token(path)
+    return TokenFile(path)
 
 
 def import_path() -> str:
@@ -186,8 +202,9 @@ def run(target: Application, *, name: str = "default", route_prefix: str | None 
             _stop(old)
         # An update with the same deployments keeps their ports: handles made before it still reach
         # them. Other deployments get new ports, so no old handle reaches a deployment it did not name.
-        same = old is not None and [node.name for node in old.running.nodes] == [node.name for node in nodes]
-        base = _ports_for(len(nodes), old.base_port if same else None, front.port)
+        previous = old.base_port if old is not None and [n.name for n in old.running.nodes] == [n.name for n in nodes] \
+            else None
+        base = _ports_for(len(nodes), previous, front.port)
         folder = Path(tempfile.mkdtemp(prefix=f"modelplex-serve-{dns_label(name)}-"))
         try:
             _write(nodes, folder, prefix)

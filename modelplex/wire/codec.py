@@ -48,7 +48,7 @@ class Call:
     """One handle call: ``method(*args, **kwargs)``, streamed or not."""
 
     method: str = "__call__"
-    args: tuple = ()
+    args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
     stream: bool = False
 
@@ -84,7 +84,8 @@ def to_plain(value: Any) -> Any:
         if hasattr(value, "item"):  # a numpy scalar
             return to_plain(value.item())
     # Subclasses of the plain types (an IntEnum, a str subclass) travel as their base type.
-    for base in (bool, int, float, str, list, dict, tuple):
+    bases: tuple[type[Any], ...] = (bool, int, float, str, list, dict, tuple)
+    for base in bases:
         if isinstance(value, base):
             return to_plain(base(value))
     raise TypeError(f"a {kind.__module__}.{kind.__qualname__} cannot travel through a handle: send str, bytes, "
@@ -125,7 +126,7 @@ def _hashable(value: Any) -> Any:
     return tuple(_hashable(item) for item in value) if isinstance(value, list) else value
 
 
-def _array_payload(array: Any, dtype: str) -> dict:
+def _array_payload(array: Any, dtype: str) -> dict[str, Any]:
     import numpy
 
     contiguous = numpy.ascontiguousarray(array)
@@ -139,14 +140,14 @@ def _tensor_to_numpy(tensor: Any) -> Any:
     return tensor.numpy()
 
 
-def _numpy_from(payload: dict) -> Any:
+def _numpy_from(payload: dict[str, Any]) -> Any:
     import numpy
 
     array = numpy.frombuffer(base64.b64decode(payload["data"]), dtype=payload["dtype"])
     return array.reshape(payload["shape"]).copy()  # writable, owns its memory
 
 
-def _tensor_from(payload: dict) -> Any:
+def _tensor_from(payload: dict[str, Any]) -> Any:
     dtype = payload["dtype"]
     array_dtype = "float32" if dtype == "bfloat16" else dtype
     array = _numpy_from({**payload, "dtype": array_dtype})
@@ -206,7 +207,7 @@ def encode_stream_error(error: ModelplexError) -> bytes:
 class RemoteStreamError:
     """A decoded error record: the producer failed after sending part of the stream."""
 
-    def __init__(self, payload: dict):
+    def __init__(self, payload: dict[str, Any]):
         self.code = payload.get("code")
         self.message = payload.get("message", "")
         self.type = payload.get("type")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import functools
+from typing import Any
 
 
 class ModelplexError(Exception):
@@ -15,6 +16,15 @@ class ModelplexError(Exception):
 
     status = 500
     code = "internal"
+
+    def __init_subclass__(cls, *, status: int | None = None, code: str | None = None, **kwargs: Any) -> None:
+        # A class states its answer in its header line: ``class NotFound(ModelplexError,
+        # status=404, code="not_found")``; one without them inherits its parent's.
+        super().__init_subclass__(**kwargs)
+        if status is not None:
+            cls.status = status
+        if code is not None:
+            cls.code = code
 
     def __init__(self, message: str, *, retry_after: float | None = None):
         super().__init__(message)
@@ -24,75 +34,59 @@ class ModelplexError(Exception):
     def __str__(self) -> str:
         return self.message  # not KeyError's quoted repr when a remote error is also a KeyError
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, dict[str, str]]:
         return {"error": {"code": self.code, "message": self.message}}
 
+    def response_headers(self) -> dict[str, str]:
+        """Headers the answer carries beside the JSON body."""
+        return {"Retry-After": str(max(1, round(self.retry_after)))} if self.retry_after is not None else {}
 
-class BadRequest(ModelplexError):
-    status = 400
-    code = "bad_request"
+
+class BadRequest(ModelplexError, status=400, code="bad_request"):
+    """The request cannot be served as sent (a malformed body, a missing or impossible field)."""
 
 
 class BatchItemTooLarge(BadRequest, RuntimeError):
     """A request larger, by the ``batch_size_fn``, than a whole batch (a ``RuntimeError``, as in Ray)."""
 
 
-class ModelNotFound(ModelplexError):
-    status = 404
-    code = "model_not_found"
+class ModelNotFound(ModelplexError, status=404, code="model_not_found"):
+    """The model id names no model the deployment can load."""
 
 
-class NotFound(ModelplexError):
-    status = 404
-    code = "not_found"
+class NotFound(ModelplexError, status=404, code="not_found"):
+    """No route, method or resource by that name."""
 
 
-class PayloadTooLarge(ModelplexError):
-    status = 413
-    code = "payload_too_large"
+class PayloadTooLarge(ModelplexError, status=413, code="payload_too_large"):
+    """The body is over the configured limit."""
 
 
-class Overloaded(ModelplexError):
+class Overloaded(ModelplexError, status=503, code="overloaded"):
     """Every slot is taken; the client should retry after ``retry_after`` seconds."""
-
-    status = 503
-    code = "overloaded"
 
     def __init__(self, message: str, *, retry_after: float = 1.0):
         super().__init__(message, retry_after=retry_after)
 
 
-class NotReady(ModelplexError):
-    status = 503
-    code = "not_ready"
+class NotReady(ModelplexError, status=503, code="not_ready"):
+    """No replica is ready to serve (none became ready in time, or all are starting or draining)."""
 
 
-class ModelLoadError(ModelplexError):
+class ModelLoadError(ModelplexError, status=500, code="model_load_failed"):
     """Loading a model failed; not cached, so the next request tries again."""
 
-    status = 500
-    code = "model_load_failed"
 
-
-class ModelLoadTimeout(ModelplexError):
+class ModelLoadTimeout(ModelplexError, status=504, code="model_load_timeout"):
     """A load ran past ``loadTimeoutSeconds``; not cached, so the next request tries again."""
 
-    status = 504
-    code = "model_load_timeout"
 
-
-class ModelTooLarge(ModelplexError):
+class ModelTooLarge(ModelplexError, status=507, code="model_too_large"):
     """A model measured larger than the replica's whole cache budget: it can never be held."""
 
-    status = 507
-    code = "model_too_large"
 
-
-class HandlerError(ModelplexError):
+class HandlerError(ModelplexError, status=500, code="handler_error"):
     """The user's code raised; ``error_type`` names the exception's class (``"ValueError"``)."""
-
-    status = 500
-    code = "handler_error"
 
     def __init__(self, message: str, *, error_type: str | None = None):
         super().__init__(message)
@@ -103,25 +97,35 @@ class HandlerError(ModelplexError):
         """The error to answer for an exception the user's code raised."""
         return cls(f"{type(error).__name__}: {error}", error_type=type(error).__name__)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, dict[str, str]]:
         document = super().to_dict()
         if self.error_type:
             document["error"]["type"] = self.error_type
         return document
 
 
-class ReplicaFailed(ModelplexError):
-    status = 502
-    code = "replica_failed"
+class ReplicaFailed(ModelplexError, status=502, code="replica_failed"):
+    """A replica failed to answer: its connection broke, or its answer or stream was not valid."""
 
 
-class UpstreamTimeout(ModelplexError):
-    status = 504
-    code = "timeout"
+class UpstreamTimeout(ModelplexError, status=504, code="timeout"):
+    """The replica did not answer within the router's request timeout."""
 
 
-_CLASSES = [BadRequest, ModelNotFound, NotFound, PayloadTooLarge, Overloaded, NotReady, ModelLoadError,
-            ModelLoadTimeout, ModelTooLarge, HandlerError, ReplicaFailed, UpstreamTimeout]
+class Unauthorized(ModelplexError, status=401, code="unauthorized"):
+    """No credential, or a wrong one: the answer carries ``WWW-Authenticate: Bearer``."""
+
+    def response_headers(self) -> dict[str, str]:
+        return {**super().response_headers(), "WWW-Authenticate": 'Bearer realm="modelplex"'}
+
+
+class Forbidden(ModelplexError, status=403, code="forbidden"):
+    """A known caller that may not do this, or a feature that is off."""
+
+
+_CLASSES: list[type[ModelplexError]] = [BadRequest, ModelNotFound, NotFound, PayloadTooLarge, Overloaded, NotReady,
+                                        ModelLoadError, ModelLoadTimeout, ModelTooLarge, HandlerError, ReplicaFailed,
+                                        UpstreamTimeout, Unauthorized, Forbidden]
 
 
 def error_for_status(status: int, message: str, code: str | None = None,

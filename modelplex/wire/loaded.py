@@ -7,9 +7,14 @@ Two shapes, typed once here:
   :data:`MAX_FAILURES` model ids). ``GET /v1/models`` on the replica answers it. It grows with
   the number of models, so it never rides in a header or an annotation.
 - :class:`LoadedSummary`, a fixed-size digest (counts, bytes, the document's version). It is
-  the pod annotation ``modelplex.io/loaded-models`` and the ``X-Modelplex-Loaded-Models``
-  header of every replica answer, whatever the number of models or the length of their ids.
-  A reader that sees a version newer than the one it holds fetches the document.
+  the pod annotation ``modelplex.io/loaded-models`` (:func:`summary_annotations`,
+  :func:`annotation_summary`) and the ``X-Modelplex-Loaded-Models`` header of every replica
+  answer, whatever the number of models or the length of their ids. A reader that sees a
+  version newer than the one it holds fetches the document.
+
+This module is the only reader and writer of the three forms; the one client of
+``GET /v1/models`` (:mod:`modelplex.loaded_client`) reads the body within
+:data:`MAX_DOCUMENT_BYTES` and parses it with :func:`read_document`.
 
 ``version`` grows with every change of the document (a load, an eviction, a failed load), so
 "newer" is a plain comparison. Fields are only ever added: a reader ignores what it does not
@@ -18,10 +23,13 @@ know, and a field missing from an older replica's document reads as empty.
 
 from __future__ import annotations
 
+import builtins  # ``bytes`` is also a field of both shapes
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import orjson
+
+from modelplex.wire.names import ANNOTATION_LOADED_MODELS
 
 
 def _count(raw: Any, name: str) -> int:
@@ -42,6 +50,9 @@ def _ids(raw: Any, name: str) -> tuple[str, ...]:
 MAX_FAILURES = 20
 #: A failure's error message is cut to this many characters.
 MAX_ERROR_CHARS = 500
+#: The largest ``GET /v1/models`` body a reader accepts (thousands of long ids fit many times
+#: over): a replica that answers more is refused, not read into memory.
+MAX_DOCUMENT_BYTES = 16 << 20
 
 
 def _object(raw: Any) -> Mapping[str, Any]:
@@ -69,7 +80,7 @@ class LoadedSummary:
         }).decode()
 
     @classmethod
-    def parse(cls, raw: str | bytes | Mapping[str, Any]) -> LoadedSummary:
+    def parse(cls, raw: str | builtins.bytes | Mapping[str, Any]) -> LoadedSummary:
         """From JSON text or a dict; raises ``ValueError`` when malformed."""
         document = _object(raw)
         return cls(_count(document, "version"), _count(document, "models"), _count(document, "loading"),
@@ -127,7 +138,7 @@ class LoadedModels:
                 "capacityBytes": self.capacity_bytes, "failures": [f.to_dict() for f in self.failures]}
 
     @classmethod
-    def parse(cls, raw: str | bytes | Mapping[str, Any]) -> LoadedModels:
+    def parse(cls, raw: str | builtins.bytes | Mapping[str, Any]) -> LoadedModels:
         """From JSON text or a dict; raises ``ValueError`` when malformed."""
         document = _object(raw)
         sizes = document.get("modelBytes") or {}
@@ -139,3 +150,28 @@ class LoadedModels:
         return cls(_count(document, "version"), _count(document, "capacity"), _ids(document, "models"),
                    _ids(document, "loading"), dict(sizes), _count(document, "capacityBytes"),
                    tuple(LoadFailure.parse(f) for f in failures[-MAX_FAILURES:]))
+
+
+def read_document(body: bytes) -> LoadedModels:
+    """A ``GET /v1/models`` body; raises ``ValueError`` when it is over
+    :data:`MAX_DOCUMENT_BYTES` or malformed."""
+    if len(body) > MAX_DOCUMENT_BYTES:
+        raise ValueError(f"the document is over {MAX_DOCUMENT_BYTES} bytes")
+    return LoadedModels.parse(body)
+
+
+def summary_annotations(summary: LoadedSummary) -> dict[str, str]:
+    """The pod annotations that publish ``summary`` (fixed-size, whatever the models)."""
+    return {ANNOTATION_LOADED_MODELS: summary.to_json()}
+
+
+def annotation_summary(annotations: Mapping[str, str] | None) -> LoadedSummary:
+    """The summary a replica pod's annotations carry: empty when it has none yet (a pod that
+    just started); raises ``ValueError`` when the annotation is malformed."""
+    raw = (annotations or {}).get(ANNOTATION_LOADED_MODELS)
+    if not raw:
+        return LoadedSummary()
+    try:
+        return LoadedSummary.parse(raw)
+    except ValueError as error:
+        raise ValueError(f"annotation {ANNOTATION_LOADED_MODELS}: {error}") from None

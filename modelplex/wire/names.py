@@ -19,14 +19,16 @@ LABEL_ROLE = "modelplex.io/role"
 ROLE_REPLICA = "replica"
 ROLE_ROUTER = "router"
 
-#: JSON ``{"models": [...], "capacity": N, "version": V}`` kept on each replica pod.
+#: On each replica pod: the fixed-size :class:`~modelplex.wire.loaded.LoadedSummary` (JSON
+#: ``{"version", "models", "loading", "capacity", "bytes", "capacityBytes"}``), never the model
+#: list; a reader that sees a newer version fetches the full document from ``GET /v1/models``.
 ANNOTATION_LOADED_MODELS = "modelplex.io/loaded-models"
 
 #: A request body that works for this deployment: `modelplex local` prints it as a curl line.
 ANNOTATION_EXAMPLE_REQUEST = "modelplex.io/example-request"
 
-#: On every replica answer: the loaded-models document (JSON), so the router's view is exact
-#: after each response instead of one poll or watch event behind.
+#: On every replica answer: the same fixed-size summary as the annotation, so the router sees a
+#: change (a newer version) after each response instead of one poll or watch event behind.
 LOADED_MODELS_HEADER = "X-Modelplex-Loaded-Models"
 
 #: The spec file a pod reads (mounted from the operator's ConfigMap).

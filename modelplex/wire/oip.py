@@ -174,7 +174,7 @@ def _parameters(value: Any, where: str) -> dict[str, Any]:
     return value
 
 
-def _tensor_header(spec: dict, where: str) -> tuple[str, str, tuple[int, ...]]:
+def _tensor_header(spec: dict[str, Any], where: str) -> tuple[str, str, tuple[int, ...]]:
     name, datatype, shape = spec.get("name"), spec.get("datatype"), spec.get("shape")
     if not isinstance(name, str) or not name:
         raise ProtocolError(f'{where} needs a "name" string')
@@ -243,11 +243,11 @@ def _from_json(data: Any, datatype: str, shape: tuple[int, ...], where: str) -> 
         raise ProtocolError(f"{where}: the data does not fit {datatype}") from None
 
 
-def _flatten(data: list) -> list:
+def _flatten(data: list[Any]) -> list[Any]:
     """Row-major values of a flat or nested JSON list (OIP accepts both)."""
     if not any(isinstance(v, list) for v in data):
         return data
-    flat: list = []
+    flat: list[Any] = []
     stack = [iter(data)]
     while stack:
         for value in stack[-1]:
@@ -280,7 +280,7 @@ def _as_array(value: Any) -> np.ndarray:
     if isinstance(value, np.ndarray):
         return value
     if hasattr(value, "numpy"):  # a CPU tensor, without importing torch here
-        return value.detach().cpu().numpy() if hasattr(value, "detach") else value.numpy()
+        return np.asarray(value.detach().cpu().numpy() if hasattr(value, "detach") else value.numpy())
     return np.asarray(value)
 
 

@@ -8,6 +8,10 @@ must be >= 1 (got 0)``).
 
 from __future__ import annotations
 
+import base64
+import binascii
+import fnmatch
+
 import math
 import re
 from decimal import Decimal
@@ -41,6 +45,8 @@ DEFAULT_LOAD_TIMEOUT_S = 300.0
 DEFAULT_GRACEFUL_SHUTDOWN_S = 20.0
 #: Routers per deployment (pods): one can restart or move while the other serves.
 DEFAULT_ROUTER_REPLICAS = 2
+DEFAULT_ROUTER_PORT = 8000
+DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 #: ``router.requestTimeoutSeconds`` when unset: this much past ``loadTimeoutSeconds``, so a slow
 #: load ends with the cache's own 504 (which names the load) and the router's timeout catches
 #: only a replica that stopped answering.
@@ -60,6 +66,7 @@ _DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 1
 
 SOURCE_SCHEMES = ("file", "http", "https", "s3")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+MAX_NAME_LENGTH = 50
 _HANDLER = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
@@ -109,7 +116,7 @@ def parse_quantity(value: Any) -> int:
         raise ValueError(f"must be a byte quantity such as 12Gi or 500M (got {value!r})")
     number, suffix = Decimal(match["number"]), match["suffix"] or ""
     if suffix[:1] in ("e", "E"):
-        scale = Decimal(10) ** int(suffix[1:].lstrip("+"))
+        scale: Decimal | int = Decimal(10) ** int(suffix[1:].lstrip("+"))
     else:
         scale = _BINARY.get(suffix) or _DECIMAL.get(suffix) or 1
     return math.ceil(number * scale)
@@ -163,11 +170,28 @@ class Batching(_Model):
     batch_wait_timeout_ms: float | None = Field(default=None, ge=0, alias="batchWaitTimeoutMs")
 
 
+class RouterAuth(_Model):
+    """Bearer tokens for the router's clients: a Secret whose keys are client names and whose
+    values are their tokens; ``models`` limits a client to the model ids matching its globs."""
+
+    secret_ref: SecretRef = Field(alias="secretRef")
+    models: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+
+    def allows(self, client: str, model: str) -> bool:
+        """Whether ``client`` may call ``model`` (a client not listed in ``models`` may call any)."""
+        globs = self.models.get(client)
+        return globs is None or any(fnmatch.fnmatchcase(model, glob) for glob in globs)
+
+
 class RouterSpec(_Model):
     replicas: int = Field(default=DEFAULT_ROUTER_REPLICAS, ge=0)
-    port: int = Field(default=8000, ge=1, le=65535)
+    port: int = Field(default=DEFAULT_ROUTER_PORT, ge=1, le=65535)
     # Until the replica's first byte (a model load included); unset: loadTimeoutSeconds + 30 s.
     request_timeout_seconds: float | None = Field(default=None, gt=0, alias="requestTimeoutSeconds")
+    # Loading and unloading models through the router is arbitrary code execution on the
+    # replicas (TorchScript is code): off unless asked for, as in Triton.
+    model_control: bool = Field(default=False, alias="modelControl")
+    auth: RouterAuth | None = None
 
 
 class EnvVar(BaseModel):
@@ -231,7 +255,7 @@ class DeploymentSpec(_Model):
     multiplexing: Multiplexing = Multiplexing()
     batching: Batching = Batching()
     max_ongoing_requests: int = Field(default=DEFAULT_MAX_ONGOING_REQUESTS, ge=1, alias="maxOngoingRequests")
-    max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, alias="maxRequestBytes")
+    max_request_bytes: int = Field(default=DEFAULT_MAX_REQUEST_BYTES, ge=1024, alias="maxRequestBytes")
     resources: dict[str, Any] = Field(default_factory=dict)
     env: tuple[EnvVar, ...] = ()
     router: RouterSpec = RouterSpec()
@@ -295,9 +319,19 @@ class Deployment(_Model):
     @field_validator("name")
     @classmethod
     def _check_name(cls, name: str) -> str:
-        if len(name) > 50 or not _DNS_LABEL.match(name):
-            raise ValueError(f"must be a DNS label of at most 50 characters (got {name!r})")
-        return name
+        return check_deployment_name(name)
+
+
+def check_deployment_name(name: str) -> str:
+    """``name`` if the cluster accepts it as a deployment's name, else :class:`ValueError` with
+    the message every entry point (operator, local mode) gives: a DNS label of at most
+    :data:`MAX_NAME_LENGTH` characters (the objects' names add suffixes) that starts with a
+    letter (the router Service is named after it, and a Service name must)."""
+    if len(name) > MAX_NAME_LENGTH or not _DNS_LABEL.match(name):
+        raise ValueError(f"must be a DNS label of at most {MAX_NAME_LENGTH} characters (got {name!r})")
+    if not name[0].isalpha():
+        raise ValueError(f"must start with a letter, as it names the router Service (got {name!r})")
+    return name
 
 
 def _describe(error: ValidationError, prefix: str) -> list[str]:
@@ -349,8 +383,36 @@ def parse_deployment(document: dict[str, Any], *, base_dir: Path | None = None, 
         raise SpecError(_describe(error, "metadata"), source) from None
 
 
-def load_manifests(path: str | Path) -> list[Deployment]:
-    """Read every MultiplexedDeployment in a YAML file (multi-document files allowed)."""
+class SecretDocument(_Model):
+    """A ``kind: Secret`` beside the deployments of a manifest (local mode reads it, so one file
+    works with both ``kubectl apply -f`` and ``modelplex local``): its keys and decoded values."""
+
+    name: str = Field(min_length=1)
+    namespace: str = "default"
+    data: dict[str, str] = Field(default_factory=dict)
+
+
+def parse_secret(document: dict[str, Any], *, source: str = "") -> SecretDocument:
+    """A Secret document's ``data`` (base64) and ``stringData`` (plain; wins, as in Kubernetes)."""
+    metadata = document.get("metadata") or {}
+    name = metadata.get("name") or ""
+    where = f"Secret {name!r}" if name else "Secret"
+    data: dict[str, str] = {}
+    for key, value in (document.get("data") or {}).items():
+        try:
+            data[str(key)] = base64.b64decode(str(value), validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            raise SpecError([f"{where}: data.{key}: not base64 of UTF-8 text"], source) from None
+    data.update({str(key): str(value) for key, value in (document.get("stringData") or {}).items()})
+    try:
+        return SecretDocument(name=name, namespace=metadata.get("namespace") or "default", data=data)
+    except ValidationError as error:
+        raise SpecError(_describe(error, where), source) from None
+
+
+def load_manifest_documents(path: str | Path) -> tuple[list[Deployment], list[SecretDocument]]:
+    """Every MultiplexedDeployment and Secret of a YAML file (multi-document files allowed);
+    any other kind is refused by name, so nobody thinks it was applied."""
     path = Path(path)
     try:
         documents = [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
@@ -358,10 +420,19 @@ def load_manifests(path: str | Path) -> list[Deployment]:
         raise SpecError([f"cannot read manifest: {error.strerror}"], str(path)) from None
     except yaml.YAMLError as error:
         raise SpecError([f"not valid YAML: {error}"], str(path)) from None
-    if not documents:
-        raise SpecError(["no MultiplexedDeployment in the file"], str(path))
     base_dir = path.resolve().parent
-    return [parse_deployment(doc, base_dir=base_dir, source=str(path)) for doc in documents]
+    secrets = [parse_secret(doc, source=str(path)) for doc in documents
+               if isinstance(doc, dict) and doc.get("kind") == "Secret" and doc.get("apiVersion") == "v1"]
+    deployments = [parse_deployment(doc, base_dir=base_dir, source=str(path)) for doc in documents
+                   if not (isinstance(doc, dict) and doc.get("kind") == "Secret" and doc.get("apiVersion") == "v1")]
+    if not deployments:
+        raise SpecError(["no MultiplexedDeployment in the file"], str(path))
+    return deployments, secrets
+
+
+def load_manifests(path: str | Path) -> list[Deployment]:
+    """Read every MultiplexedDeployment in a YAML file (its Secrets aside)."""
+    return load_manifest_documents(path)[0]
 
 
 def load_manifest(path: str | Path, name: str | None = None) -> Deployment:

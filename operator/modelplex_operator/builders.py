@@ -20,11 +20,12 @@ pure (no I/O, no clock), so the whole desired state is unit-tested without a clu
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import yaml
 
@@ -44,6 +45,8 @@ from modelplex.wire.names import (
     ROLE_REPLICA,
     ROLE_ROUTER,
 )
+from modelplex.wire.credentials import (CLIENT_TOKENS_MOUNT, ENV_CLIENT_TOKENS_DIR, ENV_INTERNAL_TOKEN_FILE,
+                                        INTERNAL_SECRET_KEY, INTERNAL_SECRET_NAME, INTERNAL_TOKEN_MOUNT)
 from modelplex.wire.spec import Deployment, Multiplexing, to_manifest
 from modelplex_operator import MANAGED_BY
 from modelplex_operator.config import DEFAULT_ROUTER_IMAGE
@@ -149,6 +152,24 @@ def _metadata(name: str, namespace: str, object_labels: dict[str, str], owner: d
 # --------------------------------------------------------------------------- the spec and its hash
 
 
+def internal_secret(namespace: str, token: str, owners: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The namespace's internal credential (``modelplex-internal``): one random token that its
+    routers, replicas and handles share. Owned, not controlled, by every MultiplexedDeployment of
+    the namespace, so it goes with the last of them."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": INTERNAL_SECRET_NAME,
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/managed-by": MANAGED_BY, "app.kubernetes.io/part-of": "modelplex"},
+            "ownerReferences": [{**owner, "controller": False, "blockOwnerDeletion": False} for owner in owners],
+        },
+        "data": {INTERNAL_SECRET_KEY: base64.b64encode(token.encode()).decode()},
+    }
+
+
 def spec_document(deployment: Deployment) -> str:
     """The ConfigMap's ``spec.yaml``: the deployment in the manifest form the pods read."""
     return yaml.safe_dump(to_manifest(deployment), sort_keys=True)
@@ -170,16 +191,20 @@ def spec_hash(deployment: Deployment) -> str:
 # --------------------------------------------------------------------------- objects
 
 
-def service_accounts(deployment: Deployment, owner: dict[str, Any]) -> list[dict[str, Any]]:
+def _per_role(deployment: Deployment, owner: dict[str, Any], api_version: str, kind: str,
+              body: Callable[[str, str], dict[str, Any]]) -> list[dict[str, Any]]:
+    """One object of ``kind`` for each role (replica, router), named after the role's objects;
+    ``body(role, object_name)`` gives the fields beyond the metadata."""
     name, ns = deployment.name, deployment.namespace
     return [
-        {
-            "apiVersion": "v1",
-            "kind": "ServiceAccount",
-            "metadata": _metadata(object_name, ns, role_labels(name, role), owner),
-        }
+        {"apiVersion": api_version, "kind": kind,
+         "metadata": _metadata(object_name, ns, role_labels(name, role), owner), **body(role, object_name)}
         for role, object_name in ((ROLE_REPLICA, replica_name(name)), (ROLE_ROUTER, router_name(name)))
     ]
+
+
+def service_accounts(deployment: Deployment, owner: dict[str, Any]) -> list[dict[str, Any]]:
+    return _per_role(deployment, owner, "v1", "ServiceAccount", lambda role, object_name: {})
 
 
 #: Least privilege: a replica reads and patches pods (its own annotation; RBAC cannot name a pod
@@ -191,51 +216,36 @@ ROLE_RULES: dict[str, list[dict[str, Any]]] = {
 
 
 def roles(deployment: Deployment, owner: dict[str, Any]) -> list[dict[str, Any]]:
-    name, ns = deployment.name, deployment.namespace
-    out = []
-    for role, object_name in ((ROLE_REPLICA, replica_name(name)), (ROLE_ROUTER, router_name(name))):
-        out.append({
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": _metadata(object_name, ns, role_labels(name, role), owner),
-            "rules": [dict(rule) for rule in ROLE_RULES[role]],
-        })
-    return out
+    return _per_role(deployment, owner, "rbac.authorization.k8s.io/v1", "Role",
+                     lambda role, object_name: {"rules": [dict(rule) for rule in ROLE_RULES[role]]})
 
 
 def role_bindings(deployment: Deployment, owner: dict[str, Any]) -> list[dict[str, Any]]:
-    name, ns = deployment.name, deployment.namespace
-    out = []
-    for role, object_name in ((ROLE_REPLICA, replica_name(name)), (ROLE_ROUTER, router_name(name))):
-        out.append({
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": _metadata(object_name, ns, role_labels(name, role), owner),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": object_name},
-            "subjects": [{"kind": "ServiceAccount", "name": object_name, "namespace": ns}],
-        })
-    return out
+    return _per_role(deployment, owner, "rbac.authorization.k8s.io/v1", "RoleBinding", lambda role, object_name: {
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": object_name},
+        "subjects": [{"kind": "ServiceAccount", "name": object_name, "namespace": deployment.namespace}],
+    })
 
 
-def config_map(deployment: Deployment, owner: dict[str, Any]) -> dict[str, Any]:
-    name, ns = deployment.name, deployment.namespace
+def _config_map(deployment: Deployment, owner: dict[str, Any], object_name: str, component: str,
+                data: dict[str, str]) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _metadata(config_map_name(name), ns, labels(name, COMPONENT_SPEC), owner),
-        "data": {SPEC_FILE: spec_document(deployment)},
+        "metadata": _metadata(object_name, deployment.namespace, labels(deployment.name, component), owner),
+        "data": data,
     }
+
+
+def config_map(deployment: Deployment, owner: dict[str, Any]) -> dict[str, Any]:
+    return _config_map(deployment, owner, config_map_name(deployment.name), COMPONENT_SPEC,
+                       {SPEC_FILE: spec_document(deployment)})
 
 
 def hot_models_config_map(deployment: Deployment, owner: dict[str, Any], models: Sequence[str]) -> dict[str, Any]:
     """ConfigMap ``N-hot-models``: the models a new replica pre-loads before it reports Ready."""
-    name, ns = deployment.name, deployment.namespace
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": _metadata(hot_models_config_map_name(name), ns, labels(name, COMPONENT_HOT_MODELS), owner),
-        "data": {HOT_MODELS_FILE: format_hot_models(models)},
-    }
+    return _config_map(deployment, owner, hot_models_config_map_name(deployment.name), COMPONENT_HOT_MODELS,
+                       {HOT_MODELS_FILE: format_hot_models(models)})
 
 
 def replica_count(deployment: Deployment, current: int | None = None) -> int:
@@ -292,7 +302,12 @@ _CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "readOnlyRootFilesyste
 #: The root filesystem is read-only: /tmp (torch, multiprocessing, user code) is an emptyDir.
 TMP_VOLUME = "tmp"
 _TMP_MOUNT = {"name": TMP_VOLUME, "mountPath": "/tmp"}
-_NON_ROOT = {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001}
+#: The restricted Pod Security Standard asks for the runtime's default seccomp profile too.
+_NON_ROOT = {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
+             "seccompProfile": {"type": "RuntimeDefault"}}
+#: The namespace's internal credential (routers and replicas), and a router's client tokens.
+INTERNAL_VOLUME = "internal-credential"
+CLIENT_TOKENS_VOLUME = "client-tokens"
 
 
 def termination(deployment: Deployment) -> tuple[int, dict[str, Any] | None]:
@@ -316,12 +331,23 @@ def _pod_template(
     grace, lifecycle = termination(deployment)
     if lifecycle is not None:
         container = {**container, "lifecycle": lifecycle}
+    # Every router and replica holds the namespace's internal credential: replicas refuse their
+    # API without it, routers send it, handles in replicas send it to other routers.
+    container = {
+        **container,
+        # First: spec.env comes last, as the user's own.
+        "env": [{"name": ENV_INTERNAL_TOKEN_FILE, "value": f"{INTERNAL_TOKEN_MOUNT}/{INTERNAL_SECRET_KEY}"},
+                *container["env"]],
+        "volumeMounts": [*container["volumeMounts"],
+                         {"name": INTERNAL_VOLUME, "mountPath": INTERNAL_TOKEN_MOUNT, "readOnly": True}],
+    }
     spec: dict[str, Any] = {
         "serviceAccountName": replica_name(name) if role == ROLE_REPLICA else router_name(name),
         "terminationGracePeriodSeconds": grace,
         "containers": [container],
         "volumes": [{"name": SPEC_VOLUME, "configMap": {"name": config_map_name(name)}},
-                    {"name": TMP_VOLUME, "emptyDir": {}}],
+                    {"name": TMP_VOLUME, "emptyDir": {}},
+                    {"name": INTERNAL_VOLUME, "secret": {"secretName": INTERNAL_SECRET_NAME, "defaultMode": 0o440}}],
     }
     if pod_security:
         spec["securityContext"] = dict(pod_security)
@@ -434,11 +460,19 @@ def router_deployment(deployment: Deployment, owner: dict[str, Any], settings: B
     }
     if settings.image_pull_policy:
         container["imagePullPolicy"] = settings.image_pull_policy
+    if spec.router.auth is not None:
+        container["env"].append({"name": ENV_CLIENT_TOKENS_DIR, "value": CLIENT_TOKENS_MOUNT})
+        container["volumeMounts"].append({"name": CLIENT_TOKENS_VOLUME, "mountPath": CLIENT_TOKENS_MOUNT,
+                                          "readOnly": True})
     # The router image is ours (docker/router.Dockerfile): it runs as a non-root user.
     template = _pod_template(
         deployment, ROLE_ROUTER, container,
         pod_security=_NON_ROOT,
     )
+    if spec.router.auth is not None:
+        # A Secret volume follows the Secret's updates: new tokens apply without a restart.
+        template["spec"]["volumes"].append({"name": CLIENT_TOKENS_VOLUME, "secret": {
+            "secretName": spec.router.auth.secret_ref.name, "defaultMode": 0o440}})
     return _deployment_object(deployment, owner, ROLE_ROUTER, spec.router.replicas, template)
 
 

@@ -6,11 +6,11 @@ latest load failures) is the replica's ``GET /v1/models``. :class:`ReplicaDocume
 from a ready pod's IP only when the pod's summary announces a version newer than the one
 last read (or an older one: the replica restarted), so a quiet pool costs no requests.
 
-Bounded: each read times out after :data:`FETCH_TIMEOUT_S`, at most
-:data:`MAX_CONCURRENT_FETCHES` run at once, a document over :data:`MAX_DOCUMENT_BYTES` is
-refused. Failures are tolerated: the pod's last known document stays in use, the failure is
-logged and reported (status condition ``ModelsReported``), and the pod is read again after a
-growing pause (:data:`RETRY_S`).
+Bounded: each read has the limits of the one client of the document
+(:mod:`modelplex.loaded_client`: a time limit, a size limit), and at most
+:data:`MAX_CONCURRENT_FETCHES` run at once. Failures are tolerated: the pod's last known
+document stays in use, the failure is logged and reported (status condition
+``ModelsReported``), and the pod is read again after a growing pause (:data:`RETRY_S`).
 
 Load failures a document reports become Warning Events ``ModelLoadFailed`` naming the model,
 at most one per model and resource every :data:`FAILURE_EVENT_INTERVAL_S` (5 minutes); an
@@ -27,16 +27,16 @@ from typing import Callable, Iterable
 
 import aiohttp
 
+from modelplex.loaded_client import FETCH_TIMEOUT_S, DocumentUnavailable, fetch_loaded_models
 from modelplex.wire.loaded import LoadedModels, LoadFailure
 from modelplex.wire.names import REPLICA_PORT
+from modelplex.wire.credentials import INTERNAL_TOKEN_HEADER
 from modelplex_operator.status import Key, PodView
 
 log = logging.getLogger("modelplex.operator.documents")
 
 
-FETCH_TIMEOUT_S = 3.0
 MAX_CONCURRENT_FETCHES = 8
-MAX_DOCUMENT_BYTES = 16 << 20
 #: Pauses before reading a pod again after 1, 2, 3, ... failed reads in a row.
 RETRY_S = (2.0, 5.0, 10.0, 30.0, 60.0)
 #: At most one ModelLoadFailed Event per model and resource in this many seconds.
@@ -165,6 +165,7 @@ class ReplicaDocuments:
         limiter: EventLimiter | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        token_for: Callable[[str], str | None] = lambda namespace: None,
     ):
         self.port = port
         self.timeout_s = timeout_s
@@ -174,6 +175,8 @@ class ReplicaDocuments:
         self._known: dict[Key, dict[str, _Known]] = {}
         self._slots = asyncio.Semaphore(concurrency)
         self._session: aiohttp.ClientSession | None = None
+        #: The internal credential of a namespace: replicas answer nobody without it.
+        self._token_for = token_for
 
     async def read(self, key: Key, pods: Iterable[PodView]) -> Reading:
         """Bring the documents of ``key``'s replica pods up to date where their summaries say so."""
@@ -183,7 +186,8 @@ class ReplicaDocuments:
             del known[gone]
         now = self._clock()
         due = [pod for pod in live.values() if wants_read(pod, known.get(pod.name), now)]
-        results = await asyncio.gather(*(self._fetch(pod) for pod in due))
+        token = self._token_for(key[0])
+        results = await asyncio.gather(*(self._fetch(pod, token) for pod in due))
         not_before = _utc(self._wall_clock() - self.limiter.interval_s)
         events: list[tuple[str, str, str]] = []
         retry_in: float | None = None
@@ -217,24 +221,15 @@ class ReplicaDocuments:
             return []
         return [("Warning", EVENT_REASON, failure_message(failure, held_back))]
 
-    async def _fetch(self, pod: PodView) -> LoadedModels | str:
+    async def _fetch(self, pod: PodView, token: str | None) -> LoadedModels | str:
         """The pod's document, or why it could not be read."""
         host = f"[{pod.ip}]" if ":" in pod.ip else pod.ip
-        url = f"http://{host}:{self.port}/v1/models"
         async with self._slots:
             try:
-                async with self._client().get(url) as response:
-                    if response.status != 200:
-                        return f"answered HTTP {response.status}"
-                    if (response.content_length or 0) > MAX_DOCUMENT_BYTES:
-                        return f"its document is over {MAX_DOCUMENT_BYTES} bytes"
-                    return LoadedModels.parse(await response.read())
-            except asyncio.TimeoutError:
-                return f"no answer within {self.timeout_s:g} s"
-            except (aiohttp.ClientError, OSError) as error:
-                return str(error) or type(error).__name__
-            except ValueError as error:
-                return f"malformed document: {error}"
+                return await fetch_loaded_models(self._client(), f"http://{host}:{self.port}", timeout_s=self.timeout_s,
+                                                 headers={INTERNAL_TOKEN_HEADER: token} if token else None)
+            except DocumentUnavailable as error:
+                return str(error)
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:

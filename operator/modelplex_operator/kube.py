@@ -35,6 +35,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("v1", "Pod"): "pods",
     ("v1", "ServiceAccount"): "serviceaccounts",
     ("v1", "ConfigMap"): "configmaps",
+    ("v1", "Secret"): "secrets",
     ("v1", "Service"): "services",
     ("apps/v1", "Deployment"): "deployments",
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
@@ -230,6 +231,19 @@ class Kube:
         else:
             action = "unchanged"
         return ApplyResult(action, before, after)
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create ``obj``; a 409 (it exists) raises :class:`KubeError` like any refusal."""
+        meta = obj["metadata"]
+        return self._call("POST", object_path(obj["apiVersion"], obj["kind"], meta["namespace"]), body=obj,
+                          query=[("fieldManager", self.field_manager)], what=f"create {obj['kind']} {meta['name']}")
+
+    def merge_patch(self, api_version: str, kind: str, namespace: str, name: str,
+                    patch: dict[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch of an object."""
+        return self._call("PATCH", object_path(api_version, kind, namespace, name), body=patch,
+                          content_type="application/merge-patch+json",
+                          query=[("fieldManager", self.field_manager)], what=f"patch {kind} {name}")
 
     def patch_status(self, namespace: str, name: str, uid: str, status: dict[str, Any]) -> dict[str, Any]:
         """Merge ``status`` into a MultiplexedDeployment's status (only the object with ``uid``)."""

@@ -38,7 +38,8 @@ from modelplex_operator.handlers.lifecycle import Operator, operator_of
 CR = (API_GROUP, API_VERSION, PLURAL)
 PODS = lifecycle.PODS
 DEPLOYMENTS = lifecycle.DEPLOYMENTS
-OURS = {"app.kubernetes.io/managed-by": MANAGED_BY, LABEL_DEPLOYMENT: kopf.PRESENT}
+# (kopf's type of a label filter, MetaFilter, is not public: hence Any.)
+OURS: dict[str, Any] = {"app.kubernetes.io/managed-by": MANAGED_BY, LABEL_DEPLOYMENT: kopf.PRESENT}
 REPLICA_PODS = {**OURS, "modelplex.io/role": "replica"}
 
 
@@ -46,12 +47,12 @@ REPLICA_PODS = {**OURS, "modelplex.io/role": "replica"}
 
 
 @kopf.on.startup()
-async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     await lifecycle.startup(settings, memo, logger)
 
 
 @kopf.on.cleanup()
-async def cleanup(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+async def cleanup(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     await lifecycle.cleanup(memo, logger)
 
 
@@ -64,18 +65,26 @@ async def probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
 
 
 @kopf.index(*CR)
-async def mxd_by_key(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict:
-    return observe.index_resource(body, namespace, name)
+async def mxd_by_key(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict:
+    return observe.index_resource(body, _namespaced(namespace), name)
 
 
 @kopf.index(*PODS, labels=REPLICA_PODS)
-async def replica_pods_by_owner(body: kopf.Body, namespace: str, labels: kopf.Labels, **_: Any) -> dict | None:
-    return observe.index_replica_pod(body, namespace, labels)
+async def replica_pods_by_owner(body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any) -> dict | None:
+    return observe.index_replica_pod(body, _namespaced(namespace), labels)
 
 
 @kopf.index(*DEPLOYMENTS, labels=OURS)
-async def deployments_by_owner(body: kopf.Body, namespace: str, labels: kopf.Labels, **_: Any) -> dict | None:
-    return observe.index_deployment(body, namespace, labels)
+async def deployments_by_owner(body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any) -> dict | None:
+    return observe.index_deployment(body, _namespaced(namespace), labels)
+
+
+def _namespaced(namespace: str | None) -> str:
+    """The namespace kopf passes: every kind watched here is namespaced (kopf's handler types say
+    ``None`` for cluster-wide kinds)."""
+    if namespace is None:
+        raise kopf.PermanentError("expected a namespaced object")
+    return namespace
 
 
 def _operator(memo: kopf.Memo, kwargs: dict[str, Any]) -> Operator:
@@ -107,24 +116,25 @@ async def reconcile_resource(body: kopf.Body, memo: kopf.Memo, retry: int, **kwa
 
 
 @kopf.on.event(*CR)
-async def on_resource_event(namespace: str, name: str, memo: kopf.Memo, **kwargs: Any) -> None:
+async def on_resource_event(namespace: str | None, name: str, memo: kopf.Memo, **kwargs: Any) -> None:
     operator = _operator(memo, kwargs)
-    operator.keeper.poke((namespace, name))
+    operator.keeper.poke((_namespaced(namespace), name))
     operator.autoscaler.start()  # here, where kopf's Event poster is reachable (the task copies the context)
 
 
 @kopf.on.event(*PODS, labels=REPLICA_PODS)
-async def on_replica_pod_event(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any) -> None:
+async def on_replica_pod_event(namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any) -> None:
     operator = _operator(memo, kwargs)
-    key = observe.owner_key(namespace, labels)
+    key = observe.owner_key(_namespaced(namespace), labels)
     if key is not None:
         operator.keeper.poke(key)
 
 
 @kopf.on.event(*DEPLOYMENTS, labels=OURS)
-async def on_deployment_event(type: str, namespace: str, labels: kopf.Labels, memo: kopf.Memo, **kwargs: Any) -> None:
+async def on_deployment_event(type: str, namespace: str | None, labels: kopf.Labels, memo: kopf.Memo,
+                              **kwargs: Any) -> None:
     operator = _operator(memo, kwargs)
-    key = observe.owner_key(namespace, labels)
+    key = observe.owner_key(_namespaced(namespace), labels)
     if key is not None:
         operator.keeper.poke(key, repair=type == "DELETED")
 

@@ -23,10 +23,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from modelplex.wire.loaded import LoadedModels, LoadedSummary
-from modelplex.wire.names import ANNOTATION_LOADED_MODELS, LABEL_ROLE, ROLE_REPLICA, ROLE_ROUTER
-from modelplex.wire.spec import DEFAULT_ROUTER_REPLICAS
+from modelplex.wire.loaded import LoadedModels, LoadedSummary, annotation_summary
+from modelplex.wire.names import LABEL_ROLE, ROLE_REPLICA, ROLE_ROUTER
+from modelplex.wire.spec import DeploymentSpec, RouterSpec, SpecError, parse_spec
 from modelplex_operator.builders import selector_string
+from modelplex_operator.validation import plain
 
 READY = "Ready"
 PROGRESSING = "Progressing"
@@ -131,11 +132,8 @@ def _is_true(conditions: Iterable[Mapping[str, Any]] | None, ctype: str) -> bool
 
 def loaded_summary(annotations: Mapping[str, str] | None) -> LoadedSummary:
     """What a replica pod reports holding; nothing when the annotation is missing or malformed."""
-    raw = (annotations or {}).get(ANNOTATION_LOADED_MODELS)
-    if not raw:
-        return LoadedSummary()
     try:
-        return LoadedSummary.parse(raw)
+        return annotation_summary(annotations)
     except ValueError:
         return LoadedSummary()
 
@@ -174,7 +172,7 @@ def deployment_view(deployment: Mapping[str, Any]) -> DeploymentView:
         role=(meta.get("labels") or {}).get(LABEL_ROLE, ""),
         generation=int(meta.get("generation") or 0),
         observed_generation=int(status.get("observedGeneration") or 0),
-        replicas=int(spec.get("replicas") if spec.get("replicas") is not None else 1),
+        replicas=int(spec["replicas"]) if spec.get("replicas") is not None else 1,
         status_replicas=int(status.get("replicas") or 0),
         ready=int(status.get("readyReplicas") or 0),
         updated=int(status.get("updatedReplicas") or 0),
@@ -251,17 +249,18 @@ def compute_status(
     ``documents`` are the last known loaded-models documents by replica pod name, ``unreported``
     the pods whose latest read failed, with why (both from :mod:`modelplex_operator.documents`).
     """
-    spec = resource.spec or {}
     current = dict(resource.status or {})
     by_role = {view.role: view for view in deployments}
     replica, router = by_role.get(ROLE_REPLICA), by_role.get(ROLE_ROUTER)
-    want = _int(spec.get("replicas"), 1)
-    autoscaled = spec.get("autoscaling") is not None
-    if autoscaled:  # the autoscaler owns the count: the replica Deployment has it
-        want = replica.replicas if replica else _int((spec.get("autoscaling") or {}).get("minReplicas"), 1)
-    router_spec = spec.get("router") or {}
-    want_routers = _int(router_spec.get("replicas"), DEFAULT_ROUTER_REPLICAS)
-    port = _int(router_spec.get("port"), 8000)
+    spec = _spec_of(resource)
+    port = (spec.router if spec else RouterSpec()).port
+    if spec is None:  # not applied: the Deployments keep what the last valid spec asked for
+        want, want_routers = (replica.replicas if replica else 0), (router.replicas if router else 0)
+    else:
+        want, want_routers = spec.starting_replicas, spec.router.replicas
+    autoscaled = spec is not None and spec.autoscaling is not None
+    if autoscaled and replica:  # the autoscaler owns the count: the replica Deployment has it
+        want = replica.replicas
     live_pods = [pod for pod in pods if not pod.deleting]
     copies = sum(pod.models for pod in live_pods)
     pool_bytes = sum(pod.summary.bytes for pod in live_pods)
@@ -312,7 +311,8 @@ def compute_status(
 
     # Progressing / Ready.
     caught_up = observed is not None and int(observed) >= gen
-    if resource.spec_problem or (problem and problem[0] in ("InvalidSpec", "ApplyRejected")):
+    # (A spec problem is always a problem: the check of problem is for the type checker.)
+    if problem is not None and (resource.spec_problem or problem[0] in ("InvalidSpec", "ApplyRejected")):
         progressing = _condition(PROGRESSING, False, problem[0], "the operator cannot act on this spec", gen)
         ready = _condition(READY, False, problem[0], problem[1], gen)
     else:
@@ -333,11 +333,13 @@ def compute_status(
     return status
 
 
-def _int(value: Any, default: int) -> int:
+def _spec_of(resource: Resource) -> DeploymentSpec | None:
+    """The resource's spec read by the spec module's model, with its defaults; ``None`` when it
+    does not parse (validation reports that as ``InvalidSpec``)."""
     try:
-        return int(value) if value is not None else default
-    except (TypeError, ValueError):
-        return default
+        return parse_spec(plain(resource.spec or {}))
+    except SpecError:
+        return None
 
 
 _OPERATOR_REASONS = ("InvalidSpec", "ApplyRejected", "ApplyFailed", "ObjectConflict")

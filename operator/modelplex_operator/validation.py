@@ -2,19 +2,17 @@
 
 The apiserver already refused wrong types, out-of-range numbers, missing required fields and
 (with kubectl's strict field validation) unknown fields. What is left, the model source's URI
-scheme, the name's length, a name that cannot name a Service, is found here and reported by
-the operator as a ``Degraded`` condition and a Warning Event.
+scheme, the name's length, a name that cannot name a Service (the spec module's rules, which
+local mode applies too), is found here and reported by the operator as a ``Degraded``
+condition and a Warning Event.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any, Mapping
 
 from modelplex.wire.names import API_GROUP, API_VERSION, KIND
 from modelplex.wire.spec import Deployment, SpecError, parse_deployment
-
-_DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
 def plain(value: Any) -> Any:
@@ -36,11 +34,7 @@ def validate(body: Mapping[str, Any]) -> Deployment:
         "metadata": {"name": name, "namespace": metadata.get("namespace") or "default"},
         "spec": plain(body.get("spec") or {}),
     }
-    deployment = parse_deployment(document)
-    if not _DNS_1035.match(name):
-        # The router Service is named after the resource, and a Service name must start with a letter.
-        raise SpecError([f"metadata.name: must start with a letter, as it names the router Service (got {name!r})"])
-    return deployment
+    return parse_deployment(document)  # the name's rule is the spec's, shared with local mode
 
 
 def problems_of(error: SpecError) -> str:

@@ -14,7 +14,7 @@ import threading
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -31,9 +31,11 @@ from modelplex.multiplex import find_cache
 from modelplex.wire.names import DASHED_MODEL_ID_HEADER, LOADED_MODELS_HEADER, MODEL_ID_HEADER
 from modelplex.runtime import Runtime, current_runtime
 from modelplex.serving import HANDOFF
+from modelplex.wire.credentials import TokenFile
 from modelplex.wire.spec import Deployment, SpecError
 from modelplex_replica import oip
 from modelplex_replica.asgi import HttpIngress, ingress_for
+from modelplex_replica.auth import internal_only
 from modelplex_replica.handoff import UserLoopConnections
 from modelplex_replica.metrics import ReplicaMetrics
 from modelplex_replica.preload import preload_hot_models
@@ -88,9 +90,11 @@ class ReplicaState:
     #: server loop reads it without a lock.
     published: Published = Published.of(LoadedModels())
     #: Invoke connections served on the user loop (handoff.py); set by create_app.
-    connections: UserLoopConnections | None = None
+    connections: UserLoopConnections = field(init=False)
     #: Held to change ``inflight`` and ``active``: requests are served on both loops.
     counting: threading.Lock = field(default_factory=threading.Lock)
+    #: The namespace's internal credential (None: open, a replica on loopback started by hand).
+    internal: TokenFile | None = None
 
     def models_header(self) -> str:
         """The fixed-size summary, for every answer's header."""
@@ -110,9 +114,10 @@ STATE = web.AppKey("state", ReplicaState)
 
 
 def create_app(deployment: Deployment, handler: Any, *, patch_pod: Patch | None = None,
-               runtime: Runtime | None = None) -> web.Application:
+               runtime: Runtime | None = None, internal: TokenFile | None = None) -> web.Application:
     """The replica app for ``handler``; ``patch_pod`` publishes the loaded-models annotation;
-    ``runtime`` (the one the handler was built in, by default) gets the app's metrics observers."""
+    ``runtime`` (the one the handler was built in, by default) gets the app's metrics observers;
+    ``internal`` guards the API (None: open)."""
     spec = deployment.spec
     try:
         check_handler(handler)  # one that nothing can call must not start as ready
@@ -125,6 +130,7 @@ def create_app(deployment: Deployment, handler: Any, *, patch_pod: Patch | None 
         cache=find_cache(handler),
         metrics=metrics,
         ingress=ingress_for(handler),
+        internal=internal,
     )
     app = _app(state)
     app[HANDOFF] = state.connections = UserLoopConnections(state.user, lambda: _app(state))
@@ -134,7 +140,8 @@ def create_app(deployment: Deployment, handler: Any, *, patch_pod: Patch | None 
 
 def _app(state: ReplicaState) -> web.Application:
     """The replica's routes over ``state``: the server loop's app, and the user loop's (handoff.py)."""
-    app = web.Application(middlewares=[error_middleware], client_max_size=state.deployment.spec.max_request_bytes)
+    app = web.Application(middlewares=[error_middleware, internal_only(state.internal)],
+                          client_max_size=state.deployment.spec.max_request_bytes)
     app[STATE] = state
     app.router.add_post("/v1/invoke", invoke)
     app.router.add_get("/v1/models", list_models)
@@ -155,7 +162,8 @@ def _lifecycle(patch_pod: Patch | None, runtime: Runtime):
         await state.user.run(state.connections.start())
         if state.ingress is not None:
             await state.user.run(state.ingress.startup())
-        observers = [(runtime.batch_observers, state.metrics.on_batch),
+        observers: list[tuple[list[Callable[..., Any]], Callable[..., Any]]] = [
+                    (runtime.batch_observers, state.metrics.on_batch),
                      (runtime.cache_observers, state.metrics.on_cache_event),
                      (runtime.cache_observers, lambda *_: _cache_changed(state))]
         for hooks, observer in observers:
@@ -186,7 +194,8 @@ def _lifecycle(patch_pod: Patch | None, runtime: Runtime):
 def _cache_changed(state: ReplicaState) -> None:
     """On the user loop, after a load starts, ends or fails, or a model is evicted."""
     state.publish()
-    state.metrics.observe_cache(state.cache)
+    if state.cache is not None:  # (cache events come from the cache)
+        state.metrics.observe_cache(state.cache)
     if state.reporter is not None and state.server_loop is not None:
         state.server_loop.call_soon_threadsafe(state.reporter.changed)
 
@@ -195,7 +204,7 @@ async def _prewarm(state: ReplicaState) -> None:
     model_ids = state.deployment.spec.multiplexing.prewarm
     if model_ids and state.cache is None:
         log.warning("prewarm is set but the handler has no @multiplexed loader; nothing to prewarm")
-    elif model_ids:
+    elif model_ids and state.cache is not None:
         started = time.monotonic()
         results = await state.user.run(_load_all(state.cache, model_ids))
         for model_id, result in zip(model_ids, results):
@@ -207,7 +216,7 @@ async def _prewarm(state: ReplicaState) -> None:
     state.ready = True
 
 
-async def _load_all(cache: ModelCache, model_ids: list[str]) -> list[Any]:
+async def _load_all(cache: ModelCache, model_ids: Sequence[str]) -> list[Any]:
     return await asyncio.gather(*(cache.get(m) for m in model_ids), return_exceptions=True)
 
 
@@ -311,7 +320,8 @@ def _pinned(state: ReplicaState, model_id: str):
 async def _load(state: ReplicaState, model_id: str) -> None:
     """Wait (on the user loop) until the request's model is loaded; its errors as the handler's."""
     try:
-        await state.cache.get(model_id)
+        if state.cache is not None:  # a request loads its model only where there is a cache
+            await state.cache.get(model_id)
     except Exception as error:  # noqa: BLE001 - the user's loader
         raise _handler_error(error) from None
 

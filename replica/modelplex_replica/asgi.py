@@ -198,14 +198,14 @@ class HttpIngress:
             return
         loop = asyncio.get_running_loop()
         started: asyncio.Future = loop.create_future()
-        self._shutdown = asyncio.Event()
+        shutdown = self._shutdown = asyncio.Event()
         stopped = loop.create_future()
         step = iter(("lifespan.startup", "lifespan.shutdown"))
 
         async def receive() -> dict[str, Any]:
             kind = next(step, "lifespan.shutdown")
             if kind == "lifespan.shutdown":
-                await self._shutdown.wait()
+                await shutdown.wait()
             return {"type": kind}
 
         async def send(message: dict[str, Any]) -> None:
@@ -236,7 +236,7 @@ class HttpIngress:
 
     async def shutdown(self) -> None:
         """Run the app's lifespan shutdown (on the user loop)."""
-        if self._lifespan is None:
+        if self._lifespan is None or self._shutdown is None:  # set together, by startup
             return
         self._shutdown.set()
         try:

@@ -207,7 +207,7 @@ def _answer(work: _Work, model: LoadedModel, outputs: list[np.ndarray]) -> Any:
     return {"outputs": first[0] if work.single else first}
 
 
-def _declared_metadata(model_id: str, text: str) -> tuple[tuple[dict, ...], tuple[dict, ...]] | None:
+def _declared_metadata(model_id: str, text: str) -> tuple[tuple[dict, ...], ...] | None:  # (inputs, outputs)
     if not text:
         return None
     try:
@@ -225,13 +225,13 @@ def _declared_metadata(model_id: str, text: str) -> tuple[tuple[dict, ...], tupl
 
 def _inspect_metadata(module: torch.jit.ScriptModule) -> tuple[tuple[dict, ...], tuple[dict, ...]]:
     try:
-        names = [a.name for a in module.forward.schema.arguments[1:]]  # [0] is self
+        names = [a.name for a in module.forward.schema.arguments[1:]]  # type: ignore[attr-defined]  # [0] is self; torch types a ScriptMethod as a plain callable
     except (AttributeError, RuntimeError):
         names = ["input0"]
     parameter = next((p for p in module.parameters() if p.is_floating_point()), None)
     datatype = datatype_of(np.empty(0, dtype=str(parameter.dtype).removeprefix("torch."))) if parameter is not None \
         else "FP32"
-    linears = [m for m in module.modules() if getattr(m, "original_name", "") == "Linear"]
+    linears: list[Any] = [m for m in module.modules() if getattr(m, "original_name", "") == "Linear"]  # scripted: attributes untyped
     width_in = int(linears[0].weight.shape[1]) if linears and len(names) == 1 else -1
     width_out = int(linears[-1].weight.shape[0]) if linears else -1
     inputs = tuple(tensor_metadata(name, datatype, [-1, width_in] if width_in > 0 else [-1]) for name in names)

@@ -71,6 +71,8 @@ def build_handler(deployment: Deployment) -> Any:
     if spec.handler is None:
         from modelplex_replica.builtin import TorchScriptHandler
 
+        if spec.model_source is None:  # the spec's own validation refuses this first
+            raise SpecError(["modelSource is required when no handler is given"])
         return TorchScriptHandler(spec.model_source.uri, base_dir=deployment.base_dir)
     if deployment.base_dir is not None and str(deployment.base_dir) not in sys.path:
         sys.path.insert(0, str(deployment.base_dir))
@@ -84,6 +86,7 @@ def build_handler(deployment: Deployment) -> Any:
         raise SpecError([f"spec.handler: {module_name!r} has no {class_name!r}"])
     if not callable(cls):
         raise SpecError([f"spec.handler: {spec.handler!r} is not callable"])
-    if inspect.isclass(cls) and "deployment" in inspect.signature(cls).parameters:
+    # isinstance, not inspect.isclass: the type checker reads isclass as "a plain object's class".
+    if isinstance(cls, type) and "deployment" in inspect.signature(cls).parameters:
         return cls(deployment=deployment)
-    return cls() if inspect.isclass(cls) else cls
+    return cls() if isinstance(cls, type) else cls

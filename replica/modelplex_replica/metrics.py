@@ -75,6 +75,7 @@ class ReplicaMetrics:
 
     def _zeros(self) -> None:
         d = self.deployment
+        metric: Histogram | Counter | Gauge
         for metric in (self.batch_size, self.batch_wait, self.load_seconds, self.models_loaded, self.inflight,
                        self.reserved_bytes, self.capacity_bytes, self.loads_running, self.loads_queued):
             metric.labels(d)

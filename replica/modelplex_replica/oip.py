@@ -8,7 +8,7 @@ body is the client's, untouched (JSON, or JSON plus binary tensors).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -28,7 +28,7 @@ class OipInvocation(Invocation):
     """``__call__(InferRequest)``, its answer encoded as the protocol says (JSON, or JSON and
     binary tensors with the header length that :func:`finish` sets)."""
 
-    infer: InferRequest | None = None
+    infer: InferRequest = field(kw_only=True)
     header_length: int | None = None
 
     def encode(self, value: Any) -> tuple[bytes, str]:

@@ -16,7 +16,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable, Coroutine, Mapping
 
 from modelplex.autoscaling import ENV_PRELOAD_FILE, parse_hot_models
 from modelplex.cache import ModelCache
@@ -52,7 +52,7 @@ async def preload(cache: ModelCache, listed: list[str]) -> tuple[list[str], dict
     return models, {m: str(r) for m, r in zip(models, results) if isinstance(r, BaseException)}
 
 
-async def preload_hot_models(cache: ModelCache | None, run: Callable[[Awaitable], Awaitable],
+async def preload_hot_models(cache: ModelCache | None, run: Callable[[Coroutine[Any, Any, Any]], Awaitable[Any]],
                              env: Mapping[str, str] = os.environ) -> None:
     """Read the pre-load file and load what fits; ``run`` runs a coroutine on the user loop."""
     listed = hot_models(env)

@@ -13,8 +13,8 @@ import logging
 import os
 from typing import Any, Callable
 
-from modelplex.wire.loaded import LoadedSummary
-from modelplex.wire.names import ANNOTATION_LOADED_MODELS, ENV_POD_NAME, ENV_POD_NAMESPACE
+from modelplex.wire.loaded import LoadedSummary, summary_annotations
+from modelplex.wire.names import ENV_POD_NAME, ENV_POD_NAMESPACE
 
 log = logging.getLogger("modelplex.reporter")
 
@@ -24,7 +24,7 @@ Patch = Callable[[dict[str, Any]], None]
 
 def annotation_patch(summary: LoadedSummary) -> dict[str, Any]:
     """The pod merge patch that publishes ``summary`` (fixed-size, whatever the models)."""
-    return {"metadata": {"annotations": {ANNOTATION_LOADED_MODELS: summary.to_json()}}}
+    return {"metadata": {"annotations": summary_annotations(summary)}}
 
 
 class AnnotationReporter:

@@ -8,7 +8,8 @@ import logging
 from aiohttp import web
 
 from modelplex.runtime import runtime_scope
-from modelplex.serving import serve
+from modelplex.serving import check_unguarded_host, serve
+from modelplex.wire.credentials import internal_token_file
 from modelplex.wire.spec import Deployment
 from modelplex_replica.app import STATE, create_app
 from modelplex_replica.handler import build_handler, runtime_for
@@ -24,9 +25,13 @@ def run_replica(deployment: Deployment, *, host: str, port: int) -> int:
     """Block serving until SIGINT/SIGTERM, then drain within ``spec.gracefulShutdownTimeoutSeconds``."""
     # The handler is built and served inside the replica's runtime: every task and thread its
     # calls run in (the user loop's included) carries it.
+    internal = internal_token_file()
+    if internal is None:
+        check_unguarded_host(host, "replica")
     with runtime_scope(runtime_for(deployment)) as runtime:
         handler = build_handler(deployment)
-        app = create_app(deployment, handler, patch_pod=pod_patcher_from_environment(), runtime=runtime)
+        app = create_app(deployment, handler, patch_pod=pod_patcher_from_environment(), runtime=runtime,
+                         internal=internal)
         log.info("replica of %r serving on http://%s:%d (handler %s)", deployment.name, host, port,
                  deployment.spec.handler or "built-in TorchScript")
         serve(app, host=host, port=port, grace_s=deployment.spec.graceful_shutdown_timeout_seconds,

@@ -15,7 +15,7 @@ import logging
 import os
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 
@@ -41,6 +41,7 @@ def modules_in(model: Any, depth: int = 2) -> Iterator[torch.nn.Module]:
         return
     if depth == 0 or isinstance(model, (str, bytes, int, float, torch.Tensor)):
         return
+    children: Iterable[Any]
     if isinstance(model, dict):
         children = model.values()
     elif isinstance(model, (list, tuple)):

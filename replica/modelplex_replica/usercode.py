@@ -392,8 +392,11 @@ class Stream:
     async def _wait_for_space(self) -> bool:
         """Wait while the window is full; whether the producer had to (and so yielded the loop)."""
         waited = False
+        space = self._space
+        if space is None:  # set by _start, before the producer runs
+            return False
         while self._sent - self._taken >= self._window:
-            self._space.clear()
+            space.clear()
             self._producer_waits = True
             # The reader may have taken one between the check and the flag: look once more.
             if self._sent - self._taken < self._window:
@@ -401,7 +404,7 @@ class Stream:
                 break
             waited = True
             try:
-                await self._space.wait()
+                await space.wait()
             finally:
                 self._producer_waits = False
         return waited

@@ -21,28 +21,32 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 from typing import AsyncIterator, Callable
 
 import aiohttp
 from aiohttp import web
 
 from modelplex.autoscaling import LOAD_PATH
+from modelplex.wire.credentials import ClientTokens, TokenFile
 from modelplex.wire.forwarded import forwarded_headers
-from modelplex.http import error_middleware
+from modelplex.http import error_middleware, internal_session
 from modelplex.wire.names import DASHED_MODEL_ID_HEADER, MODEL_ID_HEADER
 from modelplex_router import load, oip
+from modelplex_router.auth import Access, access_middleware, external
 from modelplex_router.config import RouterConfig
 from modelplex_router.discovery.base import Discovery
 from modelplex_router.discovery.documents import DocumentFetcher
-from modelplex_router.keys import (CLOCK, CONFIG, DISCOVERY, DRAINING, METRICS, PROXY, SCHEDULER, SESSION,
-                                   TABLE, measured)
+from modelplex_router.keys import CLOCK, CONFIG, DISCOVERY, DRAINING, METRICS, PROXY, SCHEDULER, SESSION, TABLE
+from modelplex_router.measured import measured
 from modelplex_router.metrics import CONTENT_TYPE, RouterMetrics
 from modelplex_router.openapi import openapi_document
-from modelplex_router.proxy import FORWARDED_REQUEST_HEADERS, Proxy
+from modelplex_router.proxy import FORWARDED_REQUEST_HEADERS, REPLICA_HEADER, Proxy
 from modelplex_router.scheduler import Scheduler
-from modelplex_router.table import RoutingTable
 
 log = logging.getLogger("modelplex.router")
+
+ACCESS = web.AppKey("access", Access)
 
 #: The router's own paths; everything else (any method) is the handler's.
 RESERVED = r"(?!(?:healthz|readyz|metrics|openapi\.json|v1/replicas|v1/load|v2)(?:/|$)|v1/models/[^/]+/predict$)"
@@ -51,18 +55,18 @@ RESERVED = r"(?!(?:healthz|readyz|metrics|openapi\.json|v1/replicas|v1/load|v2)(
 def create_app(config: RouterConfig, discovery: Discovery, *,
                clock: Callable[[], float] = time.monotonic) -> web.Application:
     """A router for one deployment, its replicas found by ``discovery``."""
-    app = web.Application(middlewares=[error_middleware, oip.protocol_errors],
+    access = access_of(config)
+    app = web.Application(middlewares=[error_middleware, oip.protocol_errors, access_middleware(access)],
                           client_max_size=config.max_request_bytes)
-    table = RoutingTable(lag_s=discovery.lag_s)
+    app[ACCESS] = access
     app[CONFIG] = config
-    app[TABLE] = table
     app[CLOCK] = clock
     app[DISCOVERY] = discovery
     app[DRAINING] = asyncio.Event()
     app[METRICS] = RouterMetrics(config.deployment, model_label=config.model_label)
     app[SCHEDULER] = scheduler = Scheduler(
-        table,
         config.params,
+        lag_s=discovery.lag_s,
         policy=config.policy,
         queue_timeout_s=config.queue_timeout_s,
         max_queued=config.max_queued,
@@ -70,6 +74,8 @@ def create_app(config: RouterConfig, discovery: Discovery, *,
         deployment=config.deployment,
         hold_at_zero_s=config.hold_at_zero_s,
     )
+    # The scheduler's table: discovery, the document fetcher and the proxy tell it what they see.
+    app[TABLE] = scheduler.table
     app[METRICS].queued.set_function(lambda: scheduler.queued)
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_discovery)
@@ -83,7 +89,26 @@ def create_app(config: RouterConfig, discovery: Discovery, *,
     routes.add_post("/v1/models/{model}/predict", predict)
     oip.add_routes(routes, ready=readyz)
     routes.add_route("*", "/{tail:" + RESERVED + ".*}", invoke)
+    app.on_response_prepare.append(_hide_routing)
     return app
+
+
+def access_of(config: RouterConfig) -> Access:
+    """Who may call this router (:mod:`modelplex_router.auth`), from its config."""
+    if config.auth is not None and config.client_tokens_dir is None:
+        log.warning("spec.router.auth is set but no client tokens are mounted: every request gets 401")
+    return Access(
+        model_control=config.model_control,
+        auth=config.auth,
+        client_tokens=ClientTokens(Path(config.client_tokens_dir)) if config.client_tokens_dir else None,
+        internal=TokenFile(Path(config.internal_token_file)) if config.internal_token_file else None,
+    )
+
+
+async def _hide_routing(request: web.Request, response: web.StreamResponse) -> None:
+    """Which replica answered is routing detail: not for external clients where auth is on."""
+    if external(request, request.app[ACCESS]):
+        response.headers.popall(REPLICA_HEADER, None)
 
 
 async def _client_session(app: web.Application) -> AsyncIterator[None]:
@@ -91,7 +116,7 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
     # One session for every proxied request: pooled keep-alive connections, no limit on
     # their number (maxOngoingRequests bounds them), bodies passed through still encoded.
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True)
-    session = aiohttp.ClientSession(
+    session = internal_session(
         connector=connector,
         auto_decompress=False,
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout_s),
@@ -130,7 +155,7 @@ def _report_crash(task: asyncio.Task) -> None:
 
 
 def model_id_header(request: web.Request) -> str:
-    return request.headers.get(MODEL_ID_HEADER) or request.headers.get(DASHED_MODEL_ID_HEADER, "")
+    return request.headers.get(MODEL_ID_HEADER) or request.headers.get(DASHED_MODEL_ID_HEADER) or ""
 
 
 async def invoke(request: web.Request) -> web.StreamResponse:

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from modelplex.autoscaling import DEFAULT_HOLD_AT_ZERO_S
-from modelplex.wire.spec import Deployment
+from modelplex.wire.credentials import ENV_CLIENT_TOKENS_DIR, ENV_INTERNAL_TOKEN_FILE
+from modelplex.wire.spec import (DEFAULT_LOAD_TIMEOUT_S, DEFAULT_MAX_REQUEST_BYTES, REQUEST_TIMEOUT_MARGIN_S, Deployment,
+                                 RouterAuth)
 from modelplex_router.policy import POLICIES, Params
 
 # Not MODELPLEX_ROUTER_*: local mode exports MODELPLEX_ROUTER_<DEPLOYMENT> for every
@@ -16,6 +18,11 @@ ENV_POLICY = "MODELPLEX_ROUTING_POLICY"
 ENV_QUEUE_TIMEOUT = "MODELPLEX_ROUTING_QUEUE_TIMEOUT_S"
 ENV_POLL_INTERVAL = "MODELPLEX_ROUTING_POLL_INTERVAL_S"
 ENV_HOLD_AT_ZERO = "MODELPLEX_ROUTING_HOLD_AT_ZERO_S"
+# The router's own knobs (environment, not spec): their defaults, written once. The spec's
+# defaults come from modelplex.wire.spec.
+DEFAULT_POLICY = "cache-aware"
+DEFAULT_QUEUE_TIMEOUT_S = 10.0
+DEFAULT_POLL_INTERVAL_S = 0.15
 
 
 @dataclass(frozen=True)
@@ -24,11 +31,11 @@ class RouterConfig:
 
     deployment: str
     params: Params
-    policy: str = "cache-aware"
-    max_request_bytes: int = 8 * 1024 * 1024
+    policy: str = DEFAULT_POLICY
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     model_label: bool = False
     #: How long a request may wait for a replica slot before a 503 with Retry-After.
-    queue_timeout_s: float = 10.0
+    queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S
     #: How many requests may wait for a slot at once before new ones get a 503 at once.
     max_queued: int = 1000
     #: An autoscaled deployment's bound for a request that finds no replica ready (it may be at
@@ -36,15 +43,22 @@ class RouterConfig:
     hold_at_zero_s: float | None = None
     #: Until the first byte of the answer (a model load included) before a 504:
     #: ``spec.router.requestTimeoutSeconds``.
-    first_byte_timeout_s: float = 330.0
+    first_byte_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S + REQUEST_TIMEOUT_MARGIN_S
     connect_timeout_s: float = 5.0
     #: Static discovery: how often each replica's /v1/models and /readyz are read.
-    poll_interval_s: float = 0.15
+    poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
+    #: ``spec.router.modelControl``: load and unload through the router.
+    model_control: bool = False
+    #: ``spec.router.auth``: client tokens and the models each client may call.
+    auth: RouterAuth | None = None
+    #: The client tokens (a mounted Secret: one file per client) and the internal credential.
+    client_tokens_dir: str | None = None
+    internal_token_file: str | None = None
 
     @classmethod
     def from_deployment(cls, deployment: Deployment, env: Mapping[str, str] = os.environ) -> RouterConfig:
         spec = deployment.spec
-        policy = env.get(ENV_POLICY, "cache-aware")
+        policy = env.get(ENV_POLICY, DEFAULT_POLICY)
         if policy not in POLICIES:
             raise ValueError(f"{ENV_POLICY}: must be one of {', '.join(POLICIES)} (got {policy!r})")
         return cls(
@@ -57,9 +71,13 @@ class RouterConfig:
             max_request_bytes=spec.max_request_bytes,
             model_label=spec.metrics.model_label,
             first_byte_timeout_s=spec.request_timeout_s,
-            queue_timeout_s=_positive(env, ENV_QUEUE_TIMEOUT, 10.0),
-            poll_interval_s=_positive(env, ENV_POLL_INTERVAL, 0.15),
+            queue_timeout_s=_positive(env, ENV_QUEUE_TIMEOUT, DEFAULT_QUEUE_TIMEOUT_S),
+            poll_interval_s=_positive(env, ENV_POLL_INTERVAL, DEFAULT_POLL_INTERVAL_S),
             hold_at_zero_s=_positive(env, ENV_HOLD_AT_ZERO, DEFAULT_HOLD_AT_ZERO_S) if spec.autoscaling else None,
+            model_control=spec.router.model_control,
+            auth=spec.router.auth,
+            client_tokens_dir=env.get(ENV_CLIENT_TOKENS_DIR) or None,
+            internal_token_file=env.get(ENV_INTERNAL_TOKEN_FILE) or None,
         )
 
 

@@ -25,7 +25,8 @@ from modelplex.wire.errors import ModelNotFound, ModelplexError
 from modelplex.http import error_response
 from modelplex.wire.oip import (HEADER_LENGTH, PROTOCOL, PROTOCOL_HEADER, VERSION_HEADER, error_body, parse_header,
                            split_body)
-from modelplex_router.keys import CLOCK, PROXY, SESSION, TABLE, checked_model_id, measured
+from modelplex_router.keys import CLOCK, PROXY, SESSION, TABLE
+from modelplex_router.measured import checked_model_id, measured
 
 SERVER_NAME = "modelplex"
 EXTENSIONS = ("binary_tensor_data", "model_repository")
@@ -72,7 +73,7 @@ async def protocol_errors(request: web.Request, handler) -> web.StreamResponse:
             raise
         allow = error.headers.get("Allow")
         if is_oip_path(request.path):
-            message = error.text if error.status == 413 else f"{error.reason}: {request.method} {request.path}"
+            message = (error.text or error.reason) if error.status == 413 else f"{error.reason}: {request.method} {request.path}"
             response = _error(error.status, message)
         elif error.status == 405:
             response = error_response(405, "method_not_allowed", f"{request.method} is not allowed on {request.path}")
@@ -94,10 +95,11 @@ def _as_oip(response: web.StreamResponse) -> web.StreamResponse:
     """A replica's buffered answer with its native error body turned into the protocol's."""
     if response.status < 400 or not isinstance(response, web.Response):
         return response
+    body = response.body if isinstance(response.body, (bytes, bytearray)) else b""  # a buffered answer's bytes
     try:
-        message = orjson.loads(response.body)["error"]["message"]
+        message = orjson.loads(body)["error"]["message"]
     except (ValueError, KeyError, TypeError):
-        message = (response.body or b"").decode(errors="replace") or response.reason
+        message = body.decode(errors="replace") or response.reason
     oip = _error(response.status, message)
     for name in ("Retry-After", "X-Modelplex-Replica"):
         if name in response.headers:

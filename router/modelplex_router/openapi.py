@@ -48,7 +48,9 @@ _MODEL_HEADER = {"name": MODEL_ID_HEADER, "in": "header", "required": False,
 _TAIL = {"name": "path", "in": "path", "required": True, "schema": {"type": "string", "pattern": "^[a-z][a-z0-9-]*$"},
          "description": "Any sub-path: the whole route prefix `/` reaches the handler."}
 
-_HANDLER_ANSWERS = {"200": _ANY, **_errors(_NATIVE_ERROR, 400, 404, 413, 500, 502, 503, 504)}
+#: 401 and 403: with router auth on (a missing or wrong token; a model outside the client's globs),
+#: and 403 for a method-call envelope from outside the deployment.
+_HANDLER_ANSWERS = {"200": _ANY, **_errors(_NATIVE_ERROR, 400, 401, 403, 404, 413, 500, 502, 503, 504)}
 _HANDLER_BODY = {"required": False, "content": {
     _JSON: {"schema": {}}, "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}
 
@@ -68,14 +70,14 @@ _INFER = {
                    f"`{HEADER_LENGTH}`, each binary tensor's size in `parameters.binary_data_size`.",
     "requestBody": {"required": True, "content": {_JSON: {"schema": _ref("InferenceRequest")}}},
     "responses": {"200": _json(_ref("InferenceResponse"), "The outputs."),
-                  **_errors(_OIP_ERROR, 400, 404, 413, 500, 502, 503, 504)},
+                  **_errors(_OIP_ERROR, 400, 401, 403, 404, 413, 500, 502, 503, 504)},
 }
 _METADATA = {"summary": "Model metadata", "tags": ["oip"],
              "responses": {"200": _json(_ref("ModelMetadata"), "The model's metadata (it loads if needed)."),
-                           **_errors(_OIP_ERROR, 400, 404, 500, 502, 503, 504)}}
+                           **_errors(_OIP_ERROR, 400, 401, 403, 404, 500, 502, 503, 504)}}
 _READY = {"summary": "Model ready: loaded on a replica, or loadable", "tags": ["oip"],
           "responses": {"200": _json(_ref("ModelReady"), "The model can be served."),
-                        **_errors(_OIP_ERROR, 400, 404, 500, 502, 503, 504)}}
+                        **_errors(_OIP_ERROR, 400, 401, 403, 404, 500, 502, 503, 504)}}
 
 #: (method, aiohttp canonical path) → (OpenAPI path, operation).
 OPERATIONS: dict[tuple[str, str], list[tuple[str, dict]]] = {
@@ -125,10 +127,11 @@ OPERATIONS: dict[tuple[str, str], list[tuple[str, dict]]] = {
     ("POST", "/v2/repository/models/{model}/load"): [("/v2/repository/models/{model}/load", {
         "summary": "Load a model on the replica its requests go to", "tags": ["oip"], "parameters": [_MODEL],
         "responses": {"200": _json(_ref("RepositoryModel"), "Loaded."),
-                      **_errors(_OIP_ERROR, 400, 404, 500, 502, 503, 504)}})],
+                      **_errors(_OIP_ERROR, 400, 401, 403, 404, 500, 502, 503, 504)}})],
     ("POST", "/v2/repository/models/{model}/unload"): [("/v2/repository/models/{model}/unload", {
         "summary": "Evict a model from every replica", "tags": ["oip"], "parameters": [_MODEL],
-        "responses": {"200": _json(_ref("RepositoryModel"), "Unloaded."), **_errors(_OIP_ERROR, 400, 502)}})],
+        "responses": {"200": _json(_ref("RepositoryModel"), "Unloaded."),
+                      **_errors(_OIP_ERROR, 400, 401, 403, 502)}})],
 }
 
 _PARAMETERS = {"type": "object", "additionalProperties": True}
@@ -197,7 +200,7 @@ def routes_of(app: web.Application) -> set[tuple[str, str]]:
     """(method, canonical path) of every route the app answers (HEAD follows GET)."""
     found = set()
     for route in app.router.routes():
-        if route.method != "HEAD":
+        if route.method != "HEAD" and route.resource is not None:  # every route of app.router has one
             found.add((route.method, route.resource.canonical))
     return found
 

@@ -31,7 +31,7 @@ import enum
 import hashlib
 import random
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Generic, Protocol, Sequence, TypeVar
 
 
 class Kind(enum.Enum):
@@ -44,7 +44,7 @@ class Kind(enum.Enum):
 
 
 class ReplicaView(Protocol):
-    """What the policy reads of a replica (see :class:`modelplex_router.table.Replica`)."""
+    """What the policy reads of a replica (see :class:`modelplex_router.record.Replica`)."""
 
     name: str
     inflight: int
@@ -63,6 +63,14 @@ class ReplicaView(Protocol):
         """Models loaded or loading there, at most the replica's capacity."""
 
 
+#: A replica of whatever shape the caller keeps (the router's table records); a decision hands
+#: back the caller's own record, not a bare view of it.
+R = TypeVar("R", bound=ReplicaView)
+
+#: The random source when the caller passes none (one per process, as the ``random`` module's).
+_RNG = random.Random()
+
+
 @dataclass(frozen=True, slots=True)
 class Params:
     """The knobs of the policy; from the spec (``maxOngoingRequests``, ``matchingTimeoutSeconds``)."""
@@ -73,32 +81,39 @@ class Params:
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
-    replica: ReplicaView
+class Decision(Generic[R]):
+    replica: R
     kind: Kind
 
 
+class Policy(Protocol):
+    """What :data:`POLICIES` holds: a choice among ``replicas`` for a request for ``model``."""
+
+    def __call__(self, replicas: Sequence[R], model: str, params: Params, *, waited_s: float = 0.0,
+                 rng: random.Random | None = None) -> Decision[R] | None: ...
+
+
 def choose(
-    replicas: Sequence[ReplicaView],
+    replicas: Sequence[R],
     model: str,
     params: Params,
     *,
     waited_s: float = 0.0,
     rng: random.Random | None = None,
-) -> Decision | None:
+) -> Decision[R] | None:
     """Pick a replica for a request for ``model`` ("" for none) among ``replicas`` (all ready).
 
     ``waited_s`` is how long the request has waited for a slot so far. ``None`` means no
     replica may take it now: wait for a change (a slot freed, a load done) and call again.
     """
-    rng = rng or random
+    rng = rng or _RNG
     limit = params.max_ongoing
     if not model:
         replica = least_busy(replicas, limit, rng)
         return Decision(replica, Kind.ANY) if replica is not None else None
 
-    holders = []
-    others = []
+    holders: list[R] = []
+    others: list[R] = []
     for replica in replicas:
         (holders if replica.holds(model) else others).append(replica)
 
@@ -136,7 +151,7 @@ def has_room(replica: ReplicaView, model: str, limit: int) -> bool:
     return replica.inflight < limit
 
 
-def place(replicas: Sequence[ReplicaView], model: str, limit: int) -> ReplicaView | None:
+def place(replicas: Sequence[R], model: str, limit: int) -> R | None:
     """Tier 2: of the replicas with the fewest models, the one ``model`` hashes to (with room).
 
     ``None`` when every replica with the fewest models is full (the caller falls to tier 3).
@@ -163,7 +178,7 @@ def rendezvous_score(model: str, replica_name: str) -> bytes:
     return hashlib.blake2b(f"{model}\0{replica_name}".encode(), digest_size=8).digest()
 
 
-def two_choices(replicas: Sequence[ReplicaView], rng: random.Random) -> ReplicaView:
+def two_choices(replicas: Sequence[R], rng: random.Random) -> R:
     """Power of two choices: the less busy of two distinct replicas drawn at random."""
     n = len(replicas)
     if n == 1:
@@ -176,7 +191,7 @@ def two_choices(replicas: Sequence[ReplicaView], rng: random.Random) -> ReplicaV
     return a if a.inflight <= b.inflight else b
 
 
-def least_busy(replicas: Sequence[ReplicaView], limit: int, rng: random.Random) -> ReplicaView | None:
+def least_busy(replicas: Sequence[R], limit: int, rng: random.Random) -> R | None:
     """The replica with the fewest requests in flight and room for one more (ties: random)."""
     n = len(replicas)
     if n == 0:
@@ -191,10 +206,10 @@ def least_busy(replicas: Sequence[ReplicaView], limit: int, rng: random.Random) 
 
 
 def choose_random(
-    replicas: Sequence[ReplicaView], model: str, params: Params, *, rng: random.Random | None = None, **_: object
-) -> Decision | None:
+    replicas: Sequence[R], model: str, params: Params, *, rng: random.Random | None = None, **_: object
+) -> Decision[R] | None:
     """The baseline the benchmark compares against: any replica with room, uniformly."""
-    rng = rng or random
+    rng = rng or _RNG
     with_room = [r for r in replicas if r.inflight < params.max_ongoing]
     if not with_room:
         return None
@@ -205,4 +220,4 @@ def choose_random(
 
 
 #: Policies by name (``MODELPLEX_ROUTING_POLICY``); "random" exists for the benchmark only.
-POLICIES = {"cache-aware": choose, "random": choose_random}
+POLICIES: dict[str, Policy] = {"cache-aware": choose, "random": choose_random}

@@ -23,11 +23,11 @@ from yarl import URL
 
 from modelplex.wire.errors import ReplicaFailed, UpstreamTimeout
 from modelplex.http import to_json
-from modelplex.wire.loaded import LoadedSummary
 from modelplex.wire.names import LOADED_MODELS_HEADER, MODEL_ID_HEADER
+from modelplex_router.events import Answered, ConnectionFailed, SummaryHeard
 from modelplex_router.metrics import RouterMetrics
+from modelplex_router.record import Replica
 from modelplex_router.scheduler import Lease, Scheduler
-from modelplex_router.table import Replica
 
 log = logging.getLogger("modelplex.router.proxy")
 
@@ -70,7 +70,8 @@ class _Retry(Exception):
 
 
 class Proxy:
-    """Sends requests through ``scheduler`` over one shared ``session``."""
+    """Sends requests through ``scheduler`` over one shared ``session``; tells the scheduler's
+    table what the replicas' answers show (alive, failed, their loaded-models summary)."""
 
     #: Connection failures tolerated per request: "retry once on another replica".
     max_failures = 1
@@ -78,6 +79,7 @@ class Proxy:
     def __init__(self, scheduler: Scheduler, session: aiohttp.ClientSession, metrics: RouterMetrics,
                  *, first_byte_timeout_s: float, clock: Callable[[], float]):
         self.scheduler = scheduler
+        self.table = scheduler.table
         self.session = session
         self.metrics = metrics
         self.first_byte_timeout_s = first_byte_timeout_s
@@ -128,7 +130,9 @@ class Proxy:
         upstream: aiohttp.ClientResponse | None = None
         try:
             upstream, first = await self._send(lease, target, headers, body)
-            self._learn(lease, upstream.headers.get(LOADED_MODELS_HEADER))
+            if summary := upstream.headers.get(LOADED_MODELS_HEADER):
+                # A newer version than the table's document makes it fetch the replica's document.
+                self.table.apply(SummaryHeard(lease.replica, summary), self.clock())
             # Commit: from here on the client has the status line; no more retries.
             answer_headers = _answer_headers(upstream, lease.replica.name)
             if target.buffer or _whole(upstream, first):
@@ -165,11 +169,11 @@ class Proxy:
             # Refused, or dropped with the request: most likely dead. Out of rotation until
             # discovery sees it alive again, so that neither this request's retry (once
             # the replicas that refused it are allowed again) nor any other goes back to it.
-            self.scheduler.failed(replica)
+            self.table.apply(ConnectionFailed(replica), self.clock())
             raise _Retry(type(error).__name__, failed=True) from None
         except TimeoutError:
             # Frozen or stuck: out of rotation until a poll finds it ready again.
-            self.scheduler.failed(replica)
+            self.table.apply(ConnectionFailed(replica), self.clock())
             model = f" for model {lease.model!r}" if lease.model else ""
             raise UpstreamTimeout(f"replica {replica.name} sent nothing{model} within "
                                   f"requestTimeoutSeconds ({self.first_byte_timeout_s:g} s)") from None
@@ -180,7 +184,7 @@ class Proxy:
         upstream = await self.session.request(target.method, self._url(replica.url, target.path),
                                               data=body, headers=headers)
         try:
-            self.scheduler.answered(replica)
+            self.table.apply(Answered(replica), self.clock())
             if upstream.status != 503:
                 return upstream, await (upstream.read() if target.buffer else upstream.content.readany())
             await upstream.read()
@@ -221,22 +225,6 @@ class Proxy:
             response[ABORTED] = 502
         return False
 
-    def _learn(self, lease: Lease, header: str | None) -> None:
-        """Take in the replica's loaded-models summary from its answer: a newer version makes
-        the table fetch the replica's document."""
-        if not header:
-            return
-        replica = lease.replica
-        last_header, version = replica.heard_summary
-        if header != last_header:  # most answers repeat the last summary: parsed once
-            try:
-                version = LoadedSummary.parse(header).version
-            except ValueError:
-                log.debug("replica %s sent a malformed %s header", replica.name, LOADED_MODELS_HEADER)
-                return
-            replica.heard_summary = (header, version)
-        self.scheduler.heard_version(replica, version)
-
     def _url(self, base: str, path: str) -> URL:
         if path != INVOKE_PATH:
             return URL(base + path)
@@ -246,9 +234,9 @@ class Proxy:
         return url
 
 
-def _answer_headers(upstream: aiohttp.ClientResponse, replica: str) -> CIMultiDict:
+def _answer_headers(upstream: aiohttp.ClientResponse, replica: str) -> CIMultiDict[str]:
     """The client's response headers: the replica's, less those of one hop, plus which replica."""
-    out = CIMultiDict()
+    out: CIMultiDict[str] = CIMultiDict()
     for name, value in upstream.headers.items():
         if name.lower() not in HOP_BY_HOP:
             out.add(name, value)

@@ -23,12 +23,14 @@ import random
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Collection
+from typing import Callable, Collection, cast
 
 from modelplex.wire.errors import NotReady, Overloaded
 from modelplex_router.demand import RequestRates
+from modelplex_router.events import RequestFinished, RequestStarted
 from modelplex_router.policy import POLICIES, Decision, Kind, Params
-from modelplex_router.table import Replica, RoutingTable
+from modelplex_router.record import Replica
+from modelplex_router.table import QUARANTINE_S, Change, RoutingTable
 
 #: How long a request that every remaining replica refused waits before trying them again,
 #: doubling with each refusal up to the cap (a replica that took a burst of loaded requests at
@@ -43,19 +45,25 @@ HANDOFF_TRIES = 8
 class Lease:
     """One request's claim on a replica; :meth:`release` exactly once."""
 
-    replica: Replica
-    model: str
+    started: RequestStarted
     kind: Kind
-    marked_load: bool
     _table: RoutingTable
     _clock: Callable[[], float]
     _released: bool = False
+
+    @property
+    def replica(self) -> Replica:
+        return self.started.replica
+
+    @property
+    def model(self) -> str:
+        return self.started.model
 
     def release(self, ok: bool) -> None:
         """Free the slot; ``ok`` means the replica answered successfully (so it holds the model)."""
         if not self._released:
             self._released = True
-            self._table.finished(self.replica, self.model, self.marked_load, ok, self._clock())
+            self._table.apply(RequestFinished(self.started, ok), self._clock())
 
 
 @dataclass(eq=False, slots=True)
@@ -63,7 +71,7 @@ class _Waiter:
     model: str
     start: float
     exclude: set[str] | None
-    future: asyncio.Future = field(default=None)  # type: ignore[assignment]
+    future: asyncio.Future[Lease]
     retry_at: float = float("-inf")  # the replicas in ``exclude`` are not tried again before
 
 
@@ -73,13 +81,19 @@ def excluded_backoff(refusals: int) -> float:
 
 
 class Scheduler:
-    """Hands out :class:`Lease` s on the replicas of one routing table."""
+    """Hands out :class:`Lease` s on the replicas of its routing table (:attr:`table`).
+
+    The scheduler makes the table and gives it the notifier it calls after each change
+    (:meth:`_on_change`): the scheduler owns its wake-up, and nobody else can set it.
+    ``lag_s`` and ``quarantine_s`` are the table's (see :class:`RoutingTable`).
+    """
 
     def __init__(
         self,
-        table: RoutingTable,
         params: Params,
         *,
+        lag_s: float = 0.0,
+        quarantine_s: float = QUARANTINE_S,
         policy: str = "cache-aware",
         queue_timeout_s: float = 10.0,
         max_queued: int = 1000,
@@ -88,7 +102,8 @@ class Scheduler:
         deployment: str = "",
         hold_at_zero_s: float | None = None,
     ):
-        self.table = table
+        self._line: deque[_Waiter] = deque()
+        self.table = RoutingTable(lag_s=lag_s, quarantine_s=quarantine_s, notify=self._on_change)
         self.params = params
         self.policy_name = policy
         self._choose = POLICIES[policy]
@@ -102,10 +117,6 @@ class Scheduler:
         self.rng = rng or random.Random()
         self.deployment = deployment
         self.queued = 0
-        self._line: deque[_Waiter] = deque()
-        self._handing_off = False
-        self._again = False
-        table.listener = self._on_table_event
 
     def try_acquire(self, model: str, waited_s: float = 0.0, exclude: Collection[str] = ()) -> Lease | None:
         """One routing decision now: a lease, or ``None`` to wait (every candidate full, or none ready)."""
@@ -120,9 +131,9 @@ class Scheduler:
         decision: Decision | None = self._choose(usable, model, self.params, waited_s=waited_s, rng=self.rng)
         if decision is None:
             return None
-        replica = decision.replica
-        marked = self.table.dispatched(replica, model)
-        return Lease(replica, model, decision.kind, marked, self.table, self.clock)
+        started = RequestStarted.to(cast(Replica, decision.replica), model)  # the policy picks among ``usable``
+        self.table.apply(started, now)
+        return Lease(started, decision.kind, self.table, self.clock)
 
     async def acquire(self, model: str, exclude: set[str] | None = None, *, since: float | None = None,
                       refusals: int = 0) -> Lease:
@@ -163,6 +174,8 @@ class Scheduler:
                     # Replicas that refused this request (503) may free up without this
                     # router noticing (other routers' traffic): look again then.
                     wake = min(wake, waiter.retry_at)
+                # A replica whose quarantine runs out is back without any news: look again then.
+                wake = min(wake, self.table.quarantine_ends(now))
                 await asyncio.wait((waiter.future,), timeout=wake - now)
                 if waiter.future.done():
                     return waiter.future.result()  # handed a lease
@@ -179,22 +192,6 @@ class Scheduler:
             if not waiter.future.done():
                 waiter.future.cancel()  # the hand-off skips (and drops) it
             self.queued -= 1
-
-    # -- what the proxy learns from a replica ---------------------------------------------------
-
-    def answered(self, replica: Replica) -> None:
-        """``replica`` answered a request (any status): it is alive, whatever its polls say."""
-        self.table.answered(replica, self.clock())
-
-    def failed(self, replica: Replica) -> None:
-        """A connection to ``replica`` failed or it sent nothing in time: out of rotation until
-        discovery sees it alive again."""
-        self.table.failed(replica, self.clock())
-
-    def heard_version(self, replica: Replica, version: int) -> None:
-        """``replica``'s answer says its loaded-models document is at ``version`` (a newer one
-        is fetched)."""
-        self.table.heard_version(replica, version)
 
     def _gave_up(self, now: float, waited_s: float, refusals: int) -> Overloaded | NotReady:
         if not self.table.usable(now):
@@ -214,21 +211,12 @@ class Scheduler:
             lease = self.try_acquire(waiter.model, now - waiter.start)
         return lease
 
-    def _on_table_event(self, freed: bool) -> None:
-        if not self._line:
-            return
-        if self._handing_off:  # a change noticed while handing off: walk the line once more
-            self._again = True
-            return
-        self._handing_off = True
-        try:
-            limit = HANDOFF_TRIES if freed else None
-            self._hand_off(limit)
-            while self._again:
-                self._again = False
-                self._hand_off(None)
-        finally:
-            self._handing_off = False
+    def _on_change(self, change: Change) -> None:
+        """The table's notifier: hand what changed to the waiters. The table calls it after a
+        write, never from a read, and handing off writes nothing it notifies of (a started
+        request frees nothing), so this is never re-entered."""
+        if self._line:
+            self._hand_off(HANDOFF_TRIES if change is Change.FREED else None)
 
     def _hand_off(self, limit: int | None) -> None:
         """Give free slots to waiters, oldest first; ask at most ``limit`` that cannot use one."""

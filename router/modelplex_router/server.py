@@ -8,7 +8,7 @@ import os
 from aiohttp import web
 
 from modelplex.wire.names import ENV_POD_NAMESPACE
-from modelplex.serving import serve
+from modelplex.serving import check_unguarded_host, serve
 from modelplex.wire.spec import Deployment
 from modelplex_router.app import create_app
 from modelplex_router.config import RouterConfig
@@ -37,6 +37,8 @@ def run_router(deployment: Deployment, *, host: str, port: int, replica_urls: li
     (streams included) ``spec.gracefulShutdownTimeoutSeconds`` to finish."""
     try:
         config = RouterConfig.from_deployment(deployment)
+        if config.internal_token_file is None:
+            check_unguarded_host(host, "router")
         discovery = make_discovery(deployment, list(replica_urls or ()), config)
     except ValueError as error:
         log.error("%s", error)

@@ -1,12 +1,13 @@
 """The routing table: what the router believes about each replica, and how that belief changes.
 
-Three things feed it:
+It has one writer, :meth:`RoutingTable.apply`, which takes the news of
+:mod:`modelplex_router.events`:
 
-- the discovery source (:mod:`modelplex_router.discovery`), with snapshots of each replica:
-  address, readiness and its loaded-models document, or only the document's fixed-size
-  summary (a pod annotation, a response header): a summary newer than the document the table
-  holds marks the replica *stale*, and the document fetcher reads the replica's
-  ``GET /v1/models`` (:mod:`modelplex_router.discovery.documents`);
+- discovery's snapshots of each replica (:mod:`modelplex_router.discovery`): address,
+  readiness and its loaded-models document, or only the document's fixed-size summary (a pod
+  annotation, a response header): a summary newer than the document the table holds marks the
+  replica *stale*, and the document fetcher reads the replica's ``GET /v1/models``
+  (:mod:`modelplex_router.discovery.documents`);
 - the router's own dispatches: a request sent to R for M that R had not loaded marks M as
   *loading* on R until it finishes (so a burst for a new model lands on one replica), and
   the requests in flight per replica (for ``maxOngoingRequests`` and the two-choices pick).
@@ -16,13 +17,32 @@ Three things feed it:
   keeps the view fresh between snapshots; a connection failure takes R out of rotation
   (*quarantine*) until discovery shows it alive again or the quarantine runs out.
 
+Readers (the scheduler, the policy, the reports) read the records and never write them.
+
+Two kinds of reader wait for news, each told its own way:
+
+- the scheduler, through the ``notify`` function it gives the constructor, called after a
+  change with a :class:`Change` (synchronously, so a freed slot goes to the oldest waiter
+  before any newcomer can take it). Reads never notify, so a reader that reads the table
+  while handling a notification is never re-entered;
+- the document fetcher, through :meth:`RoutingTable.wait_stale`.
+
 All times come from the caller (a monotonic clock), so tests drive it with a fake one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Iterable
+import asyncio
+import enum
+import logging
+from typing import Any, Callable
+
+from modelplex.wire.loaded import LoadedSummary
+from modelplex_router.events import (Answered, ConnectionFailed, DocumentFetched, Event, ReplicaGone, ReplicaSeen,
+                                     ReplicasListed, RequestFinished, RequestStarted, SummaryHeard)
+from modelplex_router.record import Held, Replica
+
+log = logging.getLogger("modelplex.router.table")
 
 #: How long a model learned from a response counts without discovery confirming it. Past
 #: that, discovery has had time to report it (the replica publishes within ~100 ms).
@@ -34,103 +54,18 @@ QUARANTINE_S = 2.0
 _REFRESH_EVERY_S = 0.05
 
 
-@dataclass(frozen=True, slots=True)
-class ReplicaInfo:
-    """One replica as a discovery source sees it. ``models`` and ``loading`` are ``None`` when
-    the source saw only the summary: ``version`` then says what there is to fetch."""
+class Change(enum.Enum):
+    """What a notification says changed."""
 
-    name: str
-    url: str
-    ready: bool
-    models: tuple[str, ...] | None = ()
-    capacity: int = 0  # 0: unknown
-    version: int = 0
-    loading: tuple[str, ...] | None = ()
+    FREED = "freed"  # a request ended: its slot is free
+    CHANGED = "changed"  # anything else a waiter may now fit: a replica came, went or changed, a load failed
 
 
-@dataclass(eq=False, slots=True)
-class Replica:
-    """A replica in the table: discovery's snapshot plus the router's own bookkeeping."""
+Notify = Callable[[Change], None]
 
-    name: str
-    url: str
-    ready: bool = False
-    models: frozenset[str] = frozenset()
-    reported_loading: frozenset[str] = frozenset()
-    capacity: int = 0
-    version: int = 0  # of the document ``models`` and ``reported_loading`` come from
-    latest_version: int = 0  # the newest version a summary announced
-    observed_at: float = float("-inf")
-    #: Requests this router sent while their model was loaded there (or that named none).
-    in_slots: int = 0
-    # model -> requests in flight that were sent while the model was not loaded here
-    pending: dict[str, int] = field(default_factory=dict)
-    # model -> when a success for it came back from here
-    learned: dict[str, float] = field(default_factory=dict)
-    down_at: float | None = None  # last connection failure, while quarantined
-    answered_at: float = float("-inf")  # when it last answered a request (any status)
-    heard_summary: tuple[str, int] = ("", 0)  # the last summary header its answers carried, its version
 
-    @property
-    def inflight(self) -> int:
-        """Requests in the replica's slots (``maxOngoingRequests``): those sent for a loaded
-        model, and those that waited for a load that has finished since."""
-        if not self.pending:
-            return self.in_slots
-        return self.in_slots + sum(count for model, count in self.pending.items() if self.loaded(model))
-
-    @inflight.setter
-    def inflight(self, value: int) -> None:
-        self.in_slots = value
-
-    @property
-    def stale(self) -> bool:
-        return self.latest_version > self.version
-
-    def loaded(self, model: str) -> bool:
-        return model in self.models or model in self.learned
-
-    def is_loading(self, model: str) -> bool:
-        return (model in self.pending or model in self.reported_loading) and not self.loaded(model)
-
-    def waiting(self, model: str) -> int:
-        """This router's requests for ``model`` sent here while it was not loaded (waiting for
-        its load while it is not loaded yet)."""
-        return self.pending.get(model, 0)
-
-    def holds(self, model: str) -> bool:
-        return (
-            model in self.models
-            or model in self.learned
-            or model in self.pending
-            or model in self.reported_loading
-        )
-
-    def all_models(self) -> set[str]:
-        return set(self.models).union(self.learned)
-
-    def all_loading(self) -> set[str]:
-        return set(self.pending).union(self.reported_loading).difference(self.models, self.learned)
-
-    @property
-    def model_count(self) -> int:
-        count = len(self.all_models() | self.all_loading())
-        # The replica evicts past its capacity; count at most that so that full replicas tie
-        # (and the stable hash decides) instead of the one we happen to know less about winning.
-        return min(count, self.capacity) if self.capacity > 0 else count
-
-    def to_dict(self) -> dict:
-        return {
-            "name": self.name,
-            "url": self.url,
-            "ready": self.ready and self.down_at is None,
-            "models": sorted(self.all_models()),
-            "loading": sorted(self.all_loading()),
-            "inflight": self.inflight,
-            "waiting_for_load": sum(self.pending.values()) - (self.inflight - self.in_slots),
-            "capacity": self.capacity,
-            "version": self.version,
-        }
+def _ignore(change: Change) -> None:
+    """The notifier of a table nobody waits on."""
 
 
 class RoutingTable:
@@ -139,20 +74,18 @@ class RoutingTable:
     ``lag_s`` is how stale a discovery snapshot may be when it arrives: 0 for polling (a poll
     started at T shows everything done before T), about 1 s for Kubernetes annotations. A
     learned model is dropped by a snapshot observed at least ``lag_s`` after it was learned.
+    ``notify`` is told of every change a waiting request may care about (see the module).
     """
 
     def __init__(self, *, lag_s: float = 0.0, quarantine_s: float = QUARANTINE_S,
-                 learned_max_age_s: float = LEARNED_MAX_AGE_S):
+                 learned_max_age_s: float = LEARNED_MAX_AGE_S, notify: Notify = _ignore):
         self.lag_s = lag_s
         self.quarantine_s = quarantine_s
         self.learned_max_age_s = max(learned_max_age_s, lag_s)
+        self._notify = notify
         self._replicas: dict[str, Replica] = {}
         self._next_refresh = float("-inf")
-        #: Called with ``True`` when a slot frees up, ``False`` when anything else changed
-        #: (a replica came or went, a load showed up): the scheduler hands slots to waiters.
-        self.listener: Callable[[bool], None] | None = None
-        #: Called when a replica's document is older than its last summary (the fetcher listens).
-        self.stale_listener: Callable[[], None] | None = None
+        self._stale = asyncio.Event()  # some replica's document is older than its last summary
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -170,33 +103,89 @@ class RoutingTable:
         a pass over tens of replicas costs less than keeping a cached list right."""
         if now >= self._next_refresh:
             self._refresh(now)
-        return [r for r in self._replicas.values() if r.ready and r.down_at is None]
+        back = now - self.quarantine_s  # a failure at or before this is served out
+        return [r for r in self._replicas.values() if r.ready and (r.down_at is None or r.down_at <= back)]
 
-    def snapshot(self) -> list[dict]:
+    def has_room(self, now: float, limit: int) -> bool:
+        """Whether some usable replica has fewer than ``limit`` requests in flight."""
+        return any(r.inflight < limit for r in self.usable(now))
+
+    def quarantine_ends(self, now: float) -> float:
+        """When the earliest quarantine still running at ``now`` runs out (``inf``: none). A
+        waiter wakes then: the end of a quarantine is no event, nothing else tells it."""
+        ends = (r.down_at + self.quarantine_s for r in self._replicas.values() if r.down_at is not None)
+        return min((end for end in ends if end > now), default=float("inf"))
+
+    def answered_since(self, name: str, since: float) -> bool:
+        replica = self._replicas.get(name)
+        return replica is not None and replica.answered_at >= since
+
+    def stale_replicas(self) -> list[Replica]:
+        """Replicas whose document is older than their last summary: to fetch."""
+        return [r for r in self._replicas.values() if r.stale and r.url]
+
+    async def wait_stale(self) -> None:
+        """Return once a replica's document turned stale since the last call returned: the
+        fetcher then reads :meth:`stale_replicas`."""
+        await self._stale.wait()
+        self._stale.clear()
+
+    def snapshot(self) -> list[dict[str, Any]]:
         return [r.to_dict() for r in sorted(self._replicas.values(), key=lambda r: r.name)]
 
-    # -- discovery ---------------------------------------------------------------------------
+    # -- the one writer ----------------------------------------------------------------------
 
-    def apply(self, info: ReplicaInfo, observed_at: float) -> None:
-        """Take in one replica's state as discovery saw it at ``observed_at``."""
-        replica = self._replicas.get(info.name)
+    def apply(self, event: Event, now: float) -> None:
+        """Take in ``event``, which happened (or, for discovery, was observed) at ``now``."""
+        match event:
+            case RequestStarted():
+                self._started(event)
+            case RequestFinished():
+                self._finished(event, now)
+            case SummaryHeard():
+                self._heard(event.replica, event.header)
+            case Answered():
+                event.replica.answered_at = now
+            case ConnectionFailed():
+                if event.replica.down_at is None:
+                    event.replica.down_at = now
+            case ReplicaSeen():
+                if self._seen(event, now):
+                    self._notify(Change.CHANGED)
+            case DocumentFetched():
+                current = self._replicas.get(event.name)  # None: gone while it was read
+                if current is not None and self._seen(
+                        ReplicaSeen(current.name, current.url, current.ready, Held.of(event.document)), now):
+                    self._notify(Change.CHANGED)
+            case ReplicaGone():
+                if self._replicas.pop(event.name, None) is not None:
+                    self._notify(Change.CHANGED)
+            case ReplicasListed():
+                keep = {seen.name for seen in event.replicas}
+                for name in [n for n in self._replicas if n not in keep]:
+                    del self._replicas[name]
+                for seen in event.replicas:
+                    self._seen(seen, now)
+                self._notify(Change.CHANGED)  # once, with the whole listing in
+            case _:
+                raise TypeError(f"not a routing table event: {event!r}")
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _seen(self, seen: ReplicaSeen, observed_at: float) -> bool:
+        """Take in a snapshot; whether it changed anything a waiter may use."""
+        replica = self._replicas.get(seen.name)
         if replica is None:
-            replica = self._replicas[info.name] = Replica(name=info.name, url=info.url)
-        models = replica.models if info.models is None else frozenset(info.models)
-        loading = replica.reported_loading if info.loading is None else frozenset(info.loading)
-        changed = (
-            replica.ready != info.ready
-            or replica.url != info.url
-            or replica.models != models
-            or replica.reported_loading != loading
-        )
-        replica.url = info.url
-        replica.ready = info.ready
-        replica.models = models
-        replica.reported_loading = loading
-        replica.capacity = info.capacity
-        if info.models is not None:
-            replica.version = info.version
+            replica = self._replicas[seen.name] = Replica(name=seen.name, url=seen.url)
+        document = seen.held.document
+        changed = replica.ready != seen.ready or replica.url != seen.url
+        if document is not None:
+            models, loading = frozenset(document.models), frozenset(document.loading)
+            changed = changed or replica.models != models or replica.reported_loading != loading
+            replica.document, replica.models, replica.reported_loading = document, models, loading
+        replica.url = seen.url
+        replica.ready = seen.ready
+        replica.capacity = seen.held.summary.capacity
         replica.observed_at = observed_at
         settled = observed_at - self.lag_s
         if replica.learned:
@@ -204,53 +193,39 @@ class RoutingTable:
             for model in [m for m, t in replica.learned.items() if t <= settled]:
                 del replica.learned[model]
                 changed = True
-        if replica.down_at is not None and info.ready and replica.down_at <= settled:
+        if replica.down_at is not None and seen.ready and replica.down_at <= settled:
             replica.down_at = None  # seen alive after it failed
             changed = True
-        if changed:
-            self._notify(False)
-        self.heard_version(replica, info.version)
+        self._announced(replica, seen.held.summary.version)
+        return changed
 
-    def heard_version(self, replica: Replica, version: int) -> None:
-        """A summary (annotation, response header) says ``replica``'s document is at ``version``."""
+    def _heard(self, replica: Replica, header: str) -> None:
+        if header != replica.heard_header:
+            try:
+                version = LoadedSummary.parse(header).version
+            except ValueError:
+                log.debug("replica %s sent a malformed loaded-models header", replica.name)
+                return
+            replica.heard_header, replica.heard_version = header, version
+        self._announced(replica, replica.heard_version)
+
+    def _announced(self, replica: Replica, version: int) -> None:
+        """A summary says ``replica``'s document is at ``version``."""
         if version > replica.latest_version:
             replica.latest_version = version
-        if replica.stale and self.stale_listener is not None:
-            self.stale_listener()
+        if replica.stale:
+            self._stale.set()
 
-    def stale_replicas(self) -> list[Replica]:
-        """Replicas whose document is older than their last summary: to fetch."""
-        return [r for r in self._replicas.values() if r.stale and r.url]
+    def _started(self, started: RequestStarted) -> None:
+        replica = started.replica
+        if started.for_load:
+            replica.pending[started.model] = replica.pending.get(started.model, 0) + 1
+        else:
+            replica.in_slots += 1
 
-    def remove(self, name: str) -> None:
-        """The replica is gone (pod deleted, no longer configured)."""
-        if self._replicas.pop(name, None) is not None:
-            self._changed_now()
-
-    def replace_all(self, infos: Iterable[ReplicaInfo], observed_at: float) -> None:
-        """A full listing: apply each, drop the replicas not in it."""
-        infos = list(infos)
-        keep = {info.name for info in infos}
-        for name in [n for n in self._replicas if n not in keep]:
-            del self._replicas[name]
-        for info in infos:
-            self.apply(info, observed_at)
-        self._changed_now()
-
-    # -- the router's own traffic ------------------------------------------------------------
-
-    def dispatched(self, replica: Replica, model: str) -> bool:
-        """A request for ``model`` goes to ``replica``; returns whether it marked a load (then
-        it waits for the load, not in a slot)."""
-        if model and not replica.loaded(model):
-            replica.pending[model] = replica.pending.get(model, 0) + 1
-            return True
-        replica.in_slots += 1
-        return False
-
-    def finished(self, replica: Replica, model: str, marked_load: bool, ok: bool, now: float) -> None:
-        """The request ended; ``ok``: the replica answered it successfully (it holds ``model``)."""
-        if not marked_load:
+    def _finished(self, finished: RequestFinished, now: float) -> None:
+        replica, model = finished.started.replica, finished.started.model
+        if not finished.started.for_load:
             replica.in_slots -= 1
         else:
             left = replica.pending.get(model, 0) - 1
@@ -258,43 +233,18 @@ class RoutingTable:
                 replica.pending[model] = left
             else:
                 replica.pending.pop(model, None)
-                if not ok:
+                if not finished.ok:
                     # The load it marked failed: requests waiting for it may go elsewhere now.
-                    self._notify(False)
+                    self._notify(Change.CHANGED)
                     return
-        if ok and model:
+        if finished.ok and model:
             replica.learned[model] = now
-        self._notify(True)
-
-    def answered(self, replica: Replica, now: float) -> None:
-        """``replica`` answered a request: it is alive, whatever its polls say."""
-        replica.answered_at = now
-
-    def answered_since(self, name: str, since: float) -> bool:
-        replica = self._replicas.get(name)
-        return replica is not None and replica.answered_at >= since
-
-    def failed(self, replica: Replica, now: float) -> None:
-        """A connection to ``replica`` failed: out of rotation until seen alive again."""
-        if replica.down_at is None:
-            replica.down_at = now
-
-    def has_room(self, now: float, limit: int) -> bool:
-        """Whether some usable replica has fewer than ``limit`` requests in flight."""
-        return any(r.inflight < limit for r in self.usable(now))
-
-    # -- internals ---------------------------------------------------------------------------
-
-    def _changed_now(self) -> None:
-        self._notify(False)
-
-    def _notify(self, freed: bool) -> None:
-        if self.listener is not None:
-            self.listener(freed)
+        self._notify(Change.FREED)
 
     def _refresh(self, now: float) -> None:
+        # Time-based bookkeeping of the table's own records; no notification (reads never
+        # notify): waiters wake at :meth:`quarantine_ends` by themselves.
         self._next_refresh = now + _REFRESH_EVERY_S
-        back = False
         expired_before = now - self.learned_max_age_s
         for replica in self._replicas.values():
             if replica.learned:
@@ -302,6 +252,4 @@ class RoutingTable:
                     del replica.learned[model]
             if replica.down_at is not None and now - replica.down_at >= self.quarantine_s:
                 replica.down_at = None
-                back = True
-        if back:
-            self._notify(False)
+

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Iterator
 
+import aiohttp
 import pytest
 
-from support.servers import Processes
+from support.servers import Processes, report_if_failed
 
 
 @pytest.fixture
@@ -16,10 +17,15 @@ def processes(tmp_path: Path, request) -> Iterator[Processes]:
     try:
         yield procs
     finally:
-        call = getattr(request.node, "rep_call", None)
-        if call is not None and call.failed:
-            print(procs.report())
+        report_if_failed(request, procs.report)
         procs.stop_all()
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    """An HTTP client with a generous total timeout (cold starts on two cores)."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as client:
+        yield client
 
 
 @pytest.hookimpl(tryfirst=True, hookwrapper=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Callable
 
 
 def handler_manifest(folder: Path, module: Path, name: str, **spec) -> Path:
@@ -21,3 +22,13 @@ def handler_manifest(folder: Path, module: Path, name: str, **spec) -> Path:
     path = folder / f"{name}.yaml"
     path.write_text(json.dumps(document))  # JSON is YAML
     return path
+
+
+def manifest_writer(folder: Path, module: Path, handler: str) -> Callable[..., Path]:
+    """``write(name=<module's stem>, **spec)``: :func:`handler_manifest` of ``handler`` in
+    ``module``, with ``spec`` merged over it (a test may name another handler)."""
+
+    def write(name: str = module.stem, **spec) -> Path:
+        return handler_manifest(folder, module, name, **{"handler": handler, **spec})
+
+    return write

@@ -6,15 +6,20 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import aiohttp
+import pytest
+from aiohttp import web
 
 from modelplex.processes import descendants, free_port, log_tail, running, spawn, stop, wait_for_async
 
 __all__ = ["MODELPLEX", "START_TIMEOUT_S", "Proc", "Processes", "descendants", "free_port", "metric", "metric_value",
-           "wait_ready", "wait_until"]
+           "report_if_failed", "serving", "wait_ready", "wait_until"]
 
 MODELPLEX = [sys.executable, "-m", "modelplex_launcher.cli"]
 START_TIMEOUT_S = 90.0  # two cores and cold torch imports: generous
@@ -108,3 +113,25 @@ def metric_value(text: str, name: str) -> float:
 async def metric(session: aiohttp.ClientSession, url: str, name: str) -> float:
     async with session.get(url + "/metrics") as response:
         return metric_value(await response.text(), name)
+
+
+@asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[str]:
+    """Serve ``app`` in this process on a free loopback port; yields its base URL and always
+    cleans it up."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def report_if_failed(request: pytest.FixtureRequest, report: Callable[[], str]) -> None:
+    """Print ``report()`` (the processes' log tails) when the test that used the fixture failed;
+    the integration conftest's ``pytest_runtest_makereport`` hook records the outcome on the item."""
+    call = getattr(request.node, "rep_call", None)
+    if call is not None and call.failed:
+        print(report())

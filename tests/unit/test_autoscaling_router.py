@@ -18,11 +18,14 @@ from modelplex_router.keys import SCHEDULER, TABLE
 from modelplex_router.load import load_report
 from modelplex_router.policy import Params
 from modelplex_router.scheduler import Scheduler
-from modelplex_router.table import ReplicaInfo, RoutingTable
+from modelplex.wire.loaded import LoadedModels
+from modelplex_router.events import ReplicaSeen
+from modelplex_router.record import Held
+from modelplex_router.table import RoutingTable
 
 
-def info(name: str, models=(), ready=True) -> ReplicaInfo:
-    return ReplicaInfo(name, f"http://{name}", ready, tuple(models), 3, 1, ())
+def info(name: str, models=(), ready=True) -> ReplicaSeen:
+    return ReplicaSeen(name, f"http://{name}", ready, Held.of(LoadedModels(version=1, capacity=3, models=tuple(models))))
 
 
 def test_request_rates_count_each_model_over_the_window():
@@ -82,10 +85,9 @@ def test_only_autoscaled_deployments_hold_requests_at_zero():
 
 
 def scheduler_for(loop, **kwargs) -> tuple[RoutingTable, Scheduler]:
-    table = RoutingTable()
-    scheduler = Scheduler(table, Params(max_ongoing=1, matching_timeout_s=1.0), clock=loop.time,
+    scheduler = Scheduler(Params(max_ongoing=1, matching_timeout_s=1.0), clock=loop.time,
                           rng=random.Random(0), deployment="d", **kwargs)
-    return table, scheduler
+    return scheduler.table, scheduler
 
 
 @pytest.mark.looptime

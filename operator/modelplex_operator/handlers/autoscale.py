@@ -48,6 +48,7 @@ from modelplex.autoscaling import (
 )
 from modelplex.wire.names import LABEL_DEPLOYMENT, LABEL_ROLE, REPLICA_PORT, ROLE_REPLICA, ROLE_ROUTER
 from modelplex.wire.spec import Autoscaling, Deployment, SpecError
+from modelplex.wire.credentials import INTERNAL_TOKEN_HEADER
 from modelplex_operator import builders, scaling
 from modelplex_operator.handlers.context import OperatorContext
 from modelplex_operator.handlers.reconcile import post
@@ -96,12 +97,9 @@ class AutoscaleLoop:
     ):
         """``on_status(key)`` is called when a resource's autoscaling status changed (the
         status keeper's ``poke``)."""
-        self.ctx = ctx
-        self.on_status = on_status
-        self.tick_s = tick_s
-        self.fetch_timeout_s = fetch_timeout_s
-        self.clock = clock
-        self.wall = wall
+        self.ctx, self.on_status = ctx, on_status
+        self.tick_s, self.fetch_timeout_s = tick_s, fetch_timeout_s
+        self.clock, self.wall = clock, wall
         self.states: dict[Key, ScaleState] = {}
         self._task: asyncio.Task | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -222,11 +220,14 @@ class AutoscaleLoop:
 
     async def _read_reports(self, deployment: Deployment, routers: list[dict[str, Any]]) -> list[LoadReport]:
         port = deployment.spec.router.port
+        token = self.ctx.credentials.token(deployment.namespace)
+        headers = {INTERNAL_TOKEN_HEADER: token} if token else None
 
         async def read(pod: dict[str, Any]) -> LoadReport | None:
             url = f"http://{pod['status']['podIP']}:{port}{LOAD_PATH}"
             try:
-                async with self._http().get(url, timeout=aiohttp.ClientTimeout(total=self.fetch_timeout_s)) as answer:
+                async with self._http().get(url, headers=headers,
+                                            timeout=aiohttp.ClientTimeout(total=self.fetch_timeout_s)) as answer:
                     if answer.status != 200:
                         raise ValueError(f"HTTP {answer.status}")
                     return LoadReport.from_json(await answer.read())

@@ -10,6 +10,7 @@ from typing import Any
 from modelplex.wire.names import ROLE_REPLICA
 from modelplex_operator.builders import BuildSettings
 from modelplex_operator.config import OperatorConfig
+from modelplex_operator.credentials import InternalCredentials
 from modelplex_operator.handlers.observe import Indexes
 from modelplex_operator.kube import Kube
 from modelplex_operator.status import Key, Outcome
@@ -29,6 +30,11 @@ class OperatorContext:
     #: What the autoscaler adds to a resource's status: ``{"status": block, "condition": cond}``.
     autoscaling: dict[Key, dict[str, Any]] = field(default_factory=dict)
     _locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
+    #: The namespaces' internal credentials (made on apply, sent on the operator's own calls).
+    credentials: InternalCredentials = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.credentials = InternalCredentials(self.kube)
 
     @property
     def build_settings(self) -> BuildSettings:

@@ -20,12 +20,11 @@ import datetime
 import logging
 from typing import Any, Awaitable, Callable, Mapping
 
-import kopf
-
 from modelplex.wire.spec import SpecError
 from modelplex_operator.documents import ReplicaDocuments
 from modelplex_operator.handlers.context import OperatorContext
 from modelplex_operator.handlers.observe import resource_of
+from modelplex_operator.handlers.reconcile import post
 from modelplex_operator.kube import KubeError
 from modelplex_operator.status import Key, compute_status, status_differs, transitions
 from modelplex_operator.validation import problems_of, validate
@@ -56,7 +55,7 @@ class StatusKeeper:
         self.debounce_s = debounce_s
         self.resync_s = resync_s if resync_s is not None else ctx.config.resync_seconds
         self.clock = clock
-        self.documents = documents or ReplicaDocuments()
+        self.documents = documents or ReplicaDocuments(token_for=ctx.credentials.token)
         self._dirty: dict[Key, bool] = {}
         self._wake: asyncio.Event | None = None
         self._tasks: list[asyncio.Task] = []
@@ -156,14 +155,12 @@ class StatusKeeper:
         resource = resource_of(view, problem)
         written, seen_version = self._written.get(key, (None, None))
         base = dict(resource.status)
-        stale = written is not None and seen_version == meta.get("resourceVersion")
-        if stale:
+        if written is not None and seen_version == meta.get("resourceVersion"):
             base = {**base, **written}  # the index has not caught up with our last write yet
         resource = resource_of({**view, "status": base}, problem)
         pods = indexes.pods_of(key)
         reading = await self.documents.read(key, pods)
-        for etype, reason, message in reading.events:
-            kopf.event(view, type=etype, reason=reason, message=message[:1000])
+        post(view, reading.events)
         if reading.retry_in is not None:  # a read failed: try it again then, even if nothing else changes
             asyncio.get_running_loop().call_later(reading.retry_in + 0.1, self._poke_later, key, False)
         desired = compute_status(
@@ -192,6 +189,5 @@ class StatusKeeper:
             raise
         self.writes += 1
         self._written[key] = (desired, meta.get("resourceVersion"))
-        for etype, reason, message in transitions(base, desired):
-            kopf.event(view, type=etype, reason=reason, message=message[:1000])
+        post(view, transitions(base, desired))
         return desired

@@ -78,7 +78,7 @@ def configure_settings(settings: kopf.OperatorSettings) -> None:
     settings.networking.request_timeout = 60
 
 
-async def startup(settings: kopf.OperatorSettings, memo: Any, logger: logging.Logger) -> None:
+async def startup(settings: kopf.OperatorSettings, memo: Any, logger: kopf.Logger) -> None:
     configure_settings(settings)
     config: OperatorConfig = memo.get("config") or OperatorConfig.from_env()
     memo[MEMO_KEY] = Operator.build(config, Kube.from_environment())
@@ -86,7 +86,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, logger: logging.Lo
     logger.info("modelplex operator watching %s; router image %s", where, config.router_image)
 
 
-async def cleanup(memo: Any, logger: logging.Logger) -> None:
+async def cleanup(memo: Any, logger: kopf.Logger) -> None:
     operator = operator_of(memo)
     await operator.keeper.stop()
     await operator.autoscaler.stop()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, cast
 
 import kopf
 
@@ -40,7 +40,7 @@ class Applied:
 
     outcome: Outcome
     changes: list[Event]  # the Events its changes deserve (none when it failed)
-    error: KubeError | None = None  # why it failed
+    error: KubeError | NotOwned | None = None  # why it failed
 
 
 def backoff(retry: int) -> float:
@@ -59,6 +59,8 @@ async def apply_all(ctx: OperatorContext, body: Mapping[str, Any], deployment: D
     owner = builders.owner_reference({"metadata": dict(meta)})
     results = []
     async with ctx.lock(key_of(body)):
+        # The pods mount the namespace's internal credential: it exists before them.
+        await ctx.credentials.ensure(deployment.namespace, owner)
         # Under the lock the autoscaler takes to scale: the count an apply keeps is its latest.
         objects = builders.desired_objects(deployment, owner, ctx.build_settings,
                                            replicas=ctx.autoscaled_replicas(key_of(body)))
@@ -106,8 +108,10 @@ def describe_changes(results: Iterable[tuple[Mapping[str, Any], ApplyResult]]) -
 
 
 def post(body: Mapping[str, Any], events: Iterable[Event]) -> None:
+    """Post ``events`` on ``body``'s object (each message cut to the 1,000 characters an Event keeps)."""
     for etype, reason, message in events:
-        kopf.event(dict(body), type=etype, reason=reason, message=message[:1000])
+        # kopf.event reads any mapping; its annotation names only kopf's own Body class.
+        kopf.event(cast(kopf.Body, dict(body)), type=etype, reason=reason, message=message[:1000])
 
 
 async def apply_and_record(ctx: OperatorContext, body: Mapping[str, Any], deployment: Deployment, *,
@@ -120,7 +124,7 @@ async def apply_and_record(ctx: OperatorContext, body: Mapping[str, Any], deploy
     key = key_of(body)
     uid, generation = meta["uid"], int(meta.get("generation") or 1)
     changes: list[Event] = []
-    error: KubeError | None = None
+    error: KubeError | NotOwned | None = None
     try:
         results = await apply_all(ctx, body, deployment)
     except NotOwned as failure:

@@ -1,10 +1,13 @@
 """The document fetcher: brings a stale replica's entry up to the version its summary announced.
 
 Pod annotations and response headers carry only a fixed-size summary of a replica's loaded
-models (:class:`modelplex.wire.loaded.LoadedSummary`). When one announces a version newer than the
-document the table holds, this fetches ``GET /v1/models`` from that replica (one fetch in
-flight per replica; a failed one is retried after a second) and applies it as observed when
-the fetch started.
+models (:class:`modelplex.wire.loaded.LoadedSummary`). When one announces a version newer than
+the document the table holds, this reads ``GET /v1/models`` from that replica
+(:func:`modelplex.loaded_client.fetch_loaded_models`, one reader in flight per replica) and
+hands the table a :class:`~modelplex_router.events.DocumentFetched`, observed when the read
+started. The reader keeps at it while the replica stays stale: at once when a newer version
+was announced meanwhile, else after :data:`RETRY_S` (a failed read, or a document still older
+than the announced version).
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ from typing import Callable
 
 import aiohttp
 
-from modelplex.wire.loaded import LoadedModels
-from modelplex_router.table import Replica, ReplicaInfo, RoutingTable
+from modelplex.http import internal_session
+from modelplex.loaded_client import FETCH_TIMEOUT_S, DocumentUnavailable, fetch_loaded_models
+from modelplex_router.events import DocumentFetched
+from modelplex_router.table import RoutingTable
 
 log = logging.getLogger("modelplex.router.discovery")
 
@@ -26,48 +31,39 @@ RETRY_S = 1.0
 class DocumentFetcher:
     """Runs beside any discovery source until cancelled."""
 
-    def __init__(self, *, timeout_s: float = 5.0):
+    def __init__(self, *, timeout_s: float = FETCH_TIMEOUT_S):
         self.timeout_s = timeout_s
 
     async def run(self, table: RoutingTable, clock: Callable[[], float]) -> None:
-        wake = asyncio.Event()
-        table.stale_listener = wake.set
-        wake.set()  # what is stale already
-        fetching: dict[str, asyncio.Task] = {}
-
-        def done(name: str) -> None:
-            fetching.pop(name, None)
-            wake.set()  # the replica may have changed again meanwhile
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        async with aiohttp.ClientSession(timeout=timeout, cookie_jar=aiohttp.DummyCookieJar()) as session:
+        readers: dict[str, asyncio.Task[None]] = {}
+        async with internal_session(cookie_jar=aiohttp.DummyCookieJar()) as session:
             try:
                 while True:
-                    await wake.wait()
-                    wake.clear()
                     for replica in table.stale_replicas():
-                        if replica.name not in fetching:
-                            task = asyncio.create_task(self._fetch(session, table, clock, replica))
-                            fetching[replica.name] = task
-                            task.add_done_callback(lambda _, name=replica.name: done(name))
+                        if replica.name not in readers:
+                            readers[replica.name] = asyncio.create_task(
+                                self._keep_current(session, table, clock, replica.name, readers))
+                    await table.wait_stale()
             finally:
-                table.stale_listener = None
-                for task in fetching.values():
+                for task in readers.values():
                     task.cancel()
-                await asyncio.gather(*fetching.values(), return_exceptions=True)
+                await asyncio.gather(*readers.values(), return_exceptions=True)
 
-    async def _fetch(self, session: aiohttp.ClientSession, table: RoutingTable, clock: Callable[[], float],
-                     replica: Replica) -> None:
-        started = clock()
+    async def _keep_current(self, session: aiohttp.ClientSession, table: RoutingTable, clock: Callable[[], float],
+                            name: str, readers: dict[str, asyncio.Task[None]]) -> None:
+        """Read ``name``'s document until the table's is as new as its last summary."""
         try:
-            async with session.get(replica.url + "/v1/models") as response:
-                if response.status != 200:
-                    raise ValueError(f"answered {response.status}")
-                document = LoadedModels.parse(await response.read())
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as error:
-            log.debug("fetching the loaded models of %s failed: %s", replica.name, error)
-            await asyncio.sleep(RETRY_S)  # holds its slot: the retry comes after the pause
-            return
-        current = table.get(replica.name)
-        if current is not None:
-            table.apply(ReplicaInfo(current.name, current.url, current.ready, document.models, document.capacity,
-                                    document.version, document.loading), started)
+            while (replica := table.get(name)) is not None and replica.stale and replica.url:
+                announced, started = replica.latest_version, clock()
+                try:
+                    document = await fetch_loaded_models(session, replica.url, timeout_s=self.timeout_s)
+                except DocumentUnavailable as error:
+                    log.debug("fetching the loaded models of %s failed: %s", name, error)
+                    await asyncio.sleep(RETRY_S)
+                    continue
+                table.apply(DocumentFetched(name, document), started)
+                current = table.get(name)
+                if current is not None and current.stale and current.latest_version <= announced:
+                    await asyncio.sleep(RETRY_S)  # older than announced: the replica may not have caught up
+        finally:
+            readers.pop(name, None)

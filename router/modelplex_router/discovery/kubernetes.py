@@ -7,7 +7,7 @@ else 9000), its ``Ready`` condition, and the ``modelplex.io/loaded-models`` anno
 The blocking ``kubernetes`` client runs in a daemon thread: list, then watch from the list's
 resourceVersion; on a watch error it resumes from the last resourceVersion seen after a short
 backoff, and on 410 Gone (that version is too old) it lists again. The translation from pod
-events to table operations (:class:`PodTracker`) is pure and tested with plain dicts.
+events to table events (:class:`PodTracker`) is pure and tested with plain dicts.
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ import os
 import threading
 from typing import Any, Callable, Iterable
 
-from modelplex.wire.loaded import LoadedSummary
-from modelplex.wire.names import ANNOTATION_LOADED_MODELS, LABEL_DEPLOYMENT, LABEL_ROLE, REPLICA_PORT, ROLE_REPLICA
+from modelplex.wire.loaded import LoadedSummary, annotation_summary
+from modelplex.wire.names import LABEL_DEPLOYMENT, LABEL_ROLE, REPLICA_PORT, ROLE_REPLICA
 from modelplex_router.discovery.base import Discovery
-from modelplex_router.table import ReplicaInfo, RoutingTable
+from modelplex_router.events import Event, ReplicaGone, ReplicaSeen, ReplicasListed
+from modelplex_router.record import Held
+from modelplex_router.table import RoutingTable
 
 log = logging.getLogger("modelplex.router.discovery")
 
@@ -30,10 +32,6 @@ log = logging.getLogger("modelplex.router.discovery")
 WATCH_TIMEOUT_S = 300
 BACKOFF_MIN_S = 0.5
 BACKOFF_MAX_S = 10.0
-
-# Table operations, applied on the event loop: ("list", [ReplicaInfo]), ("apply", ReplicaInfo),
-# ("remove", name).
-Op = tuple[str, Any]
 
 
 class Gone(Exception):
@@ -53,7 +51,7 @@ def replica_port(pod: dict) -> int:
     return REPLICA_PORT
 
 
-def replica_from_pod(pod: dict) -> ReplicaInfo | None:
+def replica_from_pod(pod: dict[str, Any]) -> ReplicaSeen | None:
     """The replica a pod (API JSON, camelCase keys) stands for; ``None`` without a name."""
     meta = pod.get("metadata") or {}
     name = meta.get("name")
@@ -66,17 +64,15 @@ def replica_from_pod(pod: dict) -> ReplicaInfo | None:
     )
     # A terminating pod may still show Ready for a while: send it nothing new.
     ready = bool(ip) and ready_condition and not meta.get("deletionTimestamp")
-    summary = _summary(name, (meta.get("annotations") or {}).get(ANNOTATION_LOADED_MODELS))
+    summary = _summary(name, meta.get("annotations"))
     url = f"http://{_host(ip)}:{replica_port(pod)}" if ip else ""
     # The annotation is a summary: the table fetches the models when its version is news.
-    return ReplicaInfo(name, url, ready, None, summary.capacity, summary.version, None)
+    return ReplicaSeen(name, url, ready, Held(summary))
 
 
-def _summary(pod: str, raw: str | None) -> LoadedSummary:
-    if not raw:
-        return LoadedSummary()
+def _summary(pod: str, annotations: dict[str, str] | None) -> LoadedSummary:
     try:
-        return LoadedSummary.parse(raw)
+        return annotation_summary(annotations)
     except ValueError as error:
         log.warning("ignoring the malformed loaded-models annotation of pod %s: %s", pod, error)
         return LoadedSummary()
@@ -87,18 +83,18 @@ def _host(ip: str) -> str:
 
 
 class PodTracker:
-    """Turns a pod list and watch events into table operations; remembers the resourceVersion."""
+    """Turns a pod list and watch events into table events; remembers the resourceVersion."""
 
     def __init__(self) -> None:
         self.resource_version: str | None = None
 
-    def on_list(self, pod_list: dict) -> list[Op]:
+    def on_list(self, pod_list: dict[str, Any]) -> list[Event]:
         """A ``list`` response (``{"metadata": {"resourceVersion"}, "items": [...]}``)."""
         self.resource_version = (pod_list.get("metadata") or {}).get("resourceVersion")
-        infos = [info for info in map(replica_from_pod, pod_list.get("items") or ()) if info is not None]
-        return [("list", infos)]
+        seen = [info for info in map(replica_from_pod, pod_list.get("items") or ()) if info is not None]
+        return [ReplicasListed(tuple(seen))]
 
-    def on_event(self, event: dict) -> list[Op]:
+    def on_event(self, event: dict[str, Any]) -> list[Event]:
         """One watch event ``{"type": ..., "object": {...}}``; raises :class:`Gone` on 410."""
         kind = event.get("type")
         obj = event.get("raw_object") or event.get("object") or {}
@@ -117,21 +113,16 @@ class PodTracker:
         if info is None:
             return []
         if kind == "DELETED":
-            return [("remove", info.name)]
+            return [ReplicaGone(info.name)]
         if kind in ("ADDED", "MODIFIED"):
-            return [("apply", info)]
+            return [info]
         return []
 
 
-def apply_ops(table: RoutingTable, ops: Iterable[Op], now: float) -> None:
-    """Carry out a tracker's operations on the table (on the event loop)."""
-    for op, arg in ops:
-        if op == "list":
-            table.replace_all(arg, now)
-        elif op == "apply":
-            table.apply(arg, now)
-        elif op == "remove":
-            table.remove(arg)
+def apply_all(table: RoutingTable, events: Iterable[Event], now: float) -> None:
+    """Hand a tracker's events to the table (on the event loop)."""
+    for event in events:
+        table.apply(event, now)
 
 
 class KubernetesDiscovery(Discovery):
@@ -150,9 +141,9 @@ class KubernetesDiscovery(Discovery):
         loop = asyncio.get_running_loop()
         stop = threading.Event()
 
-        def emit(ops: list[Op]) -> None:
-            if ops:
-                loop.call_soon_threadsafe(lambda: apply_ops(table, ops, clock()))
+        def emit(events: list[Event]) -> None:
+            if events:
+                loop.call_soon_threadsafe(lambda: apply_all(table, events, clock()))
 
         thread = threading.Thread(target=self._watch_forever, args=(emit, stop), name="pod-watch", daemon=True)
         thread.start()
@@ -163,13 +154,13 @@ class KubernetesDiscovery(Discovery):
             # nothing but this (now finished) loop through call_soon_threadsafe, which it guards.
             stop.set()
 
-    def _watch_forever(self, emit: Callable[[list[Op]], None], stop: threading.Event) -> None:
+    def _watch_forever(self, emit: Callable[[list[Event]], None], stop: threading.Event) -> None:
         from kubernetes import client, config, watch  # heavy: only where the source is used
         from kubernetes.client.rest import ApiException
 
-        def safe_emit(ops: list[Op]) -> None:
+        def safe_emit(events: list[Event]) -> None:
             try:
-                emit(ops)
+                emit(events)
             except RuntimeError:  # the event loop is closed: the router is stopping
                 stop.set()
 

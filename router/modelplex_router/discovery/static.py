@@ -15,10 +15,13 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from modelplex.wire.loaded import LoadedModels
+from modelplex.http import internal_session
+from modelplex.loaded_client import DocumentUnavailable, fetch_loaded_models
 from modelplex_router.discovery.base import Discovery, unreachable
 from modelplex_router.discovery.health import FAILURE_THRESHOLD, Poll, PollHealth
-from modelplex_router.table import ReplicaInfo, RoutingTable
+from modelplex_router.events import ReplicaSeen
+from modelplex_router.record import Held
+from modelplex_router.table import RoutingTable
 
 log = logging.getLogger("modelplex.router.discovery")
 
@@ -60,7 +63,7 @@ class StaticDiscovery(Discovery):
         # A session of its own: polls must not queue behind (or hold) proxy connections.
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout,
+        async with internal_session(connector=connector, timeout=timeout,
                                          cookie_jar=aiohttp.DummyCookieJar()) as session:
             tasks = [
                 asyncio.create_task(self._poll(session, table, clock, name, url), name=f"poll {name}")
@@ -79,10 +82,10 @@ class StaticDiscovery(Discovery):
         was_ready: bool | None = None
         while True:
             started = clock()
-            poll, info = await self._read(session, name, url)
+            poll, seen = await self._read(session, name, url)
             ready = health.observe(poll, answered_traffic=table.answered_since(name, started))
-            if info is not None:
-                table.apply(info, started)
+            if seen is not None:
+                table.apply(seen, started)
             elif not ready:
                 table.apply(unreachable(name, url), started)
             if ready != was_ready:
@@ -92,26 +95,20 @@ class StaticDiscovery(Discovery):
                 was_ready = ready
             await asyncio.sleep(max(0.0, self.interval_s - (clock() - started)))
 
-    async def _read(self, session: aiohttp.ClientSession, name: str, url: str) -> tuple[Poll, ReplicaInfo | None]:
+    async def _read(self, session: aiohttp.ClientSession, name: str, url: str) -> tuple[Poll, ReplicaSeen | None]:
         try:
             # Readiness first: a replica turns ready once its pre-loaded models are published, so a
             # model list read after a ready answer holds them (read side by side, a list answered
             # just before the preload ended could pair with a ready answered just after it).
             ready = await self._ready(session, url)
-            models_doc = await self._models(session, url)
+            document = await fetch_loaded_models(session, url, timeout_s=self.timeout_s)
         except aiohttp.ClientConnectorError:
             return Poll.REFUSED, None
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        except DocumentUnavailable as error:
+            return (Poll.REFUSED if error.refused else Poll.FAILED), None
+        except (aiohttp.ClientError, asyncio.TimeoutError):
             return Poll.FAILED, None
-        return (Poll.READY if ready else Poll.NOT_READY), ReplicaInfo(
-            name, url, ready, models_doc.models, models_doc.capacity, models_doc.version, models_doc.loading)
-
-    @staticmethod
-    async def _models(session: aiohttp.ClientSession, url: str) -> LoadedModels:
-        async with session.get(url + "/v1/models") as resp:
-            if resp.status != 200:
-                raise ValueError(f"GET /v1/models answered {resp.status}")
-            return LoadedModels.parse(await resp.read())
+        return (Poll.READY if ready else Poll.NOT_READY), ReplicaSeen(name, url, ready, Held.of(document))
 
     @staticmethod
     async def _ready(session: aiohttp.ClientSession, url: str) -> bool:

@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
-from support.manifests import handler_manifest
+from support.manifests import manifest_writer
 
 HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture
-def manifest(tmp_path: Path):
+def manifest(tmp_path: Path) -> Callable[..., Path]:
     """Write a manifest for ``spec`` (merged over the Weights handler) and return its path."""
-
-    def write(name: str = "weights", **spec) -> Path:
-        return handler_manifest(tmp_path, HERE / "weights.py", name, **{"handler": "weights:Weights", **spec})
-
-    return write
+    return manifest_writer(tmp_path, HERE / "weights.py", "weights:Weights")

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from modelplex.wire.names import MODEL_ID_HEADER
 
-from support.servers import free_port, metric, wait_ready
+from support.servers import metric, serving, wait_ready
 
 TIMEOUT = aiohttp.ClientTimeout(total=120)
 STORE_DELAY_S = 1.0  # a remote object store's latency, much above a local disk read
@@ -40,14 +40,8 @@ async def model_store(tmp_path):
 
     app = web.Application(middlewares=[slow])
     app.router.add_static("/models", folder)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}/models/{{model_id}}.pt", fetches, folder
-    finally:
-        await runner.cleanup()
+    async with serving(app) as url:
+        yield f"{url}/models/{{model_id}}.pt", fetches, folder
 
 
 async def infer(session, url, model_id):

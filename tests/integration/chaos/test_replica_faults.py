@@ -46,17 +46,22 @@ async def _restarted(session, stack, port: int, old_pid: int, since: float) -> f
     return time.monotonic() - since
 
 
-async def test_kill_9_of_a_replica_under_load_loses_no_unary_request(stack, chaos_report):
+@pytest.mark.parametrize(("sig", "seconds", "after", "fault"), [
+    (signal.SIGKILL, 10, 3, "kill -9 of a replica (2 replicas, 8 clients, 10 s)"),
+    (signal.SIGTERM, 8, 2, "SIGTERM of a replica (2 replicas, 8 clients, 8 s)"),
+], ids=["kill-9", "sigterm"])
+async def test_a_replica_killed_or_stopped_under_load_loses_no_unary_request(stack, chaos_report, sig, seconds,
+                                                                              after, fault):
     url = stack.url("faults")
     async with aiohttp.ClientSession() as session:
         port, pid = await _victim(session, stack)
-        running = asyncio.create_task(load(session, url + "/", MODELS, clients=CLIENTS, seconds=10, body=BODY))
-        await asyncio.sleep(3)
-        os.kill(pid, signal.SIGKILL)
-        killed = time.monotonic()
+        running = asyncio.create_task(load(session, url + "/", MODELS, clients=CLIENTS, seconds=seconds, body=BODY))
+        await asyncio.sleep(after)
+        os.kill(pid, sig)
+        signalled = time.monotonic()
         tally = await running
-        recovery = await _restarted(session, stack, port, pid, killed)
-    chaos_report(tally.line("kill -9 of a replica (2 replicas, 8 clients, 10 s)", recovery))
+        recovery = await _restarted(session, stack, port, pid, signalled)
+    chaos_report(tally.line(fault, recovery))
     assert not tally.lost, tally.lost[:3]
     assert tally.by_status() == {"200": tally.sent}
     assert tally.sent > 50
@@ -99,18 +104,3 @@ async def test_a_frozen_replica_answers_504_within_the_timeout_and_leaves_rotati
     assert tally.max_seconds() <= REQUEST_TIMEOUT_S + 2 + 2, tally.max_seconds()  # + 2 s: a busy machine
     assert len(timeouts) <= 2 * CLIENTS
     assert sum(o.status == 200 for o in tally.outcomes if o.started > frozen + left_rotation + 1) > 10
-
-
-async def test_sigterm_of_a_replica_under_load_loses_nothing(stack, chaos_report):
-    url = stack.url("faults")
-    async with aiohttp.ClientSession() as session:
-        port, pid = await _victim(session, stack)
-        running = asyncio.create_task(load(session, url + "/", MODELS, clients=CLIENTS, seconds=8, body=BODY))
-        await asyncio.sleep(2)
-        os.kill(pid, signal.SIGTERM)
-        stopped = time.monotonic()
-        tally = await running
-        recovery = await _restarted(session, stack, port, pid, stopped)
-    chaos_report(tally.line("SIGTERM of a replica (2 replicas, 8 clients, 8 s)", recovery))
-    assert not tally.lost, tally.lost[:3]
-    assert tally.by_status() == {"200": tally.sent}

@@ -94,6 +94,7 @@ def stack(tmp_path_factory) -> Iterator[dict[str, Deployment]]:
                 "modelSource": {"uri": "file:models/{model_id}.pt"},
                 "multiplexing": {"maxModelsPerReplica": 3},
                 "batching": {"maxBatchSize": 16, "batchWaitTimeoutMs": 50},
+                "router": {"modelControl": True},  # the repository extension's test loads and unloads
             }),
             "tensors": deploy(processes, "tensors", {"handler": "handlers:Tensors"}),
             "events": deploy(processes, "events", {"handler": "handlers:Events"}),

@@ -16,11 +16,10 @@ import shutil
 from pathlib import Path
 from typing import Iterator
 
-import aiohttp
 import pytest
 import yaml
 
-from support.servers import Processes
+from support.servers import Processes, report_if_failed
 from support.stacks import Stack, manifest, start_local, write_documents
 
 HERE = Path(__file__).resolve().parent
@@ -72,25 +71,13 @@ def _video_stack(_processes: Processes) -> Stack:
     return start_local(_processes, path, deployments=len(documents), env=FAST_STAGES)
 
 
-def _reporting(stack: Stack, request) -> Iterator[Stack]:
-    yield stack
-    call = getattr(request.node, "rep_call", None)
-    if call is not None and call.failed:
-        print(stack.report())
-
-
 @pytest.fixture
 def composition(_composition_stack: Stack, request) -> Iterator[Stack]:
-    yield from _reporting(_composition_stack, request)
+    yield _composition_stack
+    report_if_failed(request, _composition_stack.report)
 
 
 @pytest.fixture
 def video_stack(_video_stack: Stack, request) -> Iterator[Stack]:
-    yield from _reporting(_video_stack, request)
-
-
-@pytest.fixture
-async def session() -> Iterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as client:
-        yield client
-
+    yield _video_stack
+    report_if_failed(request, _video_stack.report)

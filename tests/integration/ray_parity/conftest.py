@@ -7,10 +7,9 @@ import shutil
 from pathlib import Path
 from typing import Iterator
 
-import aiohttp
 import pytest
 
-from support.servers import Processes
+from support.servers import Processes, report_if_failed
 from support.stacks import Stack, manifest, start_local, write_documents
 
 HERE = Path(__file__).resolve().parent
@@ -50,12 +49,4 @@ def _parity_stack(tmp_path_factory) -> Iterator[Stack]:
 @pytest.fixture
 def stack(_parity_stack: Stack, request) -> Iterator[Stack]:
     yield _parity_stack
-    call = getattr(request.node, "rep_call", None)
-    if call is not None and call.failed:
-        print(_parity_stack.report())
-
-
-@pytest.fixture
-async def session() -> Iterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as client:
-        yield client
+    report_if_failed(request, _parity_stack.report)

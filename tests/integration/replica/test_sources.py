@@ -6,7 +6,7 @@ from aiohttp import web
 from modelplex.wire.errors import ModelNotFound
 from modelplex.wire.ids import InvalidModelId
 from modelplex_replica.sources import ModelSource
-from support.servers import free_port
+from support.servers import serving
 
 
 @pytest.fixture
@@ -14,14 +14,8 @@ async def model_server(tmp_path):
     (tmp_path / "m1.pt").write_bytes(b"weights-of-m1")
     app = web.Application()
     app.router.add_static("/models", tmp_path)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with serving(app) as url:
+        yield url
 
 
 async def test_http_source_fetches_and_maps_404(model_server):

@@ -128,12 +128,18 @@ def test_replica_deployment_runs_modelplex_replica():
     assert c["readinessProbe"]["timeoutSeconds"] >= 5 and c["readinessProbe"]["failureThreshold"] >= 3
     assert c["livenessProbe"]["timeoutSeconds"] >= 30
     assert c["volumeMounts"] == [{"name": "spec", "mountPath": "/etc/modelplex", "readOnly": True},
-                                 {"name": "tmp", "mountPath": "/tmp"}]
-    assert template["spec"]["volumes"] == [{"name": "spec", "configMap": {"name": "recs-spec"}},
-                                           {"name": "tmp", "emptyDir": {}}]
+                                 {"name": "tmp", "mountPath": "/tmp"},
+                                 {"name": "internal-credential", "mountPath": "/var/run/modelplex/internal",
+                                  "readOnly": True}]
+    assert template["spec"]["volumes"] == [
+        {"name": "spec", "configMap": {"name": "recs-spec"}},
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "internal-credential", "secret": {"secretName": "modelplex-internal", "defaultMode": 0o440}}]
+    assert env["MODELPLEX_INTERNAL_TOKEN_FILE"]["value"] == "/var/run/modelplex/internal/token"
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert template["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert template["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     # a preStop wait, then the drain (gracefulShutdownTimeoutSeconds, 20 s by default)
     assert template["spec"]["terminationGracePeriodSeconds"] > 5 + 20
 

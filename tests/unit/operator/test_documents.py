@@ -8,6 +8,7 @@ import asyncio
 import functools
 import socket
 
+import kopf
 import pytest
 from aiohttp import web
 
@@ -250,7 +251,7 @@ async def test_the_status_keeper_writes_the_models_and_posts_the_failure_event(p
             self.written.append(status)
 
     posted = []
-    monkeypatch.setattr(keeper_module.kopf, "event", lambda obj, type, reason, message: posted.append(
+    monkeypatch.setattr(kopf, "event", lambda obj, type, reason, message: posted.append(
         (obj["metadata"]["name"], type, reason, message)))
     replicas, reader, _ = pool
     replicas["recs-replica-b"].document = LoadedModels(version=1, models=("m1",), model_bytes={"m1": 100},

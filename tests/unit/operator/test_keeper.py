@@ -5,11 +5,11 @@ shape on loopback."""
 
 from __future__ import annotations
 
+import kopf
 import pytest
 
 from modelplex.processes import wait_for_async
 from modelplex_operator.config import OperatorConfig
-from modelplex_operator.handlers import keeper as keeper_module
 from modelplex_operator.handlers.lifecycle import Operator
 from modelplex_operator.handlers.keeper import StatusKeeper
 from modelplex_operator.handlers.observe import Indexes, resource_view
@@ -28,7 +28,7 @@ def events(monkeypatch) -> list[tuple[str, str, str]]:
     """The Events the keeper posts (kopf's poster runs only inside a running operator; the e2e
     suite sees them in the cluster)."""
     posted: list[tuple[str, str, str]] = []
-    monkeypatch.setattr(keeper_module.kopf, "event", lambda obj, type, reason, message: posted.append(
+    monkeypatch.setattr(kopf, "event", lambda obj, type, reason, message: posted.append(
         (type, reason, message)))
     return posted
 

@@ -23,8 +23,9 @@ def test_object_paths():
         "/apis/rbac.authorization.k8s.io/v1/namespaces/ns/rolebindings/r"
     assert object_path("modelplex.io/v1alpha1", "MultiplexedDeployment", "ns", "m", "status") == \
         "/apis/modelplex.io/v1alpha1/namespaces/ns/multiplexeddeployments/m/status"
-    with pytest.raises(ValueError, match="does not write Secret"):
-        object_path("v1", "Secret", "ns", "s")
+    assert object_path("v1", "Secret", "ns", "modelplex-internal") == "/api/v1/namespaces/ns/secrets/modelplex-internal"
+    with pytest.raises(ValueError, match="does not write Node"):
+        object_path("v1", "Node", "ns", "n")
 
 
 def _owned_by(uid, controller=True):

@@ -90,6 +90,18 @@ def ctx(api) -> OperatorContext:
     return OperatorContext(config=OperatorConfig(), kube=api.kube())
 
 
+def internal_secret(labels: dict | None = None, owners: list | None = None) -> dict:
+    """The namespace's internal credential as the API answers it."""
+    return {"apiVersion": "v1", "kind": "Secret", "data": {"token": "c2VjcmV0"},
+            "metadata": {"name": "modelplex-internal", "namespace": "team-a", "resourceVersion": "7",
+                         "labels": {"app.kubernetes.io/managed-by": "modelplex-operator"} if labels is None else labels,
+                         "ownerReferences": owners or []}}
+
+
+#: The namespace's internal credential is made first: the API does not have it, then creates it.
+CREDENTIAL_MADE = [(404, "no Secret yet"), (201, internal_secret())]
+
+
 def owned_by_another() -> dict:
     """What the API answers for a ServiceAccount of that name that another controller made."""
     return {"apiVersion": "v1", "kind": "ServiceAccount",
@@ -100,18 +112,45 @@ def owned_by_another() -> dict:
 async def test_a_reconcile_that_applied_everything_records_ok_and_posts_what_it_created(ctx, api, posted):
     outcome = await reconcile(ctx, body(), retry=0)
     assert (outcome.state, outcome.reason) == (OK, "Reconciled") and ctx.outcomes[KEY] == outcome
-    assert outcome.message == f"applied {len(api.writes())} objects"
+    secrets = [write for write in api.writes() if "/secrets" in write.path]
+    # The namespace's internal credential is made first (POST), then every object is applied.
+    assert [write.method for write in secrets] == ["POST"] and secrets[0] == api.writes()[0]
+    assert outcome.message == f"applied {len(api.writes()) - len(secrets)} objects"
     assert [(etype, reason) for etype, reason, _ in posted] == [("Normal", "Created")]
 
 
 async def test_an_object_another_controller_owns_is_a_conflict_retried_later(ctx, api, posted):
-    api.answers = [(200, owned_by_another())]
+    api.answers = [*CREDENTIAL_MADE, (200, owned_by_another())]
     with pytest.raises(kopf.TemporaryError) as caught:
         await reconcile(ctx, body(), retry=0)
     assert caught.value.delay == 30
     assert (ctx.outcomes[KEY].state, ctx.outcomes[KEY].reason) == (CONFLICT, "ObjectConflict")
     assert posted == [("Warning", "ObjectConflict", ctx.outcomes[KEY].message)]
-    assert "controlled by ReplicaSet theirs" in ctx.outcomes[KEY].message and api.writes() == []
+    assert "controlled by ReplicaSet theirs" in ctx.outcomes[KEY].message
+    assert [write.method for write in api.writes()] == ["POST"]  # the credential only
+
+
+async def test_a_secret_of_the_credential_s_name_that_modelplex_did_not_make_is_left_alone_and_reported(
+        ctx, api, posted):
+    api.answers = [(200, internal_secret(labels={"team": "theirs"}))]
+    with pytest.raises(kopf.TemporaryError):
+        await reconcile(ctx, body(), retry=0)
+    assert (ctx.outcomes[KEY].state, ctx.outcomes[KEY].reason) == (CONFLICT, "ObjectConflict")
+    assert "modelplex-internal" in ctx.outcomes[KEY].message and "not made by Modelplex" in ctx.outcomes[KEY].message
+    assert api.writes() == [] and posted == [("Warning", "ObjectConflict", ctx.outcomes[KEY].message)]
+
+
+async def test_a_second_deployment_of_the_namespace_becomes_an_owner_of_its_credential(ctx, api, posted):
+    theirs = {"apiVersion": "modelplex.io/v1alpha1", "kind": "MultiplexedDeployment", "name": "other", "uid": "u-2",
+              "controller": False, "blockOwnerDeletion": False}
+    api.answers = [(200, internal_secret(owners=[theirs])), (200, internal_secret(owners=[theirs]))]
+    await reconcile(ctx, body(), retry=0)
+    patch = api.writes()[0]
+    assert patch.method == "PATCH" and "/secrets/modelplex-internal" in patch.path
+    owners = patch.body["metadata"]["ownerReferences"]
+    assert [owner["name"] for owner in owners] == ["other", "recs"]
+    assert not any(owner["controller"] for owner in owners)  # owned by each, controlled by none
+    assert ctx.credentials.token("team-a") == "secret"
 
 
 async def test_an_api_that_may_answer_later_is_retried_with_a_growing_delay(ctx, api, posted):
@@ -125,7 +164,7 @@ async def test_an_api_that_may_answer_later_is_retried_with_a_growing_delay(ctx,
 
 
 async def test_an_object_the_api_refuses_is_a_permanent_error(ctx, api, posted):
-    api.answers = [(404, "not there"), (422, "spec.replicas: Invalid value")]
+    api.answers = [*CREDENTIAL_MADE, (404, "not there"), (422, "spec.replicas: Invalid value")]
     with pytest.raises(kopf.PermanentError, match="Invalid value"):
         await reconcile(ctx, body(), retry=0)
     assert (ctx.outcomes[KEY].state, ctx.outcomes[KEY].reason) == (REJECTED, "ApplyRejected")
@@ -145,7 +184,7 @@ async def test_a_repair_leaves_a_generation_kopf_is_retrying_to_kopf(ctx, api, p
 
 
 async def test_a_failed_repair_is_recorded_without_an_event(ctx, api, posted):
-    api.answers = [(200, owned_by_another())]
+    api.answers = [*CREDENTIAL_MADE, (200, owned_by_another())]
     assert await repair(ctx, body()) == []
     assert ctx.outcomes[KEY].state == CONFLICT and posted == []
 

@@ -6,6 +6,7 @@ import json
 
 from modelplex.wire.loaded import LoadedSummary
 from modelplex.wire.names import ANNOTATION_LOADED_MODELS
+from modelplex.wire.spec import DEFAULT_ROUTER_PORT, DEFAULT_ROUTER_REPLICAS
 from modelplex_operator.status import (
     INVALID,
     OK,
@@ -31,7 +32,7 @@ T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z"
 
 
 def resource(generation=1, status=None, problem="", **spec):
-    base = {"replicas": 2, "router": {"replicas": 1, "port": 8000}}
+    base = {"replicas": 2, "image": "recs:1", "handler": "recs:Recs", "router": {"replicas": 1, "port": 8000}}
     base.update(spec)
     return Resource("recs", "team-a", UID, generation, base, status or {}, spec_problem=problem)
 
@@ -315,3 +316,10 @@ def test_pool_capacity_and_the_models_reported_condition():
                             unreported={"b": "no answer within 3 s"})
     assert cond(status, "ModelsReported")["status"] == "True"
     assert transitions({}, status) == [("Normal", "Ready", "2/2 replicas and 1/1 routers ready")]
+
+
+def test_what_the_spec_leaves_out_is_read_with_the_spec_modules_defaults():
+    bare = Resource("recs", "team-a", UID, 1, {"image": "recs:1", "handler": "recs:Recs"}, {})
+    status = compute_status(bare, [replica(ready=1, replicas=1), router(ready=1, replicas=1)], [], ok(), T0)
+    assert status["routerService"] == f"recs.team-a.svc:{DEFAULT_ROUTER_PORT}"
+    assert cond(status, "Ready")["message"] == f"1/1 replicas and 1/{DEFAULT_ROUTER_REPLICAS} routers ready"

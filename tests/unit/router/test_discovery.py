@@ -1,4 +1,4 @@
-"""Discovery: pod events to routing-table operations (plain dicts), and static replica lists."""
+"""Discovery: pod events to routing-table events (plain dicts), and static replica lists."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from aiohttp import web
 from modelplex.wire.loaded import LoadedModels
 from modelplex.wire.names import ANNOTATION_LOADED_MODELS
 from modelplex.processes import free_port
-from modelplex_router.discovery.kubernetes import Gone, PodTracker, apply_ops, replica_from_pod, selector
+from modelplex_router.discovery.kubernetes import Gone, PodTracker, apply_all, replica_from_pod, selector
 from modelplex_router.discovery.static import StaticDiscovery, parse_replica_arg
-from modelplex_router.table import ReplicaInfo, RoutingTable
+from modelplex_router.events import DocumentFetched, ReplicaSeen
+from modelplex_router.table import RoutingTable
 
 
 def pod(name, ip="10.0.0.5", ready=True, version=None, rv="7", deleting=False, port=None, raw_annotation=None):
@@ -44,7 +45,7 @@ def test_a_ready_pod_with_its_annotation_is_a_ready_replica_whose_models_are_to_
     assert info.url == "http://10.0.0.5:9000"
     assert info.ready
     # The annotation is a summary: the version says there is a document to fetch, no list.
-    assert info.models is None and info.loading is None and info.capacity == 3 and info.version == 4
+    assert info.held.document is None and info.held.summary.capacity == 3 and info.held.summary.version == 4
 
 
 @pytest.mark.parametrize(
@@ -62,10 +63,10 @@ def test_the_port_comes_from_the_http_container_port_and_ipv6_is_bracketed():
 
 
 def test_a_malformed_annotation_reads_as_nothing_to_fetch():
-    assert replica_from_pod(pod("p", raw_annotation="{not json")).version == 0
-    assert replica_from_pod(pod("p", raw_annotation='["a"]')).version == 0
-    assert replica_from_pod(pod("p", raw_annotation='{"version": "x"}')).version == 0
-    assert replica_from_pod(pod("p")).version == 0  # no annotation yet
+    assert replica_from_pod(pod("p", raw_annotation="{not json")).held.summary.version == 0
+    assert replica_from_pod(pod("p", raw_annotation='["a"]')).held.summary.version == 0
+    assert replica_from_pod(pod("p", raw_annotation='{"version": "x"}')).held.summary.version == 0
+    assert replica_from_pod(pod("p")).held.summary.version == 0  # no annotation yet
 
 
 def test_list_then_events_drive_the_table():
@@ -73,33 +74,32 @@ def test_list_then_events_drive_the_table():
     table = RoutingTable(lag_s=1.0)
     ops = tracker.on_list({"metadata": {"resourceVersion": "100"},
                            "items": [pod("r1", version=4), pod("r2", ip="10.0.0.6", ready=False)]})
-    apply_ops(table, ops, 1.0)
+    apply_all(table, ops, 1.0)
     assert tracker.resource_version == "100"
     assert [r.name for r in table.usable(1.0)] == ["r1"]
     assert [r.name for r in table.stale_replicas()] == ["r1"]  # its document is to fetch
 
     modified = pod("r2", ip="10.0.0.6", version=1, rv="101")
-    apply_ops(table, tracker.on_event({"type": "MODIFIED", "object": modified}), 2.0)
+    apply_all(table, tracker.on_event({"type": "MODIFIED", "object": modified}), 2.0)
     assert tracker.resource_version == "101"
     assert sorted(r.name for r in table.usable(2.0)) == ["r1", "r2"]
 
-    apply_ops(table, tracker.on_event({"type": "DELETED", "object": pod("r1", rv="103")}), 4.0)
+    apply_all(table, tracker.on_event({"type": "DELETED", "object": pod("r1", rv="103")}), 4.0)
     assert [r.name for r in table.replicas()] == ["r2"]
 
-    apply_ops(table, tracker.on_event({"type": "ADDED", "object": pod("r3", ip="10.0.0.7", rv="104")}), 5.0)
+    apply_all(table, tracker.on_event({"type": "ADDED", "object": pod("r3", ip="10.0.0.7", rv="104")}), 5.0)
     assert sorted(r.name for r in table.replicas()) == ["r2", "r3"]
     assert tracker.resource_version == "104"
 
 
 def test_a_fetched_document_stays_until_a_summary_announces_a_newer_one():
     table = RoutingTable()
-    apply_ops(table, PodTracker().on_list({"metadata": {}, "items": [pod("r1", version=2)]}), 1.0)
-    fetched = ReplicaInfo("r1", "http://10.0.0.5:9000", True, ("a", "b"), 3, 2, ())
-    table.apply(fetched, 1.5)
+    apply_all(table, PodTracker().on_list({"metadata": {}, "items": [pod("r1", version=2)]}), 1.0)
+    table.apply(DocumentFetched("r1", LoadedModels(version=2, capacity=3, models=("a", "b"))), 1.5)
     assert table.get("r1").models == {"a", "b"} and not table.stale_replicas()
-    apply_ops(table, PodTracker().on_event({"type": "MODIFIED", "object": pod("r1", version=2)}), 2.0)
+    apply_all(table, PodTracker().on_event({"type": "MODIFIED", "object": pod("r1", version=2)}), 2.0)
     assert table.get("r1").models == {"a", "b"} and not table.stale_replicas()
-    apply_ops(table, PodTracker().on_event({"type": "MODIFIED", "object": pod("r1", version=3)}), 3.0)
+    apply_all(table, PodTracker().on_event({"type": "MODIFIED", "object": pod("r1", version=3)}), 3.0)
     assert table.get("r1").models == {"a", "b"}  # what it knows, until the fetch
     assert [r.name for r in table.stale_replicas()] == ["r1"]
 
@@ -107,7 +107,7 @@ def test_a_fetched_document_stays_until_a_summary_announces_a_newer_one():
 def test_the_raw_object_of_the_kubernetes_client_is_used_when_present():
     tracker = PodTracker()
     ops = tracker.on_event({"type": "ADDED", "object": object(), "raw_object": pod("r1", version=6, rv="9")})
-    assert ops[0][0] == "apply" and ops[0][1].version == 6
+    assert isinstance(ops[0], ReplicaSeen) and ops[0].held.summary.version == 6
     assert tracker.resource_version == "9"
 
 
@@ -136,8 +136,8 @@ def test_other_watch_errors_raise_and_keep_the_resource_version():
 def test_a_relist_replaces_the_table():
     tracker = PodTracker()
     table = RoutingTable()
-    apply_ops(table, tracker.on_list({"metadata": {"resourceVersion": "1"}, "items": [pod("r1"), pod("r2")]}), 1.0)
-    apply_ops(table, tracker.on_list({"metadata": {"resourceVersion": "9"}, "items": [pod("r2")]}), 2.0)
+    apply_all(table, tracker.on_list({"metadata": {"resourceVersion": "1"}, "items": [pod("r1"), pod("r2")]}), 1.0)
+    apply_all(table, tracker.on_list({"metadata": {"resourceVersion": "9"}, "items": [pod("r2")]}), 2.0)
     assert [r.name for r in table.replicas()] == ["r2"]
 
 

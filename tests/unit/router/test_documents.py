@@ -7,8 +7,16 @@ import asyncio
 from aiohttp import web
 
 from modelplex.processes import wait_for_async
+from modelplex.wire.loaded import LoadedSummary
 from modelplex_router.discovery.documents import DocumentFetcher
-from modelplex_router.table import ReplicaInfo, RoutingTable
+from modelplex_router.events import ReplicaSeen, SummaryHeard
+from modelplex_router.record import Held
+from modelplex_router.table import RoutingTable
+
+
+def announced(url: str, version: int) -> ReplicaSeen:
+    """A pod event: the replica at ``url``, ready, its annotation at ``version``."""
+    return ReplicaSeen("r1", url, True, Held(LoadedSummary(version=version, capacity=2)))
 
 
 async def serve_documents(documents: list[dict]) -> tuple[web.AppRunner, str, list[int]]:
@@ -35,10 +43,10 @@ async def test_a_newer_summary_makes_the_table_fetch_the_document_once():
     loop = asyncio.get_running_loop()
     fetcher = asyncio.create_task(DocumentFetcher().run(table, loop.time))
     try:
-        table.apply(ReplicaInfo("r1", url, True, None, 2, 5, None), loop.time())  # a summary: version 5
+        table.apply(announced(url, 5), loop.time())  # a summary: version 5
         await wait_for_async(lambda: table.get("r1").models == {"a", "b"}, 10, 0.01, "the document fetched")
         assert table.get("r1").version == 5 and not table.stale_replicas()
-        table.heard_version(table.get("r1"), 5)  # old news: nothing to fetch
+        table.apply(SummaryHeard(table.get("r1"), LoadedSummary(version=5).to_json()), loop.time())  # old news
         await asyncio.sleep(0.1)
         assert served == [0]
     finally:
@@ -54,10 +62,9 @@ async def test_a_replica_that_changed_again_during_the_fetch_is_fetched_again():
     ])
     table = RoutingTable()
     loop = asyncio.get_running_loop()
-    table.apply(ReplicaInfo("r1", url, True, None, 2, 2, None), loop.time())  # announces version 2
+    table.apply(announced(url, 2), loop.time())
     fetcher = asyncio.create_task(DocumentFetcher().run(table, loop.time))
     try:
-        table.heard_version(table.get("r1"), 2)
         await wait_for_async(lambda: table.get("r1").version == 2, 10, 0.01, "version 2 fetched")
         assert table.get("r1").models == {"a", "b"} and len(served) == 2
     finally:

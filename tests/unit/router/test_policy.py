@@ -11,14 +11,15 @@ from collections import Counter
 import pytest
 
 from modelplex_router.policy import Kind, Params, choose, choose_random, place, rendezvous_score, two_choices
-from modelplex_router.table import Replica
+from modelplex.wire.loaded import LoadedModels
+from modelplex_router.record import Replica
 
 PARAMS = Params(max_ongoing=4, matching_timeout_s=1.0)
 
 
 def rep(name: str, models=(), inflight: int = 0, capacity: int = 4, loading=()) -> Replica:
-    replica = Replica(name=name, url=f"http://{name}", ready=True, models=frozenset(models), capacity=capacity)
-    replica.inflight = inflight
+    replica = Replica(name=name, url=f"http://{name}", ready=True, document=LoadedModels(models=tuple(models)),
+                      capacity=capacity, in_slots=inflight)
     for model in loading:
         replica.pending[model] = 1
     return replica
@@ -158,7 +159,7 @@ def test_waiting_for_a_load_takes_no_slot_of_the_loaded_models():
     other = rep("b")
     assert pick([loading, other], "m").replica is loading
     loading.pending["m"] = 3
-    loading.inflight = 3
+    loading.in_slots = 3
     assert pick([loading, other], "x").replica is loading
 
 

@@ -1,13 +1,17 @@
-"""What the proxy tells the scheduler about a replica, and the bound on refusals it asks of it
-(pure: a routing table and a fake clock, no sockets)."""
+"""What the proxy tells the scheduler's table about a replica (pure: a routing table and a fake
+clock, no sockets)."""
 
 from __future__ import annotations
 
 import random
 
+import asyncio
+
+from modelplex.wire.loaded import LoadedModels, LoadedSummary
+from modelplex_router.events import Answered, ConnectionFailed, ReplicaSeen, SummaryHeard
 from modelplex_router.policy import Params
+from modelplex_router.record import Held
 from modelplex_router.scheduler import Scheduler
-from modelplex_router.table import ReplicaInfo, RoutingTable
 
 
 class FakeClock:
@@ -18,12 +22,16 @@ class FakeClock:
         return self.now
 
 
+def seen(name: str, version: int = 1) -> ReplicaSeen:
+    return ReplicaSeen(name, f"http://{name}", True, Held.of(LoadedModels(version=version, capacity=4)))
+
+
 def scheduler_of(clock: FakeClock, *names: str, version: int = 1) -> Scheduler:
-    table = RoutingTable(quarantine_s=30.0)
+    scheduler = Scheduler(Params(max_ongoing=4, matching_timeout_s=1.0), quarantine_s=30.0, clock=clock,
+                          rng=random.Random(0), deployment="d")
     for name in names:
-        table.apply(ReplicaInfo(name, f"http://{name}", True, (), 4, version, ()), clock())
-    return Scheduler(table, Params(max_ongoing=4, matching_timeout_s=1.0), clock=clock, rng=random.Random(0),
-                     deployment="d")
+        scheduler.table.apply(seen(name, version), clock())
+    return scheduler
 
 
 def routed(scheduler: Scheduler, requests: int = 8) -> set[str]:
@@ -39,10 +47,10 @@ def routed(scheduler: Scheduler, requests: int = 8) -> set[str]:
 def test_a_replica_that_failed_gets_no_request_until_seen_alive_again():
     clock = FakeClock()
     scheduler = scheduler_of(clock, "a", "b")
-    scheduler.failed(scheduler.table.get("a"))
+    scheduler.table.apply(ConnectionFailed(scheduler.table.get("a")), clock())
     assert routed(scheduler) == {"b"}
     clock.now += 1
-    scheduler.table.apply(ReplicaInfo("a", "http://a", True, (), 4, 1, ()), clock())  # a poll finds it ready
+    scheduler.table.apply(seen("a"), clock())  # a poll finds it ready
     assert routed(scheduler) == {"a", "b"}
 
 
@@ -51,16 +59,19 @@ def test_a_replica_that_answered_counts_as_alive_from_that_time():
     scheduler = scheduler_of(clock, "a")
     assert not scheduler.table.answered_since("a", clock())
     clock.now += 5
-    scheduler.answered(scheduler.table.get("a"))
+    scheduler.table.apply(Answered(scheduler.table.get("a")), clock())
     assert scheduler.table.answered_since("a", 104.0) and not scheduler.table.answered_since("a", 106.0)
 
 
-def test_a_newer_version_heard_in_an_answer_makes_the_replicas_document_stale():
+async def test_a_newer_version_heard_in_an_answer_makes_the_replicas_document_stale():
     clock = FakeClock()
-    scheduler = scheduler_of(clock, "a", "b", version=3)
-    fetches = []
-    scheduler.table.stale_listener = lambda: fetches.append(True)
-    scheduler.heard_version(scheduler.table.get("a"), 3)  # what it had: nothing to fetch
-    assert scheduler.table.stale_replicas() == [] and fetches == []
-    scheduler.heard_version(scheduler.table.get("a"), 4)
-    assert [r.name for r in scheduler.table.stale_replicas()] == ["a"] and fetches == [True]
+    table = scheduler_of(clock, "a", "b", version=3).table
+    a = table.get("a")
+    table.apply(SummaryHeard(a, LoadedSummary(version=3).to_json()), clock())  # what it had: nothing to fetch
+    assert table.stale_replicas() == []
+    waiting = asyncio.create_task(table.wait_stale())
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    table.apply(SummaryHeard(a, LoadedSummary(version=4).to_json()), clock())
+    assert [r.name for r in table.stale_replicas()] == ["a"]
+    await asyncio.wait_for(waiting, 5)  # the fetcher wakes

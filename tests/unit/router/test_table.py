@@ -8,9 +8,13 @@ import random
 import pytest
 
 from modelplex.wire.errors import NotReady, Overloaded
+from modelplex.wire.loaded import LoadedModels, LoadedSummary
+from modelplex_router.events import (Answered, ConnectionFailed, DocumentFetched, ReplicaGone, ReplicaSeen,
+                                     ReplicasListed, RequestFinished, RequestStarted, SummaryHeard)
 from modelplex_router.policy import Kind, Params
+from modelplex_router.record import Held
 from modelplex_router.scheduler import Scheduler
-from modelplex_router.table import ReplicaInfo, RoutingTable
+from modelplex_router.table import Change, RoutingTable
 
 # On looptime's virtual clock: waits and timeouts cost no real time.
 pytestmark = pytest.mark.looptime
@@ -27,8 +31,9 @@ class FakeClock:
         self.now += seconds
 
 
-def info(name: str, models=(), ready=True, capacity=2, loading=(), version=1) -> ReplicaInfo:
-    return ReplicaInfo(name, f"http://{name}", ready, tuple(models), capacity, version, tuple(loading))
+def info(name: str, models=(), ready=True, capacity=2, loading=(), version=1) -> ReplicaSeen:
+    return ReplicaSeen(name, f"http://{name}", ready, Held.of(LoadedModels(version, capacity, tuple(models),
+                                                                            tuple(loading))))
 
 
 @pytest.fixture
@@ -37,11 +42,11 @@ def clock():
 
 
 def make(clock, *names, lag_s=0.0, max_ongoing=4, **kwargs):
-    table = RoutingTable(lag_s=lag_s)
+    scheduler = Scheduler(Params(max_ongoing=max_ongoing, matching_timeout_s=1.0), lag_s=lag_s, clock=clock,
+                          rng=random.Random(0), deployment="d", **kwargs)
+    table = scheduler.table
     for name in names:
         table.apply(info(name), clock())
-    scheduler = Scheduler(table, Params(max_ongoing=max_ongoing, matching_timeout_s=1.0), clock=clock,
-                          rng=random.Random(0), deployment="d", **kwargs)
     return table, scheduler
 
 
@@ -140,12 +145,12 @@ def test_a_view_change_shows_in_the_snapshot(clock):
     assert [r.name for r in table.usable(clock())] == ["a"]
 
 
-def test_replace_all_drops_replicas_that_are_gone(clock):
+def test_a_full_listing_drops_replicas_that_are_gone(clock):
     table, _ = make(clock, "a", "b")
-    table.replace_all([info("b"), info("c")], clock())
+    table.apply(ReplicasListed((info("b"), info("c"))), clock())
     assert sorted(r.name for r in table.replicas()) == ["b", "c"]
-    table.remove("b")
-    table.remove("nope")
+    table.apply(ReplicaGone("b"), clock())
+    table.apply(ReplicaGone("nope"), clock())
     assert [r.name for r in table.usable(clock())] == ["c"]
 
 
@@ -154,7 +159,7 @@ def test_replace_all_drops_replicas_that_are_gone(clock):
 
 def test_a_failed_replica_is_out_until_seen_alive_after_the_failure(clock):
     table, scheduler = make(clock, "a", "b")
-    table.failed(table.get("a"), clock())
+    table.apply(ConnectionFailed(table.get("a")), clock())
     assert [r.name for r in table.usable(clock())] == ["b"]
     assert not table.snapshot()[0]["ready"]
     # A poll that began before the failure proves nothing.
@@ -167,7 +172,7 @@ def test_a_failed_replica_is_out_until_seen_alive_after_the_failure(clock):
 
 def test_the_quarantine_runs_out(clock):
     table, _ = make(clock, "a", "b")
-    table.failed(table.get("a"), clock())
+    table.apply(ConnectionFailed(table.get("a")), clock())
     clock.advance(table.quarantine_s - 0.1)
     assert [r.name for r in table.usable(clock())] == ["b"]
     clock.advance(0.2)
@@ -255,11 +260,11 @@ async def test_requests_are_refused_with_503_past_the_queue_bound():
 
 async def test_a_waiting_request_spreads_after_the_matching_timeout():
     loop_clock = lambda: asyncio.get_running_loop().time()  # noqa: E731
-    table = RoutingTable()
+    scheduler = Scheduler(Params(max_ongoing=1, matching_timeout_s=0.1, hot_spread=False),
+                          clock=loop_clock, rng=random.Random(0))
+    table = scheduler.table
     table.apply(info("a", models=["m"]), 0.0)
     table.apply(info("b"), 0.0)
-    scheduler = Scheduler(table, Params(max_ongoing=1, matching_timeout_s=0.1, hot_spread=False),
-                          clock=loop_clock, rng=random.Random(0))
     holder = await scheduler.acquire("m")  # M's only holder is now full
     started = loop_clock()
     lease = await asyncio.wait_for(scheduler.acquire("m"), 5)
@@ -270,10 +275,9 @@ async def test_a_waiting_request_spreads_after_the_matching_timeout():
 
 async def test_requests_waiting_for_a_load_leave_the_slots_to_loaded_models():
     loop_clock = lambda: asyncio.get_running_loop().time()  # noqa: E731
-    table = RoutingTable()
+    scheduler = Scheduler(Params(max_ongoing=2, matching_timeout_s=0.1), clock=loop_clock, queue_timeout_s=0.3)
+    table = scheduler.table
     table.apply(info("a", models=["x"]), 0.0)
-    scheduler = Scheduler(table, Params(max_ongoing=2, matching_timeout_s=0.1), clock=loop_clock,
-                          queue_timeout_s=0.3)
     hung = [await scheduler.acquire("m") for _ in range(2)]  # M's load hangs on "a"
     assert table.get("a").inflight == 0 and table.get("a").waiting("m") == 2
     served = [await asyncio.wait_for(scheduler.acquire("x"), 1) for _ in range(2)]
@@ -283,22 +287,6 @@ async def test_requests_waiting_for_a_load_leave_the_slots_to_loaded_models():
     for lease in hung + served:
         lease.release(ok=False)
     assert table.get("a").inflight == 0 and table.get("a").pending == {}
-
-
-def test_the_table_tells_its_listener_about_freed_slots_and_changes(clock):
-    table, _ = make(clock, "a")  # the scheduler made by make() is replaced as listener here
-    events = []
-    table.listener = events.append
-    table.apply(info("a"), clock())  # nothing new: no event
-    assert events == []
-    replica = table.get("a")
-    table.dispatched(replica, "m")
-    table.finished(replica, "m", False, True, clock())
-    assert events == [True]
-    table.apply(info("a", models=["m"]), clock())
-    table.apply(info("b"), clock())
-    table.remove("b")
-    assert events == [True, False, False, False]
 
 
 async def test_a_long_line_for_a_stuck_model_does_not_keep_a_freed_slot_from_other_models():
@@ -368,3 +356,133 @@ async def test_a_waiter_cancelled_after_being_handed_a_slot_passes_it_on():
     lease = await asyncio.wait_for(third, 5)
     assert lease.replica.name == "a"
     assert scheduler.queued == 0
+
+
+# -- each event's effect on the table, and what it tells the scheduler -------------------------
+
+
+def noted_table(**kwargs) -> tuple[RoutingTable, list[Change]]:
+    """A table whose notifier writes down what it is told."""
+    changes: list[Change] = []
+    return RoutingTable(notify=changes.append, **kwargs), changes
+
+
+def test_a_replica_seen_with_its_document_is_taken_in_whole_and_a_repeat_is_no_news():
+    table, changes = noted_table()
+    table.apply(info("a", models=["m"], loading=["n"], capacity=3, version=4), 1.0)
+    replica = table.get("a")
+    assert (replica.url, replica.ready, replica.capacity, replica.version) == ("http://a", True, 3, 4)
+    assert replica.models == {"m"} and replica.reported_loading == {"n"} and replica.observed_at == 1.0
+    assert replica.document == LoadedModels(4, 3, ("m",), ("n",))
+    assert changes == [Change.CHANGED]
+    table.apply(info("a", models=["m"], loading=["n"], capacity=3, version=4), 2.0)
+    assert changes == [Change.CHANGED]  # nothing a waiter could use
+
+
+def test_a_replica_seen_with_only_its_summary_keeps_its_document_and_becomes_stale():
+    table, changes = noted_table()
+    table.apply(info("a", models=["m"], capacity=3, version=4), 1.0)
+    table.apply(ReplicaSeen("a", "http://a", True, Held(LoadedSummary(version=6, capacity=5))), 2.0)
+    replica = table.get("a")
+    assert replica.models == {"m"} and replica.version == 4  # what it knows, until the fetch
+    assert replica.capacity == 5 and replica.latest_version == 6 and replica.stale
+    assert [r.name for r in table.stale_replicas()] == ["a"]
+    assert changes == [Change.CHANGED]
+
+
+def test_a_fetched_document_keeps_the_replicas_address_and_readiness():
+    table, changes = noted_table()
+    table.apply(DocumentFetched("nobody", LoadedModels(version=1)), 1.0)  # gone meanwhile: ignored
+    assert len(table) == 0
+    table.apply(ReplicaSeen("a", "http://a", False, Held(LoadedSummary(version=2))), 1.0)
+    table.apply(DocumentFetched("a", LoadedModels(version=2, capacity=2, models=("m",))), 2.0)
+    replica = table.get("a")
+    assert not replica.ready and replica.url == "http://a"
+    assert replica.models == {"m"} and not replica.stale
+
+
+def test_a_summary_header_is_parsed_once_per_distinct_text_and_a_malformed_one_is_ignored():
+    table, _ = noted_table()
+    table.apply(info("a", version=2), 1.0)
+    replica = table.get("a")
+    header = LoadedSummary(version=3).to_json()
+    table.apply(SummaryHeard(replica, header), 2.0)
+    assert (replica.heard_header, replica.heard_version, replica.latest_version) == (header, 3, 3)
+    table.apply(SummaryHeard(replica, "{not json"), 3.0)
+    assert (replica.heard_header, replica.latest_version) == (header, 3)  # unchanged
+    table.apply(SummaryHeard(replica, LoadedSummary(version=1).to_json()), 4.0)
+    assert replica.latest_version == 3  # announced versions never go back
+
+
+def test_a_request_for_a_loaded_model_takes_a_slot_and_frees_it():
+    table, changes = noted_table()
+    table.apply(info("a", models=["m"]), 1.0)
+    replica = table.get("a")
+    started = RequestStarted.to(replica, "m")
+    assert not started.for_load
+    table.apply(started, 1.0)
+    assert replica.in_slots == 1 and replica.inflight == 1 and replica.pending == {}
+    table.apply(RequestFinished(started, ok=True), 2.0)
+    assert replica.in_slots == 0 and replica.learned == {"m": 2.0}
+    assert changes == [Change.CHANGED, Change.FREED]
+
+
+def test_a_request_for_a_model_not_loaded_waits_for_its_load_and_a_failed_load_is_news():
+    table, changes = noted_table()
+    table.apply(info("a"), 1.0)
+    replica = table.get("a")
+    first, second = RequestStarted.to(replica, "m"), RequestStarted.to(replica, "m")
+    assert first.for_load and second.for_load
+    table.apply(first, 1.0)
+    table.apply(second, 1.0)
+    assert replica.pending == {"m": 2} and replica.in_slots == 0 and replica.is_loading("m")
+    table.apply(RequestFinished(first, ok=False), 2.0)
+    assert replica.pending == {"m": 1} and changes[-1] is Change.FREED
+    table.apply(RequestFinished(second, ok=False), 2.0)
+    assert replica.pending == {} and not replica.holds("m")
+    assert changes[-1] is Change.CHANGED  # the load failed: its waiters may go elsewhere
+
+
+def test_a_request_naming_no_model_takes_a_slot():
+    table, _ = noted_table()
+    table.apply(info("a"), 1.0)
+    assert not RequestStarted.to(table.get("a"), "").for_load
+
+
+def test_an_answer_and_a_connection_failure_are_noted_on_the_record_without_news():
+    table, changes = noted_table(quarantine_s=5.0)
+    table.apply(info("a"), 1.0)
+    replica = table.get("a")
+    table.apply(Answered(replica), 2.0)
+    assert replica.answered_at == 2.0 and table.answered_since("a", 2.0)
+    table.apply(ConnectionFailed(replica), 3.0)
+    table.apply(ConnectionFailed(replica), 4.0)  # the first failure starts the quarantine
+    assert replica.down_at == 3.0 and table.usable(4.0) == []
+    assert table.quarantine_ends(4.0) == 8.0
+    assert table.usable(8.0) == [replica] and table.quarantine_ends(8.0) == float("inf")
+    assert changes == [Change.CHANGED]  # the end of a quarantine is read, never notified
+
+
+def test_gone_and_listed_replicas_are_news():
+    table, changes = noted_table()
+    table.apply(ReplicasListed((info("a"), info("b"))), 1.0)
+    assert sorted(r.name for r in table.replicas()) == ["a", "b"]
+    assert changes == [Change.CHANGED]  # once, with the whole listing in
+    changes.clear()
+    table.apply(ReplicaGone("a"), 2.0)
+    table.apply(ReplicaGone("a"), 2.0)  # already gone: no news
+    assert changes == [Change.CHANGED] and [r.name for r in table.replicas()] == ["b"]
+
+
+def test_anything_else_is_refused():
+    table, _ = noted_table()
+    with pytest.raises(TypeError):
+        table.apply("ready", 1.0)  # type: ignore[arg-type]
+
+
+async def test_a_request_waiting_for_a_quarantined_replica_gets_it_when_the_quarantine_runs_out():
+    loop = asyncio.get_running_loop()
+    table, scheduler = make(loop.time, "a", queue_timeout_s=10.0)
+    table.apply(ConnectionFailed(table.get("a")), loop.time())
+    lease = await asyncio.wait_for(scheduler.acquire("m"), 5)  # nothing but the clock tells it
+    assert lease.replica.name == "a" and loop.time() == pytest.approx(table.quarantine_s, abs=0.01)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from modelplex.wire.loaded import MAX_ERROR_CHARS, MAX_FAILURES, LoadedModels, LoadedSummary, LoadFailure
+from modelplex.wire.loaded import (MAX_DOCUMENT_BYTES, MAX_ERROR_CHARS, MAX_FAILURES, LoadedModels, LoadedSummary,
+                                   LoadFailure, annotation_summary, read_document, summary_annotations)
+from modelplex.wire.names import ANNOTATION_LOADED_MODELS
 
 
 def test_the_summary_stays_small_whatever_the_models_and_their_ids():
@@ -62,3 +64,25 @@ def test_a_malformed_summary_is_refused():
     for raw in ("not json", '{"models": ["a"]}', '{"version": true}'):
         with pytest.raises(ValueError):
             LoadedSummary.parse(raw)
+
+
+def test_a_document_body_over_the_size_limit_is_refused_before_parsing():
+    body = b'{"models": ["' + b"x" * MAX_DOCUMENT_BYTES + b'"]}'
+    with pytest.raises(ValueError, match=f"over {MAX_DOCUMENT_BYTES} bytes"):
+        read_document(body)
+    assert read_document(b'{"version": 2, "models": ["a"]}') == LoadedModels(version=2, models=("a",))
+
+
+def test_the_annotation_written_is_the_annotation_read():
+    summary = LoadedSummary(7, 2, 1, 4, 300, 1 << 30)
+    annotations = summary_annotations(summary)
+    assert list(annotations) == [ANNOTATION_LOADED_MODELS]
+    assert annotation_summary({"other": "x", **annotations}) == summary
+
+
+def test_a_pod_without_the_annotation_holds_nothing_and_a_malformed_one_is_refused_by_name():
+    assert annotation_summary(None) == LoadedSummary()
+    assert annotation_summary({ANNOTATION_LOADED_MODELS: ""}) == LoadedSummary()
+    for raw in ("{not json", '["a"]', '{"version": "x"}'):
+        with pytest.raises(ValueError, match=ANNOTATION_LOADED_MODELS):
+            annotation_summary({ANNOTATION_LOADED_MODELS: raw})

@@ -73,6 +73,16 @@ def test_design_example_parses():
         ({"gracefulShutdownTimeoutSeconds": -1}, "spec.gracefulShutdownTimeoutSeconds: Input should be greater"),
         ({"replicaz": 2}, "spec.replicaz: unknown field"),
         ({"multiplexing": {"maxModels": 2}}, "spec.multiplexing.maxModels: unknown field"),
+        # autoscaling (Ray Serve's autoscaling_config)
+        ({"replicas": 2, "autoscaling": {}}, "spec: replicas and autoscaling are both set (got replicas: 2)"),
+        ({"autoscaling": {"minReplicas": 3, "maxReplicas": 2}},
+         "spec.autoscaling: minReplicas must be <= maxReplicas (got 3 > 2)"),
+        ({"autoscaling": {"maxReplicas": 3, "initialReplicas": 4}},
+         "spec.autoscaling: initialReplicas must be within minReplicas and maxReplicas (got 4, outside 1..3)"),
+        ({"autoscaling": {"maxReplicas": 0}}, "spec.autoscaling.maxReplicas: Input should be greater than or equal to 1"),
+        ({"autoscaling": {"targetOngoingRequests": 0}}, "spec.autoscaling.targetOngoingRequests: Input should be greater"),
+        ({"autoscaling": {"upscaleDelaySeconds": -1}}, "spec.autoscaling.upscaleDelaySeconds"),
+        ({"autoscaling": {"minReplica": 1}}, "spec.autoscaling.minReplica: unknown field"),
     ],
 )
 def test_bad_field_is_named_with_its_value(change, expected):

@@ -1,0 +1,82 @@
+"""The internal credential of every namespace the operator serves (README, "Security").
+
+One Secret, ``modelplex-internal``, per namespace, holding a random token: made by the first
+MultiplexedDeployment's reconcile, owned by each of them (so garbage collection removes it with
+the last one), mounted by their routers and replicas. The operator reads it back for its own
+calls to replicas (``GET /v1/models``) and routers (``GET /v1/load``). A Secret of that name that
+the operator did not make (no managed-by label) is left alone and reported, never adopted.
+
+Rotation: write a new ``token`` into the Secret; pods read the mounted file again when the
+kubelet updates it (within about a minute), and the operator at its next apply of a resource of
+that namespace (a reconcile, or the periodic resync).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from typing import Any
+
+from modelplex.wire.credentials import INTERNAL_SECRET_KEY, INTERNAL_SECRET_NAME, new_token
+from modelplex_operator import MANAGED_BY, builders
+from modelplex_operator.kube import Kube, KubeError, NotOwned
+
+log = logging.getLogger("modelplex.operator.credentials")
+
+
+def token_of(secret: dict[str, Any]) -> str | None:
+    """The token a ``modelplex-internal`` Secret holds, or None."""
+    encoded = (secret.get("data") or {}).get(INTERNAL_SECRET_KEY)
+    try:
+        return base64.b64decode(encoded).decode() if encoded else None
+    except ValueError:
+        return None
+
+
+class InternalCredentials:
+    """The per-namespace internal credentials: ensured on reconcile, read for the operator's calls."""
+
+    def __init__(self, kube: Kube):
+        self.kube = kube
+        self._tokens: dict[str, str] = {}
+
+    async def ensure(self, namespace: str, owner: dict[str, Any]) -> None:
+        """The namespace's Secret exists and ``owner`` is among its owners."""
+        await asyncio.to_thread(self._ensure, namespace, owner)
+
+    def _ensure(self, namespace: str, owner: dict[str, Any]) -> None:
+        existing = self.kube.get("v1", "Secret", namespace, INTERNAL_SECRET_NAME)
+        if existing is None:
+            try:
+                created = self.kube.create(builders.internal_secret(namespace, new_token(), [owner]))
+            except KubeError as error:
+                if error.status != 409:  # 409: another reconcile made it first; read theirs
+                    raise
+                existing = self.kube.get("v1", "Secret", namespace, INTERNAL_SECRET_NAME)
+            else:
+                log.info("%s: created Secret %s (the namespace's internal credential)", namespace, INTERNAL_SECRET_NAME)
+                self._remember(namespace, created)
+                return
+        if existing is None:
+            raise KubeError(404, "NotFound", f"Secret {INTERNAL_SECRET_NAME} vanished while being made")
+        labels = (existing.get("metadata") or {}).get("labels") or {}
+        if labels.get("app.kubernetes.io/managed-by") != MANAGED_BY:
+            raise NotOwned(f"Secret {INTERNAL_SECRET_NAME} exists and was not made by Modelplex: left as it is "
+                           "(remove it, or label it app.kubernetes.io/managed-by=modelplex-operator to hand it over)")
+        owners = (existing.get("metadata") or {}).get("ownerReferences") or []
+        if not any(ref.get("uid") == owner["uid"] for ref in owners):
+            added = {**owner, "controller": False, "blockOwnerDeletion": False}
+            existing = self.kube.merge_patch("v1", "Secret", namespace, INTERNAL_SECRET_NAME,
+                                             {"metadata": {"ownerReferences": [*owners, added],
+                                                           "resourceVersion": existing["metadata"]["resourceVersion"]}})
+        self._remember(namespace, existing)
+
+    def _remember(self, namespace: str, secret: dict[str, Any]) -> None:
+        token = token_of(secret)
+        if token is not None:
+            self._tokens[namespace] = token
+
+    def token(self, namespace: str) -> str | None:
+        """The namespace's token as last read (None before its first reconcile)."""
+        return self._tokens.get(namespace)
