@@ -32,7 +32,7 @@ import inspect
 import logging
 import math
 from collections import deque
-from collections.abc import Mapping, Sized
+from collections.abc import Coroutine, Generator, Mapping, Sized
 from dataclasses import dataclass, field
 from numbers import Real
 from typing import Any, Callable, cast
@@ -56,27 +56,27 @@ _STOP_TOKENS = (StopIteration, StopAsyncIteration)
 
 def _check_batch_size(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"max_batch_size must be an integer >= 1 (got {value!r})")
+        raise TypeError(f"max_batch_size must be integer >= 1, got {value}")
     if value != math.trunc(value):
-        raise TypeError(f"max_batch_size must be an integer >= 1 (got {value!r})")
+        raise TypeError(f"max_batch_size must be integer >= 1, got {value}")
     if value < 1:
-        raise ValueError(f"max_batch_size must be an integer >= 1 (got {value!r})")
+        raise ValueError(f"max_batch_size must be an integer >= 1, got {value}")
     return int(math.trunc(value))
 
 
 def _check_timeout(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"batch_wait_timeout_s must be a number >= 0 (got {value!r})")
+        raise TypeError(f"batch_wait_timeout_s must be a float >= 0, got {value}")
     if value < 0:
-        raise ValueError(f"batch_wait_timeout_s must be a number >= 0 (got {value!r})")
+        raise ValueError(f"batch_wait_timeout_s must be a float >= 0, got {value}")
     return float(value)
 
 
 def _check_concurrency(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"max_concurrent_batches must be an integer >= 1 (got {value!r})")
+        raise TypeError(f"max_concurrent_batches must be an integer >= 1, got {value}")
     if value < 1:
-        raise ValueError(f"max_concurrent_batches must be an integer >= 1 (got {value!r})")
+        raise ValueError(f"max_concurrent_batches must be an integer >= 1, got {value}")
     return value
 
 
@@ -428,7 +428,10 @@ class _BatchedStream:
     def __aiter__(self) -> _BatchedStream:
         return self
 
-    async def __anext__(self) -> Any:
+    def __anext__(self) -> _Read:
+        return _Read(self, self._next())
+
+    async def _next(self) -> Any:
         if self._done:
             raise StopAsyncIteration
         if self._item is None:
@@ -458,6 +461,40 @@ class _BatchedStream:
     def __del__(self) -> None:
         if self._item is not None and not self._item.gone:
             self._item.gone = True  # never read to the end: stop producing for it
+
+
+class _Read(Coroutine):
+    """One ``__anext__`` of a batched stream. A task cancelled before its first step never runs
+    its coroutine's code (it is thrown into, unstarted), so the read's own ``except`` could not
+    let the caller go: this coroutine does, and its batch does not wait for a caller who left."""
+
+    __slots__ = ("_stream", "_inner", "_started")
+
+    def __init__(self, stream: _BatchedStream, inner: Coroutine):
+        self._stream = stream
+        self._inner = inner
+        self._started = False
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        self._started = True
+        return self._inner.__await__()
+
+    def send(self, value: Any) -> Any:
+        self._started = True
+        return self._inner.send(value)
+
+    def throw(self, *error: Any) -> Any:
+        self._given_up()
+        return self._inner.throw(*error)
+
+    def close(self) -> None:
+        self._given_up()
+        self._inner.close()
+
+    def _given_up(self) -> None:
+        if not self._started:
+            self._started = True
+            self._stream._leave()
 
 
 # -- the decorator -------------------------------------------------------------------------------------
@@ -492,7 +529,7 @@ def batch(
         batch_size_fn=batch_size_fn,
     )
     if batch_size_fn is not None and not callable(batch_size_fn):
-        raise TypeError(f"batch_size_fn must be callable (got {batch_size_fn!r})")
+        raise TypeError(f"batch_size_fn must be a callable or None, got {type(batch_size_fn)}")
 
     def wrap(handler: Callable) -> Callable:
         wrapper = _wrap(handler, settings)

@@ -698,16 +698,36 @@ class _Pin:
 
 
 async def release(model: Any, model_id: str = "") -> None:
-    """Call the model's ``unload()`` (sync or async) if it has one; never raises."""
+    """Call the model's ``unload()`` (sync or async) if it has one, and await an ``async def
+    __del__`` (as Ray does: the interpreter would only create its coroutine); never raises."""
     unload = getattr(model, "unload", None)
-    if not callable(unload):
-        return
     try:
-        result = unload()
-        if inspect.isawaitable(result):
-            await result
+        if callable(unload):
+            result = unload()
+            if inspect.isawaitable(result):
+                await result
+        if inspect.iscoroutinefunction(getattr(type(model), "__del__", None)):
+            await model.__del__()
+            _finalised(model)
     except Exception:  # noqa: BLE001 - a broken unload() must not wedge the cache
-        log.exception("unload() of model %r raised", model_id)
+        log.exception("unloading model %r raised", model_id)
+
+
+def _finalised(model: Any) -> None:
+    """Mark a model whose ``async def __del__`` ran: the interpreter's own call at collection
+    would create a coroutine nobody awaits (a warning), so it finds a no-op instead."""
+    cls = type(model)
+    quiet = _QUIET.get(cls)
+    if quiet is None:
+        quiet = _QUIET[cls] = type(cls.__name__, (cls,), {"__del__": lambda self: None, "__module__": cls.__module__})
+    try:
+        model.__class__ = quiet
+    except TypeError:  # a class whose instances cannot change class: the warning stays
+        log.debug("cannot silence %s.__del__ after it ran", cls.__qualname__)
+
+
+#: Per model class, its subclass whose ``__del__`` does nothing (model classes are few).
+_QUIET: dict[type, type] = {}
 
 
 def _too_large(model_id: str, nbytes: int, budget: int) -> str:

@@ -12,7 +12,7 @@ import asyncio
 import contextvars
 import functools
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Callable, Generator
 
 from modelplex.batching import STREAMING_ATTR
@@ -20,7 +20,7 @@ from modelplex.wire.codec import (
     CALL_CONTENT_TYPE, STREAM_CONTENT_TYPE, VALUE_CONTENT_TYPE, decode_call, encode_stream_error,
     encode_stream_item, encode_value,
 )
-from modelplex.wire.errors import BadRequest, HandlerError, ModelplexError, NotFound
+from modelplex.wire.errors import HandlerError, ModelplexError, NotFound, remote_error_class
 from modelplex.http import encode_body, to_json
 
 def call_mode(target: Callable) -> str:
@@ -80,6 +80,23 @@ def _class_call_mode(klass: type) -> str | None:
     return call_mode(klass.__call__)
 
 
+def _takes_arguments(handler: Any) -> bool:
+    """Whether a plain HTTP request passes its body: not to a ``__call__(self)`` that takes
+    nothing (Ray calls that one without arguments). Known once per class or function."""
+    if inspect.isroutine(handler):
+        return _parameters(handler, bound=False)
+    return _parameters(type(handler).__call__, bound=True)
+
+
+@functools.lru_cache(maxsize=256)
+def _parameters(function: Callable, bound: bool) -> bool:
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature: give it the body
+        return True
+    return len(parameters) > (1 if bound else 0)
+
+
 def method_of(handler: Any, name: str) -> Callable:
     """The bound method ``name`` of ``handler``; a private or missing one is a clear error."""
     if name == "__call__":
@@ -105,6 +122,10 @@ class Invocation:
     stream_requested: bool = False  # a handle asked for a stream from a method that may return one
     name: str = "__call__"
     framing: str = "ndjson"  # set by stream_content_type: "sse", "typed", "raw" or "ndjson"
+    #: The method's own name, as Ray's messages give it (``__call__``, ``unary``).
+    method: str = "__call__"
+    #: The stream the target returned already (a plain HTTP request's: see :meth:`outcome`).
+    produced: Any = None
 
     def run(self) -> Any:
         """Call the target: a coroutine, a value, an async iterator or a generator, by mode."""
@@ -116,7 +137,9 @@ class Invocation:
 
     async def items(self) -> AsyncIterator[Any]:
         """The streamed items: of a generator function, or of the generator a method returned."""
-        if self.mode in ("stream", "sync_stream"):
+        if self.produced is not None:
+            produced = self.produced
+        elif self.mode in ("stream", "sync_stream"):
             produced = self.run()
         elif self.mode == "async":
             produced = await self.run()
@@ -129,14 +152,22 @@ class Invocation:
             async for item in iterate_in_thread(produced):
                 yield item
         else:
-            raise HandlerError(f"{self.name} must return a generator to be called with stream=True, but it "
-                               f"returned a {type(produced).__name__}", error_type="TypeError")
+            raise remote_error_class("TypeError")(
+                f"Called method '{self.method}' with `handle.options(stream=True)` but it did not return a "
+                f"generator (it returned a {type(produced).__name__}).", error_type="TypeError")
+
+    def outcome(self, value: Any) -> tuple[bytes, str] | Invocation:
+        """What the handler returned, to send: encoded (:meth:`encode`), or, where a plain HTTP
+        request's handler returned a stream (a generator, a ``@batch`` generator's stream), the
+        invocation that streams it (as Ray streams it: an HTTP client cannot ask for a stream)."""
+        if not self.typed and returns_stream(value):
+            return replace(self, produced=value, stream_requested=True)
+        return self.encode(value)
 
     def encode(self, value: Any) -> tuple[bytes, str]:
         """A unary answer as (body, content type); a value that cannot be sent is a handler error."""
-        if inspect.isgenerator(value) or inspect.isasyncgen(value):
-            raise HandlerError(f"{self.name} returned a generator: call it with .options(stream=True)",
-                               error_type="TypeError")
+        if returns_stream(value):
+            raise generator_without_stream(self.method)
         try:
             if self.typed:
                 return encode_value(value), VALUE_CONTENT_TYPE
@@ -189,6 +220,18 @@ class Invocation:
         return to_json(error.to_dict()) + b"\n"
 
 
+def returns_stream(value: Any) -> bool:
+    """Whether a handler's answer is a stream to iterate rather than a value to send."""
+    return inspect.isgenerator(value) or inspect.isasyncgen(value) or hasattr(value, "__aiter__")
+
+
+def generator_without_stream(method: str) -> HandlerError:
+    """A generator called through a handle without ``stream=True``: a ``TypeError`` worded as Ray's."""
+    return remote_error_class("TypeError")(f"Method '{method}' returned a generator. You must use "
+                                           "`handle.options(stream=True)` to call generators on a deployment.",
+                                           error_type="TypeError")
+
+
 def invocation(handler: Any, content_type: str, body: Any) -> Invocation:
     """The call a request makes: a handle's envelope (``body`` is its bytes), else ``__call__(body)``."""
     if content_type == CALL_CONTENT_TYPE:
@@ -197,13 +240,15 @@ def invocation(handler: Any, content_type: str, body: Any) -> Invocation:
         mode = call_mode(target)
         name = type(handler).__qualname__ + ("" if call.method == "__call__" else f".{call.method}")
         if mode in ("stream", "sync_stream") and not call.stream:
-            raise BadRequest(f"{name} is a generator: call it with .options(stream=True)")
+            raise generator_without_stream(call.method)
         # A method that is not a generator function may still return one: known once it ran.
-        return Invocation(target, call.args, call.kwargs, mode, typed=True, stream_requested=call.stream, name=name)
+        return Invocation(target, call.args, call.kwargs, mode, typed=True, stream_requested=call.stream, name=name,
+                          method=call.method)
     whole_mode = _whole_call_mode(handler)
     if whole_mode is None:
         raise _no_call(handler)
-    return Invocation(handler, (body,), {}, whole_mode, name=type(handler).__qualname__)
+    return Invocation(handler, (body,) if _takes_arguments(handler) else (), {}, whole_mode,
+                      name=type(handler).__qualname__)
 
 
 async def iterate_in_thread(generator: Generator[Any, Any, Any]) -> AsyncIterator[Any]:

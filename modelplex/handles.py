@@ -34,7 +34,9 @@ and the work upstream is cancelled.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
+import logging
 import os
 import threading
 import weakref
@@ -53,28 +55,100 @@ from modelplex.http import from_json, internal_session, is_json
 from modelplex.wire.ids import InvalidModelId, validate_model_id
 from modelplex.wire.names import ENV_POD_NAMESPACE, MODEL_ID_HEADER, ROUTER_PORT, dns_label, router_env_name
 
+log = logging.getLogger("modelplex.handles")
+
 #: The longest record (one streamed item) a stream may send; one is held at a time.
 MAX_RECORD_BYTES = 64 * 1024 * 1024
 
 
-_sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession] = weakref.WeakKeyDictionary()
+#: Pooled sessions per event loop, one per router: keep-alive connections. Per router, so that
+#: the connections to a router that ``serve.run`` replaced go alone (:func:`forget_routers`).
+_sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, aiohttp.ClientSession]] = \
+    weakref.WeakKeyDictionary()
+#: Per event loop, the suspended async generator whose closing closes its sessions (see _closer).
+_closers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncIterator[None]] = weakref.WeakKeyDictionary()
+#: Per event loop, the sessions of routers that are gone, to close there (:func:`forget_routers`).
+_retired: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[aiohttp.ClientSession]] = \
+    weakref.WeakKeyDictionary()
+#: Routers that ``serve.run`` moved: a handle made before the move follows it.
+_moved: dict[str, str] = {}
+#: How long a call whose connection was refused waits before its one retry (a router restarting).
+RETRY_AFTER_S = 0.5
+#: How long the exit waits for the background loop's connections to close.
+CLOSE_TIMEOUT_S = 2.0
 
 
-def _session() -> aiohttp.ClientSession:
-    # One pooled session per event loop: keep-alive connections to the routers.
+def _session(url: str) -> aiohttp.ClientSession:
     loop = asyncio.get_running_loop()
-    session = _sessions.get(loop)
+    pool = _sessions.get(loop)
+    if pool is None:
+        pool = _sessions[loop] = {}
+        _close_with(loop)
+    session = pool.get(url)
     if session is None or session.closed:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=60)
-        session = internal_session(connector=connector, auto_decompress=False)
-        _sessions[loop] = session
+        session = pool[url] = internal_session(connector=connector, auto_decompress=False)
     return session
+
+
+def _close_with(loop: asyncio.AbstractEventLoop) -> None:
+    """Close the loop's sessions as the loop ends: ``asyncio.run`` (and every loop runner)
+    closes the async generators a loop started before closing it, so a script's pooled
+    connections are closed, not left to the garbage collector's "Unclosed client session"."""
+    closer = _closer()
+    _closers[loop] = closer  # a strong reference: the loop holds its generators weakly
+    loop.create_task(_first_step(closer))
+
+
+async def _closer() -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        await close_handles()
+
+
+async def _first_step(closer: AsyncIterator[None]) -> None:
+    await closer.__anext__()
+
+
+def _route(url: str) -> str:
+    return _moved.get(url, url)
+
+
+def router_moved(old: str, new: str) -> None:
+    """``serve.run`` replaced the router at ``old`` by one at ``new``: handles follow."""
+    old, new = old.rstrip("/"), new.rstrip("/")
+    if old != new:
+        _moved[old] = new
+        for origin, target in list(_moved.items()):
+            if target == old:
+                _moved[origin] = new
+
+
+def forget_routers(urls: list[str]) -> None:
+    """Drop the pooled connections to routers that are gone (``serve.run`` replaced or deleted
+    them), in every loop: the next call connects anew instead of writing into a dead socket.
+    Their sessions are closed by their own loop, at its next call or at its end (a loop that
+    runs cells one by one may not run in between)."""
+    for loop, pool in list(_sessions.items()):
+        for url in urls:
+            session = pool.pop(url.rstrip("/"), None)
+            if session is not None and not loop.is_closed():
+                _retired.setdefault(loop, []).append(session)
+
+
+async def _close_retired() -> None:
+    for session in _retired.pop(asyncio.get_running_loop(), None) or ():
+        await session.close()
 
 
 async def close_handles() -> None:
     """Close this event loop's pooled connections (the replica does this at shutdown)."""
-    session = _sessions.pop(asyncio.get_running_loop(), None)
-    if session is not None:
+    loop = asyncio.get_running_loop()
+    await _close_retired()
+    pool = _sessions.pop(loop, None) or {}
+    _closers.pop(loop, None)
+    for session in pool.values():
         await session.close()
 
 
@@ -92,8 +166,21 @@ class _BackgroundLoop:
                 threading.Thread(target=self._loop.run_forever, name="modelplex-handles", daemon=True).start()
             return self._loop
 
+    def close(self) -> None:
+        """Close the background loop's connections (at exit: its thread never ends on its own)."""
+        loop = self._loop
+        if loop is not None and loop.is_running():
+            try:
+                asyncio.run_coroutine_threadsafe(close_handles(), loop).result(CLOSE_TIMEOUT_S)
+            except (concurrent.futures.TimeoutError, RuntimeError):
+                pass  # exiting anyway
+
 
 _background = _BackgroundLoop()
+# Registered at import, before serve.run's own shutdown (which imports this module): exit
+# handlers run last first, so the applications stop (and their routers are forgotten) before
+# the background loop's connections close.
+atexit.register(_background.close)
 
 
 class _Started:
@@ -357,7 +444,14 @@ class DeploymentHandle:
         method_name: str | None = None,
         path: str | None = None,
         timeout_s: float | None = None,
+        _prefer_local_routing: bool | None = None,
     ) -> DeploymentHandle:
+        """A copy with these options changed (None: unchanged). ``_prefer_local_routing``, Ray's
+        private hint to route to a replica on the caller's node, is accepted and ignored: every
+        call goes through the deployment's router, which picks by model and load."""
+        if _prefer_local_routing is not None:
+            log.debug("%s: _prefer_local_routing=%s ignored: calls are routed by the deployment's router",
+                      self.deployment, _prefer_local_routing)
         if multiplexed_model_id:
             try:
                 validate_model_id(multiplexed_model_id)
@@ -403,12 +497,26 @@ class DeploymentHandle:
             headers[MODEL_ID_HEADER] = self.multiplexed_model_id
         return headers
 
+    async def _post(self, body: bytes, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientResponse:
+        """Send the call. A connection refused sent nothing (a router restarting, or one that
+        ``serve.run`` replaced): it is tried once more, at the router's new address if it moved."""
+        await _close_retired()
+        for attempt in range(2):
+            url = _route(self.url)
+            try:
+                return await _session(url).post(url + self.path, data=body, headers=self._headers(), timeout=timeout)
+            except aiohttp.ClientConnectorError:
+                if attempt:
+                    raise
+                log.debug("%s: connection to %s refused; trying once more", self.deployment, url)
+                await asyncio.sleep(RETRY_AFTER_S)
+        raise AssertionError("unreachable")
+
     async def _call(self, call: Call, body: bytes | None) -> Any:
         body = body if body is not None else encode_call(await _resolved(call))
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         try:
-            async with _session().post(self.url + self.path, data=body, headers=self._headers(),
-                                               timeout=timeout) as response:
+            async with await self._post(body, timeout) as response:
                 data = await response.read()
                 if response.status >= 400:
                     raise _error(self.deployment, response.status, data)
@@ -425,8 +533,7 @@ class DeploymentHandle:
         body = body if body is not None else encode_call(await _resolved(call))
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=self.timeout_s)
         try:
-            async with _session().post(self.url + self.path, data=body, headers=self._headers(),
-                                               timeout=timeout) as response:
+            async with await self._post(body, timeout) as response:
                 if response.status >= 400:
                     raise _error(self.deployment, response.status, await response.read())
                 if response.content_type != STREAM_CONTENT_TYPE:

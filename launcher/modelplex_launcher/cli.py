@@ -26,6 +26,8 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--image", required=True, help="the replica image; it holds the application's module")
     build.add_argument("-o", "--output", default="-", help="the manifests file (default: stdout)")
     build.add_argument("--namespace", help="metadata.namespace of every manifest")
+    build.add_argument("--name", help="the application's name: it prefixes its deployments' names "
+                                      "(two applications may then share a namespace and deployment names)")
 
     replica = commands.add_parser("replica", help="run one replica server")
     replica.add_argument("--spec", default=os.environ.get(ENV_SPEC), help=f"manifest file (default: ${ENV_SPEC})")
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "build":
             from modelplex.serve.build import build
 
-            return build(args.app, image=args.image, output=args.output, namespace=args.namespace)
+            return build(args.app, image=args.image, output=args.output, namespace=args.namespace, name=args.name)
         if args.command == "operator":
             from modelplex_operator.main import run_operator
 

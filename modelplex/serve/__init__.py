@@ -11,14 +11,21 @@
 writes the same graph as MultiplexedDeployments for a cluster.
 """
 
+try:
+    # Under Ray, Serve's HTTP layer has imported Starlette's requests module, and Ray's documents
+    # rely on it: `import starlette` then `request: starlette.requests.Request`.
+    import starlette.requests  # noqa: F401
+except ImportError:  # Starlette comes with the ingress extra; a script that names it has it
+    pass
+
 from modelplex.batching import batch
 from modelplex.context import get_multiplexed_model_id
 from modelplex.multiplex import multiplexed
 from modelplex.serve.deployment import Application, Deployment, deployment
 from modelplex.serve.ingress import ingress
-from modelplex.serve.running import get_deployment_handle, run, shutdown
+from modelplex.serve.running import delete, get_deployment_handle, run, shutdown, status
 
 __all__ = [
-    "Application", "Deployment", "batch", "deployment", "get_deployment_handle", "get_multiplexed_model_id",
-    "ingress", "multiplexed", "run", "shutdown",
+    "Application", "Deployment", "batch", "delete", "deployment", "get_deployment_handle",
+    "get_multiplexed_model_id", "ingress", "multiplexed", "run", "shutdown", "status",
 ]

@@ -9,6 +9,7 @@ its import path (``MODELPLEX_SERVE_APP`` names it as ``module:attribute``).
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import sys
 import tempfile
@@ -19,7 +20,7 @@ import yaml
 
 from modelplex.serve import graph
 from modelplex.serve.deployment import Application
-from modelplex.serve.hosted import APP_HANDLER, ENV_APP, ENV_APP_DIR, import_app
+from modelplex.serve.hosted import APP_HANDLER, ENV_APP, ENV_APP_DIR, ENV_APP_NAME, import_app
 from modelplex.wire.spec import SpecError, parse_deployment
 
 _APP_TARGET = re.compile(r"^(?P<path>[^:]+?)(?:\.py)?:(?P<attribute>[A-Za-z_]\w*)$")
@@ -44,9 +45,11 @@ def _locate(target: str) -> tuple[str, Path | None]:
     return f"{path}:{attribute}", None
 
 
-def documents(target: str, *, image: str, namespace: str | None = None, local: bool = False) -> list[dict[str, Any]]:
+def documents(target: str, *, image: str, namespace: str | None = None, local: bool = False,
+              name: str | None = None) -> list[dict[str, Any]]:
     """One MultiplexedDeployment per deployment of ``target``'s graph, ingress first; each is
-    validated as the operator will validate it. ``local`` names the module's folder for the replica."""
+    validated as the operator will validate it. ``local`` names the module's folder for the
+    replica; ``name``, the application's, scopes the deployments' names (``graph.scoped``)."""
     app_target, folder = _locate(target)
     if folder is not None and str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
@@ -60,9 +63,17 @@ def documents(target: str, *, image: str, namespace: str | None = None, local: b
     env = {ENV_APP: app_target}
     if local and folder is not None:
         env[ENV_APP_DIR] = str(folder)
+    if name:
+        env[ENV_APP_NAME] = name
+    for variable in graph.unsupported_ray_environment(os.environ):
+        print(f"modelplex build: {variable} has no effect in Modelplex", file=sys.stderr)
     result = []
     for node in graph.walk(app):
-        document = graph.manifest(node, image=image, handler=APP_HANDLER, env=env)
+        try:
+            document = graph.manifest(node, image=image, handler=APP_HANDLER, env=env, environ=os.environ,
+                                      app_name=name)
+        except ValueError as error:
+            raise SpecError([str(error)]) from None
         if namespace:
             document["metadata"]["namespace"] = namespace
         parse_deployment(document, source=f"{target} ({node.name})")  # SpecError names the field
@@ -90,9 +101,12 @@ def local_manifests(arguments: list[str]) -> Iterator[list[str]]:
         yield paths
 
 
-def build(target: str, *, image: str, output: str = "-", namespace: str | None = None) -> int:
-    """``modelplex build``: write the manifests to ``output`` ('-' for stdout); the exit code."""
-    docs = documents(target, image=image, namespace=namespace)
+def build(target: str, *, image: str, output: str = "-", namespace: str | None = None,
+          name: str | None = None) -> int:
+    """``modelplex build``: write the manifests to ``output`` ('-' for stdout); the exit code.
+    ``name`` (the application's) scopes the deployments' names, so applications built into
+    one namespace may share deployment names."""
+    docs = documents(target, image=image, namespace=namespace, name=name)
     text = dump(docs)
     if output == "-":
         sys.stdout.write(text)

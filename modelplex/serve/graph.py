@@ -9,6 +9,8 @@ deployment are ``name`` and ``name-1``, as Ray suffixes them. Bound arguments be
 from __future__ import annotations
 
 import inspect
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +19,15 @@ from modelplex.serve.deployment import Application, DeploymentOptions
 
 #: The annotation that lists a deployment's edges: the deployments its handles call.
 ANNOTATION_HANDLES = f"{API_GROUP}/handles"
+#: The label that names the application a built deployment belongs to (``modelplex build --name``).
+LABEL_APP = f"{API_GROUP}/app"
+
+
+def scoped(app_name: str | None, deployment: str) -> str:
+    """The object name of ``deployment`` in the application ``app_name``: ``video-a-decode-video``,
+    so two applications built into one namespace may both have a ``decode-video`` (Ray scopes
+    deployment names per application). No application name: the deployment's own."""
+    return deployment if not app_name else dns_label(f"{app_name}-{deployment}")
 
 
 @dataclass(frozen=True)
@@ -110,11 +121,43 @@ def decorated(target: Any) -> dict[str, Any]:
     return spec
 
 
-def manifest(node: Node, *, image: str, handler: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+#: Ray Serve's environment variables that have a Modelplex equivalent: the spec field each sets.
+RAY_ENVIRONMENT = {"RAY_SERVE_MULTIPLEXED_MODEL_ID_MATCHING_TIMEOUT_S": ("multiplexing", "matchingTimeoutSeconds")}
+
+
+def ray_environment(environ: Mapping[str, str]) -> dict[str, dict[str, float]]:
+    """The spec fields that Ray Serve's environment variables in ``environ`` set (a value that
+    is not a number of seconds >= 0 is refused, by name)."""
+    spec: dict[str, dict[str, float]] = {}
+    for name, (section, field) in RAY_ENVIRONMENT.items():
+        raw = environ.get(name)
+        if raw is None:
+            continue
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if not 0 <= value < math.inf:
+            raise ValueError(f"{name}={raw!r}: must be a number of seconds >= 0")
+        spec.setdefault(section, {})[field] = value
+    return spec
+
+
+def unsupported_ray_environment(environ: Mapping[str, str]) -> list[str]:
+    """Ray Serve's variables set in ``environ`` that Modelplex has no equivalent for (to warn of)."""
+    return sorted(name for name in environ if name.startswith("RAY_SERVE_") and name not in RAY_ENVIRONMENT)
+
+
+def manifest(node: Node, *, image: str, handler: str, env: dict[str, str] | None = None,
+             environ: Mapping[str, str] | None = None, app_name: str | None = None) -> dict[str, Any]:
     """The MultiplexedDeployment of ``node``: replicas and resources from its options, batching
-    and multiplexing from its decorators, its edges (the deployments it calls) an annotation."""
+    and multiplexing from its decorators, its edges (the deployments it calls) an annotation;
+    Ray's environment variables in ``environ`` that have an equivalent in the spec set it.
+    ``app_name`` scopes its name and its edges' (:func:`scoped`) and labels it."""
     spec: dict[str, Any] = {**node.options.replica_spec(), "image": image, "handler": handler,
                             **decorated(node.target)}
+    for section, fields in ray_environment(environ or {}).items():
+        spec[section] = {**spec.get(section, {}), **fields}
     if node.options.max_ongoing_requests is not None:
         spec["maxOngoingRequests"] = node.options.max_ongoing_requests
     resources = node.options.resources()
@@ -122,7 +165,9 @@ def manifest(node: Node, *, image: str, handler: str, env: dict[str, str] | None
         spec["resources"] = resources
     if env:
         spec["env"] = [{"name": key, "value": value} for key, value in env.items()]
-    metadata: dict[str, Any] = {"name": node.name}
+    metadata: dict[str, Any] = {"name": scoped(app_name, node.name)}
+    if app_name:
+        metadata["labels"] = {LABEL_APP: dns_label(app_name)}
     if node.edges:
-        metadata["annotations"] = {ANNOTATION_HANDLES: ",".join(node.edges)}
+        metadata["annotations"] = {ANNOTATION_HANDLES: ",".join(scoped(app_name, edge) for edge in node.edges)}
     return {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND, "metadata": metadata, "spec": spec}

@@ -18,7 +18,7 @@ import sys
 from typing import Any
 
 from modelplex.handles import handle
-from modelplex.serve.graph import HandleRef
+from modelplex.serve.graph import HandleRef, scoped
 
 #: The file that holds one deployment's pickled (target, args, kwargs, user_config).
 ENV_PAYLOAD = "MODELPLEX_SERVE_PAYLOAD"
@@ -28,23 +28,26 @@ ENV_APP = "MODELPLEX_SERVE_APP"
 #: Where that module is, when it is not on the import path (``modelplex local app.py:app``).
 ENV_APP_DIR = "MODELPLEX_SERVE_APP_DIR"
 APP_HANDLER = "modelplex.serve.hosted:FromApp"
+#: The application's name, where ``modelplex build --name`` scoped its deployments' names by it.
+ENV_APP_NAME = "MODELPLEX_SERVE_APP_NAME"
 
 
-def _with_handles(value: Any) -> Any:
+def _with_handles(value: Any, app_name: str | None = None) -> Any:
     if isinstance(value, HandleRef):
-        return handle(value.deployment)
+        return handle(scoped(app_name, value.deployment))
     if isinstance(value, (list, tuple)):
-        return type(value)(_with_handles(item) for item in value)
+        return type(value)(_with_handles(item, app_name) for item in value)
     if isinstance(value, dict):
-        return {key: _with_handles(item) for key, item in value.items()}
+        return {key: _with_handles(item, app_name) for key, item in value.items()}
     return value
 
 
-def construct(target: Any, args: tuple, kwargs: dict, user_config: Any = None) -> Any:
-    """The deployment's handler: ``target(*args, **kwargs)`` for a class, the function itself else."""
+def construct(target: Any, args: tuple, kwargs: dict, user_config: Any = None, app_name: str | None = None) -> Any:
+    """The deployment's handler: ``target(*args, **kwargs)`` for a class, the function itself
+    else; its bound deployments are handles to those of the application ``app_name``."""
     if not inspect.isclass(target):
         return target
-    instance = target(*_with_handles(args), **_with_handles(kwargs))
+    instance = target(*_with_handles(args, app_name), **_with_handles(kwargs, app_name))
     if user_config is not None:
         reconfigure = getattr(instance, "reconfigure", None)
         if reconfigure is None:
@@ -95,8 +98,9 @@ class FromApp:
         folder = os.environ.get(ENV_APP_DIR)
         if folder and folder not in sys.path:
             sys.path.insert(0, folder)
-        nodes = {node.name: node for node in walk(import_app(target))}
+        app_name = os.environ.get(ENV_APP_NAME) or None
+        nodes = {scoped(app_name, node.name): node for node in walk(import_app(target))}
         node = nodes.get(deployment.name)
         if node is None:
             raise LookupError(f"{target} has no deployment {deployment.name!r}; it has {', '.join(nodes)}")
-        return construct(node.target, node.args, node.kwargs, node.options.user_config)
+        return construct(node.target, node.args, node.kwargs, node.options.user_config, app_name)

@@ -262,10 +262,9 @@ async def invoke(request: web.Request) -> web.StreamResponse:
     """One request for the handler; the model id is in the ``serve_multiplexed_model_id`` header."""
     state = request.app[STATE]
     raw_id = request.headers.get(MODEL_ID_HEADER) or request.headers.get(DASHED_MODEL_ID_HEADER, "")
+    # No model id: the handler gets an empty one, as in Ray; its @multiplexed loader answers 400
+    # naming the header only if it is called without one.
     model_id = _model_id(raw_id) if raw_id else ""
-    if not model_id and state.cache is not None and request.content_type != CALL_CONTENT_TYPE:
-        state.metrics.observe_request("", 400, 0.0)
-        raise BadRequest(f"this deployment serves many models: name one in the {MODEL_ID_HEADER} header")
     if state.draining:
         state.metrics.observe_request(model_id, 503, 0.0)
         raise NotReady("replica is shutting down", retry_after=1)
@@ -302,11 +301,11 @@ async def invoke(request: web.Request) -> web.StreamResponse:
         if call.streams:
             response = await _stream(request, state, call, model_id)
         else:
-            payload, content_type = await _unary(state, call, model_id)
-            response = web.Response(body=payload, content_type=content_type.split(";")[0],
-                                    charset=_charset(content_type))
-            response.headers[LOADED_MODELS_HEADER] = state.models_header()
-            oip.finish(call, response)
+            answer = await _unary(state, call, model_id)
+            if isinstance(answer, Invocation):  # a plain request's handler returned a stream: send it as one
+                response = await _stream(request, state, answer, model_id)
+            else:
+                response = _answer(call, *answer, state.models_header())
         status = 500 if response.get(STREAM_FAILED) else response.status
         return response
     except ModelplexError as error:
@@ -326,6 +325,13 @@ async def invoke(request: web.Request) -> web.StreamResponse:
         if in_slot:
             state.metrics.inflight_now.dec()
         state.metrics.observe_request(model_id, status, time.perf_counter() - started)
+
+
+def _answer(call: Invocation, payload: bytes, content_type: str, models_header: str) -> web.Response:
+    response = web.Response(body=payload, content_type=content_type.split(";")[0], charset=_charset(content_type))
+    response.headers[LOADED_MODELS_HEADER] = models_header
+    oip.finish(call, response)
+    return response
 
 
 def _pinned(state: ReplicaState, model_id: str):
@@ -348,18 +354,19 @@ def _handler_error(error: Exception) -> ModelplexError:
     return HandlerError.of(error)  # the user's exception type travels to a handle
 
 
-async def _unary(state: ReplicaState, call: Invocation, model_id: str) -> tuple[bytes, str]:
-    """The handler's answer, encoded; the call and the encoding run off the server loop."""
+async def _unary(state: ReplicaState, call: Invocation, model_id: str) -> tuple[bytes, str] | Invocation:
+    """The handler's answer, encoded (or the stream it returned); the call and the encoding run
+    off the server loop."""
     if call.mode == "sync":  # a blocking handler: a worker thread of the user loop, at its priority
         return await state.user.run(asyncio.to_thread(_call_sync, state, call, model_id))
     return await state.user.run(_call_async(state, call, model_id))
 
 
-async def _call_async(state: ReplicaState, call: Invocation, model_id: str) -> tuple[bytes, str]:
+async def _call_async(state: ReplicaState, call: Invocation, model_id: str) -> tuple[bytes, str] | Invocation:
     set_multiplexed_model_id(model_id)  # this task's own context
     try:
         with _pinned(state, model_id):
-            return call.encode(await call.run())
+            return call.outcome(await call.run())
     except asyncio.CancelledError:
         raise
     except Exception as error:  # noqa: BLE001 - the user's code: report, never a traceback
@@ -368,10 +375,10 @@ async def _call_async(state: ReplicaState, call: Invocation, model_id: str) -> t
         raise _handler_error(error) from None
 
 
-def _call_sync(state: ReplicaState, call: Invocation, model_id: str) -> tuple[bytes, str]:
+def _call_sync(state: ReplicaState, call: Invocation, model_id: str) -> tuple[bytes, str] | Invocation:
     set_multiplexed_model_id(model_id)  # to_thread runs this in a copy of the caller's context
     try:
-        return call.encode(call.run())
+        return call.outcome(call.run())
     except Exception as error:  # noqa: BLE001
         if not isinstance(error, ModelplexError):
             log.exception("handler failed")

@@ -3,7 +3,7 @@
 import pytest
 
 from modelplex import batch
-from modelplex.calls import call_mode, check_handler, invocation, iterate_in_thread, method_of
+from modelplex.calls import Invocation, call_mode, check_handler, invocation, iterate_in_thread, method_of
 from modelplex.wire.codec import CALL_CONTENT_TYPE, STREAM_CONTENT_TYPE, VALUE_CONTENT_TYPE, Call, decode_value, encode_call
 from modelplex.wire.errors import BadRequest, HandlerError, NotFound
 
@@ -80,8 +80,9 @@ def test_a_handler_nothing_can_call_is_refused_at_start_up():
     check_handler(Model())
 
 
-def test_a_generator_called_without_stream_is_a_bad_request():
-    with pytest.raises(BadRequest, match=r"generator: call it with \.options\(stream=True\)"):
+def test_a_generator_called_without_stream_is_a_type_error_worded_as_rays():
+    with pytest.raises(TypeError, match=r"Method 'tokens' returned a generator. You must use "
+                                        r"`handle.options\(stream=True\)` to call generators on a deployment."):
         invocation(Model(), CALL_CONTENT_TYPE, encode_call(Call("tokens", (1,))))
     streamed = invocation(Model(), CALL_CONTENT_TYPE, encode_call(Call("frames", (1,), stream=True)))
     assert streamed.stream_content_type(0, sse=False) == STREAM_CONTENT_TYPE
@@ -89,7 +90,7 @@ def test_a_generator_called_without_stream_is_a_bad_request():
 
 async def test_stream_true_on_a_method_that_returns_no_generator_is_a_type_error():
     call = invocation(Model(), CALL_CONTENT_TYPE, encode_call(Call("run", (1,), stream=True)))
-    with pytest.raises(HandlerError, match="must return a generator") as raised:
+    with pytest.raises(HandlerError, match=r"'run' .* but it did not return a generator") as raised:
         [item async for item in call.items()]
     assert raised.value.error_type == "TypeError"
 
@@ -111,8 +112,24 @@ async def test_a_method_that_returns_a_generator_streams_it():
         unary = invocation(Inner(), CALL_CONTENT_TYPE, encode_call(Call(method, (3,))))
         produced = unary.run()
         produced = await produced if method == "inner" else produced
-        with pytest.raises(HandlerError, match="returned a generator"):
+        with pytest.raises(HandlerError, match=f"Method '{method}' returned a generator"):
             unary.encode(produced)
+
+
+async def test_a_plain_request_whose_handler_returns_a_generator_streams_it():
+    """Issue 31, item 7: an HTTP client cannot ask for a stream, so what the handler returned is streamed."""
+    class Returns:
+        def numbers(self, n):
+            yield from range(n)
+
+        async def __call__(self, body):
+            return self.numbers(body["n"])
+
+    plain = invocation(Returns(), "application/json", {"n": 3})
+    outcome = plain.outcome(await plain.run())
+    assert isinstance(outcome, Invocation) and outcome.streams
+    assert [item async for item in outcome.items()] == [0, 1, 2]
+    assert plain.outcome({"n": 3}) == (b'{"n":3}', "application/json")
 
 
 def test_an_answer_that_cannot_be_sent_is_a_handler_error_with_its_reason():

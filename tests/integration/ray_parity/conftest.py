@@ -9,6 +9,7 @@ from typing import Iterator
 
 import pytest
 
+from modelplex.wire.credentials import ENV_INTERNAL_TOKEN_FILE, new_token, write_token_file
 from support.servers import Processes, report_if_failed
 from support.stacks import Stack, manifest, start_local, write_documents
 
@@ -26,14 +27,27 @@ DEPLOYMENTS = {
     "streaming-app": "parity:StreamingApp",
     "sync-gen-function": "parity:sync_gen_function",
     "async-gen-function": "parity:async_gen_function",
+    "returns-streams": "parity:ReturnsStreams",
+    "sync-returns-streams": "parity:SyncReturnsStreams",
 }
 #: Spec fields per deployment, beyond one replica of its handler.
 SPECS = {"loader": {"replicas": 2, "maxOngoingRequests": 1}, "lru": {"multiplexing": {"maxModelsPerReplica": 2}},
          "text-streamer": {"replicas": 2}, "async-text-streamer": {"replicas": 2}, "streaming-app": {"replicas": 2}}
 
 
+@pytest.fixture(scope="package", autouse=True)
+def _credential(tmp_path_factory) -> Iterator[None]:
+    """This package's internal credential, for the stack, the replicas its tests start and their
+    handles (the test process calls methods by name, as a script's handles do: the trust
+    boundary answers 403 to method calls without it)."""
+    path = write_token_file(tmp_path_factory.mktemp("credential") / "internal-token", new_token())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(ENV_INTERNAL_TOKEN_FILE, str(path))
+        yield
+
+
 @pytest.fixture(scope="package")
-def _parity_stack(tmp_path_factory) -> Iterator[Stack]:
+def _parity_stack(tmp_path_factory, _credential) -> Iterator[Stack]:
     processes = Processes(tmp_path_factory.mktemp("parity"))
     try:
         shutil.copy(HERE / "parity.py", processes.folder / "parity.py")

@@ -135,6 +135,39 @@ class Batched:
         return self.at_barrier
 
 
+class ReturnsStreams:
+    """A ``__call__`` that *returns* a stream rather than being a generator (Ray streams both
+    over HTTP): a generator, an async generator, or a ``@batch`` generator's stream."""
+
+    @batch(max_batch_size=4, batch_wait_timeout_s=1000)
+    async def textgen(self, prompts: list[str]):
+        for _ in range(10):
+            yield prompts
+
+    def sync_numbers(self, n: int):
+        for i in range(n):
+            yield f"{i}"
+
+    async def async_numbers(self, n: int):
+        for i in range(n):
+            yield f"{i}"
+
+    def pick(self, body):
+        if body["kind"] == "batched":
+            return self.textgen(body["prompt"])
+        return (self.sync_numbers if body["kind"] == "sync" else self.async_numbers)(body["n"])
+
+    async def __call__(self, body):
+        return self.pick(body)
+
+
+class SyncReturnsStreams(ReturnsStreams):
+    """The same from a blocking ``__call__`` (it runs in a worker thread)."""
+
+    def __call__(self, body):
+        return self.pick(body)
+
+
 class AsyncStreamer:
     async def __call__(self, n: int, should_error: bool = False):
         if should_error:
@@ -364,6 +397,8 @@ class Loader:
         return {"id": model_id}
 
     async def __call__(self, body):
+        if body == {"peek": True}:  # a request that needs no model: it runs without an id too
+            return {"model_id": get_multiplexed_model_id()}
         model_id = body if isinstance(body, bytes) else get_multiplexed_model_id()
         return {**await self.get_model(model_id), "pid": os.getpid()}
 

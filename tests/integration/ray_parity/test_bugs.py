@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from modelplex import handle
+from modelplex.wire.credentials import INTERNAL_TOKEN_HEADER, internal_token_file
 from support.servers import Processes
 
 HERE = Path(__file__).resolve().parent
@@ -62,7 +63,9 @@ async def test_bug_3_a_class_without_dunder_call_names_its_methods_to_plain_requ
         except OSError:
             pass
         await asyncio.sleep(0.1)
-    async with session.post(replica.url + "/v1/invoke", json={}) as response:
+    # A replica answers only its deployment's own components (the router, with the internal credential).
+    internal = {INTERNAL_TOKEN_HEADER: internal_token_file().token()}
+    async with session.post(replica.url + "/v1/invoke", json={}, headers=internal) as response:
         assert response.status == 404
         assert "has no __call__" in (await response.json())["error"]["message"]
     assert await handle("bug", url=replica.url).options(path="/v1/invoke") \

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from modelplex import handle
-from modelplex.wire.errors import BadRequest, HandlerError
+from modelplex.wire.errors import HandlerError
 
 STREAMERS = ["async-streamer", "sync-streamer"]
 
@@ -34,17 +34,20 @@ def test_a_stream_can_be_read_without_an_event_loop(stack, name):
 
 @pytest.mark.parametrize("name", STREAMERS)
 async def test_a_generator_called_without_stream_is_an_error(stack, name):
+    """Ray's test_call_gen_without_stream_flag, its wording included."""
     h = handle(name, url=stack.url(name))
-    with pytest.raises(BadRequest, match=r"is a generator: call it with \.options\(stream=True\)"):
+    with pytest.raises(TypeError, match=(r"Method '__call__' returned a generator. You must use "
+                                         r"`handle.options\(stream=True\)` to call generators on a deployment.")):
         await h.remote(5)
-    # Known only once it ran: a method that returned a generator.
-    with pytest.raises(TypeError, match=r"returned a generator: call it with \.options\(stream=True\)"):
+    with pytest.raises(TypeError, match=(r"Method 'call_inner_generator' returned a generator. You must use "
+                                         r"`handle.options\(stream=True\)` to call generators on a deployment.")):
         await h.call_inner_generator.remote(5)
 
 
 @pytest.mark.parametrize("name", STREAMERS)
 async def test_stream_true_on_a_unary_method_is_a_type_error(stack, name):
-    with pytest.raises(TypeError, match="must return a generator"):
+    """Ray's test_call_no_gen_with_stream_flag, its wording included."""
+    with pytest.raises(TypeError, match=r"'unary' .* but it did not return a generator"):
         await streaming(stack, name).unary.remote(0).__anext__()
 
 

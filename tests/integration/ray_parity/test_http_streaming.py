@@ -89,6 +89,30 @@ async def test_four_http_clients_share_one_batched_generator(stack, session):
     assert answers == [f"hola{index}" * 10 for index in range(4)]
 
 
+@pytest.mark.parametrize("deployment", ["returns-streams", "sync-returns-streams"])
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_call_that_returns_a_generator_streams_it(stack, session, deployment, kind):
+    """Issue 31, item 7: it answered 500 ("use .options(stream=True)", which HTTP cannot send)."""
+    async with session.post(stack.url(deployment) + "/", json={"kind": kind, "n": 5}) as response:
+        assert response.status == 200, await response.text()
+        assert response.content_type == "text/plain"
+        assert await response.text() == "01234"
+
+
+@pytest.mark.parametrize("deployment", ["returns-streams", "sync-returns-streams"])
+async def test_four_http_clients_share_the_batched_stream_a_call_returns(stack, session, deployment):
+    """Ray's test_batch_generator_streaming_response_integration_test, with the stream returned
+    as it is (it was 500: "not JSON serializable: _BatchedStream")."""
+    async def ask(index):
+        async with session.post(stack.url(deployment) + "/", json={"kind": "batched", "prompt": f"hola{index}"}) \
+                as response:
+            assert response.status == 200, await response.text()
+            return await response.text()
+
+    answers = await asyncio.gather(*(ask(index) for index in range(4)))
+    assert answers == ["".join([f"hola{index}"] * 10) for index in range(4)]
+
+
 async def test_a_bytes_id_given_to_the_loader_fails_that_request_only(stack, session):
     """Bug 1 of the issue: a bytes body passed to the @multiplexed loader became a cache key,
     and every later GET /v1/models failed: the router marked the replica not ready for ever."""

@@ -26,6 +26,21 @@ async def models_become(session, stack, name, expected, timeout_s=10.0):
     return seen
 
 
+async def test_a_request_without_a_model_id_is_a_normal_request(stack, session):
+    """Issue 31, item 5, as Ray's documents put it: "If the serve_multiplexed_model_id is not
+    found in the request header, Serve will treat it as a normal request". The handler gets an
+    empty id; only its loader, called without one, refuses (400, naming the header)."""
+    url = stack.url("loader") + "/"
+    async with session.post(url, json={"peek": True}) as response:
+        assert response.status == 200, await response.text()
+        assert await response.json() == {"model_id": ""}
+    async with session.post(url, json={}) as response:
+        assert response.status == 400
+        error = (await response.json())["error"]
+    assert error["code"] == "bad_request" and MODEL_ID_HEADER in error["message"]
+    assert await handle("loader", url=stack.url("loader")).remote({"peek": True}) == {"model_id": ""}
+
+
 async def test_a_models_requests_stay_on_the_replica_that_loaded_it(stack, session):
     url = stack.url("loader") + "/"
     async with session.post(url, json={}, headers={MODEL_ID_HEADER: "1"}) as response:

@@ -37,13 +37,13 @@ def test_run_answers_by_either_name_and_shutdown_stops_every_process():
     port = consecutive_free_ports(1)
     ingress = serve.run(WordCounter.bind("words"), _port=port)
     try:
-        assert ingress.url == f"http://127.0.0.1:{port}"
+        assert ingress.url == serve.running._apps["default"].urls["word-counter"]  # its router, not the shared port
         assert ingress.count.remote("one two three").result(60) == "3 words"
         assert serve.get_deployment_handle("WordCounter").count.remote("a b").result(60) == "2 words"
         assert handle("word-counter").count.remote("a").result(60) == "1 words"
         assert handle("WordCounter").count.remote("").result(60) == "0 words"
         assert list(ingress.options(stream=True).words.remote("to be or not")) == ["TO", "BE", "OR", "NOT"]
-        local = serve.running._running.proc.pid
+        local = serve.running._apps["default"].running.proc.pid
     finally:
         serve.shutdown()
     assert not _alive(local)
@@ -55,6 +55,6 @@ def test_a_port_in_use_is_a_clear_error_and_nothing_is_left_running():
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
-        with pytest.raises(RuntimeError, match=r"port \d+ on 127.0.0.1 is in use"):
+        with pytest.raises(OSError, match=r"cannot listen on 127.0.0.1:\d+ \(set MODELPLEX_SERVE_HTTP_PORT"):
             serve.run(WordCounter.bind("words"), _port=held.getsockname()[1])
-    assert serve.running._running is None
+    assert serve.running._apps == {} and serve.running._front is None

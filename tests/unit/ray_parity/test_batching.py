@@ -108,18 +108,25 @@ def test_decorator_accepts_ray_forms_and_refuses_bad_arguments():
             def method(self, requests):
                 return requests
 
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="max_batch_size must be an integer >= 1, got 0"):
         batch(max_batch_size=0)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="max_batch_size must be integer >= 1, got 1.1"):
         batch(max_batch_size=1.1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="batch_wait_timeout_s must be a float >= 0, got -0.1"):
         batch(batch_wait_timeout_s=-0.1)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="batch_wait_timeout_s must be a float >= 0, got a"):
         batch(batch_wait_timeout_s="a")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="max_concurrent_batches must be an integer >= 1, got 0"):
         batch(max_concurrent_batches=0)
-    with pytest.raises(TypeError):
-        batch(batch_size_fn="len")
+
+
+def test_batch_size_fn_validation():
+    """Ray's test_batch_size_fn_validation, its wording included."""
+    with pytest.raises(TypeError, match="batch_size_fn must be a callable or None"):
+
+        @batch(batch_size_fn="not_a_function")
+        async def my_batch_handler(items):
+            return items
 
 
 @pytest.mark.parametrize("use_class", [True, False])
@@ -288,6 +295,29 @@ async def test_a_batch_whose_callers_all_left_is_cancelled(use_class, use_gen):
     await asyncio.sleep(1)
     assert ran == []  # the abandoned batch was cancelled, not run to its end
     assert await asyncio.gather(*start_two(func, use_gen)) == [("hi1", "hi2"), ("hi3", "hi4")]
+
+
+@pytest.mark.parametrize("use_class", [True, False])
+async def test_a_streaming_caller_cancelled_before_its_first_read_ran_is_dropped(use_class):
+    """Issue 31, item 8: a task cancelled before its first step never runs its coroutine, so the
+    read could not leave the queue itself, and its ghost took a place in the next batch (or held
+    the next caller for the whole batch_wait_timeout_s)."""
+    gate, ran = asyncio.Event(), []
+    gate.set()
+    _, streaming = blocking_functions(use_class, gate, ran)
+    gone = streaming("gone1", "gone2")
+    task = asyncio.create_task(gone.__anext__())
+    task.cancel()  # before the task ever ran
+    await asyncio.gather(task, return_exceptions=True)
+    assert task.cancelled()
+
+    tasks = start_two(streaming, use_gen=True)
+    done, pending = await asyncio.wait(tasks, timeout=0.1)  # a batch of the two: far sooner than 1000 s
+    assert not pending
+    assert [t.result() for t in tasks] == [("hi1", "hi2"), ("hi3", "hi4")]
+    assert ran == [2]  # one batch, of the two callers, without the one who left
+    with pytest.raises(StopAsyncIteration):
+        await gone.__anext__()
 
 
 @pytest.mark.parametrize("use_class", [True, False])

@@ -6,6 +6,7 @@ private routing state are covered by our router's own tests instead.
 """
 
 import asyncio
+import gc
 
 import pytest
 
@@ -117,6 +118,17 @@ async def test_a_bad_call_is_a_type_error():
         await loader.load()
 
 
+def server_of(model_class):
+    """A deployment-like class whose @multiplexed loader (one model at a time) builds ``model_class(model_id)``."""
+
+    class Server:
+        @multiplexed(max_num_models_per_replica=1)
+        async def get_model(self, model_id):
+            return model_class(model_id)
+
+    return Server()
+
+
 async def test_an_unload_that_raises_does_not_break_the_next_load():
     class Fragile:
         def __init__(self, model_id):
@@ -125,16 +137,35 @@ async def test_an_unload_that_raises_does_not_break_the_next_load():
         def unload(self):
             raise RuntimeError(f"{self.model_id} is dead")
 
-    class Server:
-        @multiplexed(max_num_models_per_replica=1)
-        async def get_model(self, model_id):
-            return Fragile(model_id)
-
-    server = Server()
+    server = server_of(Fragile)
     await server.get_model("1")
     # Ray raises the model's __del__ error into the caller; we log it and serve the new model.
     assert (await server.get_model("2")).model_id == "2"
     assert find_cache(server).loaded == ["2"]
+
+
+async def test_an_async_del_is_awaited_on_eviction(recwarn):
+    """Issue 31, item 9 (Ray's unload_model awaits an ``async def __del__``): it used to be left
+    to the interpreter, which only creates the coroutine ("was never awaited")."""
+    finished = []
+
+    class MyModel:
+        def __init__(self, model_id):
+            self.model_id = model_id
+
+        async def __del__(self):
+            await asyncio.sleep(0.5)  # an awaited finaliser: it closes connections, frees memory
+            finished.append(self.model_id)
+
+    server = server_of(MyModel)
+    await server.get_model("1")
+    assert (await server.get_model("2")).model_id == "2"
+    assert finished == ["1"]  # awaited before the new model was kept
+    await find_cache(server).close()  # a replica's shutdown evicts the rest
+    assert finished == ["1", "2"]
+    del server
+    gc.collect()
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]
 
 
 async def test_loads_of_different_models_run_concurrently_and_the_cache_keeps_its_bound():

@@ -92,3 +92,55 @@ def test_the_build_command_writes_manifests_that_parse(tmp_path, capsys):
     assert "2 deployment(s)" in capsys.readouterr().err
     assert main(["build", "nowhere.py:app", "--image", "img"]) == 2
     assert "no file" in capsys.readouterr().err
+
+
+TWO_VIDEO_APPS = '''
+from modelplex import serve
+
+@serve.deployment
+class DecodeVideo:
+    def __init__(self, codec):
+        self.codec = codec
+
+@serve.deployment
+class Orchestrator:
+    def __init__(self, decode):
+        self.decode = decode
+
+naive = Orchestrator.bind(DecodeVideo.bind("h264"))
+streaming = Orchestrator.bind(DecodeVideo.bind("vp9"))
+'''
+
+
+def test_two_applications_built_by_name_may_share_deployment_names(tmp_path, monkeypatch):
+    """Issue 31, item 2: both video apps have a decode-video; built into one namespace, the
+    second replaced the first's. Scoped by application name, as Ray scopes them, they do not."""
+    (tmp_path / "videos.py").write_text(TWO_VIDEO_APPS)
+    built = {name: documents(f"{tmp_path}/videos.py:{name}", image="img", name=f"video-{name}")
+             for name in ("naive", "streaming")}
+    names = [doc["metadata"]["name"] for docs in built.values() for doc in docs]
+    assert names == ["video-naive-orchestrator", "video-naive-decode-video",
+                     "video-streaming-orchestrator", "video-streaming-decode-video"]
+    orchestrator, decode = built["streaming"]
+    assert orchestrator["metadata"]["labels"] == {"modelplex.io/app": "video-streaming"}
+    assert orchestrator["metadata"]["annotations"] == {"modelplex.io/handles": "video-streaming-decode-video"}
+    # The replica finds its own node by the scoped name, and its handle the application's own edge.
+    for variable in orchestrator["spec"]["env"]:
+        monkeypatch.setenv(variable["name"], variable["value"])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("MODELPLEX_ROUTER_VIDEO_STREAMING_DECODE_VIDEO", "http://127.0.0.1:8124")
+    instance = FromApp(parse_deployment(orchestrator))
+    assert instance.decode.url == "http://127.0.0.1:8124"
+    assert FromApp(parse_deployment(decode)).codec == "vp9"
+
+
+def test_rays_matching_timeout_variable_sets_the_spec_and_a_bad_value_is_refused_by_name(monkeypatch, capsys):
+    monkeypatch.setenv("RAY_SERVE_MULTIPLEXED_MODEL_ID_MATCHING_TIMEOUT_S", "2.5")
+    monkeypatch.setenv("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "5")
+    [upstream, _] = documents(COMPOSITION, image="img")
+    assert upstream["spec"]["multiplexing"]["matchingTimeoutSeconds"] == 2.5
+    assert parse_deployment(upstream).spec.multiplexing.matching_timeout_seconds == 2.5
+    assert "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S has no effect" in capsys.readouterr().err
+    monkeypatch.setenv("RAY_SERVE_MULTIPLEXED_MODEL_ID_MATCHING_TIMEOUT_S", "soon")
+    with pytest.raises(SpecError, match="RAY_SERVE_MULTIPLEXED_MODEL_ID_MATCHING_TIMEOUT_S='soon'"):
+        documents(COMPOSITION, image="img")
