@@ -97,3 +97,17 @@ async def read_body(request: web.Request, timeout_s: float) -> bytes:
     except TimeoutError:
         raise RequestTimeout(f"the request body did not arrive within {timeout_s:g} s "
                              "(spec.router.bodyTimeoutSeconds)") from None
+
+
+#: The status of a request whose client left before its answer (metrics and logs only, as nginx's).
+CLIENT_CLOSED = 499
+
+
+def status_of(error: BaseException) -> int:
+    """The status a request that raised ``error`` is counted under: the error's own, 499 when the
+    client left (a tab closed: not the server's error), else 500."""
+    if isinstance(error, (ModelplexError, web.HTTPException)):
+        return error.status
+    if isinstance(error, (ConnectionResetError, asyncio.CancelledError)):
+        return CLIENT_CLOSED
+    return 500

@@ -25,7 +25,7 @@ from modelplex.context import set_multiplexed_model_id
 from modelplex.wire.errors import (BadRequest, HandlerError, ModelplexError, NotFound, NotReady, Overloaded,
                                    RequestTimeout)
 from modelplex.handles import close_handles
-from modelplex.http import error_middleware, from_json, is_json, read_body, to_json
+from modelplex.http import error_middleware, from_json, is_json, read_body, status_of, to_json
 from modelplex.wire.ids import InvalidModelId, validate_model_id
 from modelplex.wire.loaded import LoadedModels, LoadedSummary
 from modelplex.multiplex import find_cache
@@ -41,7 +41,7 @@ from modelplex_replica.handoff import UserLoopConnections
 from modelplex_replica.metrics import ReplicaMetrics
 from modelplex_replica.preload import preload_hot_models
 from modelplex_replica.reporter import AnnotationReporter, Patch
-from modelplex_replica.streams import CLIENT_CLOSED, STREAM_FAILED, cut_stream
+from modelplex_replica.streams import STREAM_FAILED, cut_stream
 from modelplex_replica.usercode import UserCodeLoop
 
 log = logging.getLogger("modelplex.replica")
@@ -308,14 +308,8 @@ async def invoke(request: web.Request) -> web.StreamResponse:
                 response = _answer(call, *answer, state.models_header())
         status = 500 if response.get(STREAM_FAILED) else response.status
         return response
-    except ModelplexError as error:
-        status = error.status
-        raise
-    except web.HTTPException as error:
-        status = error.status
-        raise
-    except (ConnectionResetError, asyncio.CancelledError):
-        status = CLIENT_CLOSED  # the client left (a tab closed): not the replica's error
+    except BaseException as error:
+        status = status_of(error)
         raise
     finally:
         with state.counting:

@@ -6,8 +6,6 @@ from aiohttp import web
 
 #: Set on a response cut part way: the replica's metrics count it as a 500, whatever its status line.
 STREAM_FAILED = "modelplex_stream_failed"
-#: The status the metrics record for a request whose client went away (nginx's, as the router's).
-CLIENT_CLOSED = 499
 
 
 def cut_stream(request: web.Request, response: web.StreamResponse) -> web.StreamResponse:

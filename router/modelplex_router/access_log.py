@@ -8,7 +8,6 @@ may carry an ``access_token``), model, status and duration; never a token.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 
@@ -17,7 +16,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from modelplex.wire.codec import CALL_CONTENT_TYPE
-from modelplex.wire.errors import ModelplexError
+from modelplex.http import status_of
 from modelplex_router.auth import CALLER, MODEL_CONTROL, named_model
 
 log = logging.getLogger("modelplex.access")
@@ -48,14 +47,8 @@ def access_log(every_request: bool) -> Middleware:
             response = await handler(request)
             status = response.status
             return response
-        except ModelplexError as error:
-            status = error.status
-            raise
-        except web.HTTPException as error:
-            status = error.status
-            raise
-        except asyncio.CancelledError:  # the client left
-            status = 499
+        except BaseException as error:
+            status = status_of(error)
             raise
         finally:
             log.info("%s", access_line(request, status, time.perf_counter() - start, time.time()))

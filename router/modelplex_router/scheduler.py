@@ -22,7 +22,7 @@ import asyncio
 import random
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Collection, cast
 
 from modelplex.wire.errors import NotReady, Overloaded
