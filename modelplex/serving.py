@@ -30,7 +30,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from modelplex.http import to_json
-from modelplex.wire.credentials import ENV_INTERNAL_TOKEN_FILE
+from modelplex.wire.credentials import ENV_INTERNAL_TOKEN_FILE, TokenFile
 
 log = logging.getLogger("modelplex.serving")
 
@@ -65,6 +65,14 @@ def check_unguarded_host(host: str, what: str) -> None:
                             "to a file holding it (local mode and pods set it)")
     log.warning("no internal credential (%s): the %s's internal API is open to anyone on this machine",
                 ENV_INTERNAL_TOKEN_FILE, what)
+
+
+def check_credential(token: TokenFile, what: str) -> None:
+    """A server whose credential file cannot be read would refuse everyone (401) without saying
+    why: it refuses to start instead, naming the file."""
+    if token.token() is None:
+        raise UnguardedHost(f"the {what}'s internal credential {token.path} is missing, empty or unreadable "
+                            f"by this user ({ENV_INTERNAL_TOKEN_FILE})")
 
 
 class JsonErrorProtocol(RequestHandler):

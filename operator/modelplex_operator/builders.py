@@ -318,7 +318,8 @@ _CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "readOnlyRootFilesyste
 TMP_VOLUME = "tmp"
 _TMP_MOUNT = {"name": TMP_VOLUME, "mountPath": "/tmp"}
 #: The restricted Pod Security Standard asks for the runtime's default seccomp profile too.
-_NON_ROOT = {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
+#: fsGroup: the mounted Secrets (mode 0440) are readable by the pod's user through its group.
+_NON_ROOT = {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001,
              "seccompProfile": {"type": "RuntimeDefault"}}
 #: The namespace's internal credential (routers and replicas), and a router's client tokens.
 INTERNAL_VOLUME = "internal-credential"

@@ -8,7 +8,7 @@ import logging
 from aiohttp import web
 
 from modelplex.runtime import runtime_scope
-from modelplex.serving import check_unguarded_host, serve
+from modelplex.serving import check_credential, check_unguarded_host, serve
 from modelplex.wire.credentials import internal_token_file
 from modelplex.wire.spec import Deployment
 from modelplex_replica.app import STATE, create_app
@@ -28,6 +28,8 @@ def run_replica(deployment: Deployment, *, host: str, port: int) -> int:
     internal = internal_token_file()
     if internal is None:
         check_unguarded_host(host, "replica")
+    else:
+        check_credential(internal, "replica")
     with runtime_scope(runtime_for(deployment)) as runtime:
         handler = build_handler(deployment)
         app = create_app(deployment, handler, patch_pod=pod_patcher_from_environment(), runtime=runtime,

@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from pathlib import Path
 
 from aiohttp import web
 
 from modelplex.wire.names import ENV_POD_NAMESPACE
-from modelplex.serving import check_unguarded_host, serve
+from modelplex.serving import check_credential, check_unguarded_host, serve
+from modelplex.wire.credentials import TokenFile
 from modelplex.wire.spec import Deployment
 from modelplex_router.app import create_app
 from modelplex_router.config import RouterConfig
@@ -44,6 +46,8 @@ def run_router(deployment: Deployment, *, host: str, port: int, replica_urls: li
         config = RouterConfig.from_deployment(deployment)
         if config.internal_token_file is None:
             check_unguarded_host(host, "router")
+        else:
+            check_credential(TokenFile(Path(config.internal_token_file)), "router")
         discovery = make_discovery(deployment, list(replica_urls or ()), config)
     except ValueError as error:
         log.error("%s", error)

@@ -4,6 +4,7 @@ replica answers only the deployment's own components (README, "Security")."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -144,3 +145,14 @@ def test_a_replica_without_a_credential_refuses_to_listen_beyond_loopback(tmp_pa
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 2
     assert "MODELPLEX_INTERNAL_TOKEN_FILE" in done.stderr
+
+
+def test_a_replica_whose_credential_cannot_be_read_refuses_to_start_naming_the_file(tmp_path):
+    shutil.copy(HERE / "handlers.py", tmp_path / "handlers.py")
+    path = write_documents(tmp_path / "bare.yaml", [manifest("bare", "handlers:Greeter")])
+    missing = tmp_path / "no-such-token"
+    done = subprocess.run([*MODELPLEX, "replica", "--spec", str(path), "--host", "127.0.0.1", "--port", "1"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, "MODELPLEX_INTERNAL_TOKEN_FILE": str(missing)})
+    assert done.returncode == 2
+    assert str(missing) in done.stderr and "unreadable" in done.stderr

@@ -142,6 +142,7 @@ def test_replica_deployment_runs_modelplex_replica():
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert template["spec"]["securityContext"]["runAsNonRoot"] is True
     assert template["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert template["spec"]["securityContext"]["fsGroup"] == 10001  # the mounted credential (0440) is readable
     # a preStop wait, then the drain (gracefulShutdownTimeoutSeconds, 20 s by default)
     assert template["spec"]["terminationGracePeriodSeconds"] > 5 + 20
 
