@@ -57,6 +57,15 @@ class DocumentFetched:
 
 
 @dataclass(frozen=True, slots=True)
+class Unloaded:
+    """This router evicted ``model`` from the replica (its unload answered): the table drops it at
+    once, not a document fetch later."""
+
+    replica: Replica
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
 class SummaryHeard:
     """A replica's answer carried the loaded-models summary header ``header`` (raw text)."""
 
@@ -103,4 +112,4 @@ class RequestFinished:
 
 
 Event = (ReplicaSeen | ReplicasListed | ReplicaGone | DocumentFetched | SummaryHeard | Answered | ConnectionFailed
-         | RequestStarted | RequestFinished)
+         | RequestStarted | RequestFinished | Unloaded)

@@ -29,6 +29,7 @@ from modelplex.wire.errors import ModelNotFound, ModelplexError, ReplicaFailed
 from modelplex.http import error_response, read_body
 from modelplex.wire.oip import (HEADER_LENGTH, PROTOCOL, PROTOCOL_HEADER, VERSION_HEADER, error_body, parse_header,
                            split_body)
+from modelplex_router.events import Unloaded
 from modelplex_router.keys import CLOCK, CONFIG, PROXY, SESSION, TABLE
 from modelplex_router.measured import checked_model_id, measured
 
@@ -178,6 +179,10 @@ async def unload(app: web.Application, model: str) -> None:
             return response.status
 
     statuses = await asyncio.gather(*(evict(r.url) for r in holders), return_exceptions=True)
+    now = app[CLOCK]()
+    for replica, status in zip(holders, statuses):
+        if status in (200, 404):  # it holds the model no more: the index says so at once
+            app[TABLE].apply(Unloaded(replica, model), now)
     failed = [f"{r.name}: {s!r}" for r, s in zip(holders, statuses)
               if isinstance(s, aiohttp.ClientError) or (isinstance(s, int) and s not in (200, 404))]
     errors = [s for s in statuses if isinstance(s, BaseException) and not isinstance(s, aiohttp.ClientError)]

@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 from modelplex.wire.loaded import LoadedSummary
 from modelplex_router.events import (Answered, ConnectionFailed, DocumentFetched, Event, ReplicaGone, ReplicaSeen,
-                                     ReplicasListed, RequestFinished, RequestStarted, SummaryHeard)
+                                     ReplicasListed, RequestFinished, RequestStarted, SummaryHeard, Unloaded)
 from modelplex_router.record import Held, Replica
 
 log = logging.getLogger("modelplex.router.table")
@@ -157,6 +157,12 @@ class RoutingTable:
                 if current is not None and self._seen(
                         ReplicaSeen(current.name, current.url, current.ready, Held.of(event.document)), now):
                     self._notify(Change.CHANGED)
+            case Unloaded():
+                replica = event.replica
+                replica.models = replica.models - {event.model}
+                replica.reported_loading = replica.reported_loading - {event.model}
+                replica.learned.pop(event.model, None)
+                self._notify(Change.CHANGED)
             case ReplicaGone():
                 if self._replicas.pop(event.name, None) is not None:
                     self._notify(Change.CHANGED)

@@ -10,7 +10,7 @@ import pytest
 from modelplex.wire.errors import NotReady, Overloaded
 from modelplex.wire.loaded import LoadedModels, LoadedSummary
 from modelplex_router.events import (Answered, ConnectionFailed, DocumentFetched, ReplicaGone, ReplicaSeen,
-                                     ReplicasListed, RequestFinished, RequestStarted, SummaryHeard)
+                                     ReplicasListed, RequestFinished, RequestStarted, SummaryHeard, Unloaded)
 from modelplex_router.policy import Kind, Params
 from modelplex_router.record import Held
 from modelplex_router.scheduler import Scheduler
@@ -486,3 +486,14 @@ async def test_a_request_waiting_for_a_quarantined_replica_gets_it_when_the_quar
     table.apply(ConnectionFailed(table.get("a")), loop.time())
     lease = await asyncio.wait_for(scheduler.acquire("m"), 5)  # nothing but the clock tells it
     assert lease.replica.name == "a" and loop.time() == pytest.approx(table.quarantine_s, abs=0.01)
+
+
+def test_a_model_this_router_unloaded_is_dropped_at_once_and_wakes_waiters():
+    changes: list = []
+    table = RoutingTable(notify=changes.append)
+    table.apply(ReplicaSeen("r0", "http://r0", True, Held.of(LoadedModels(version=3, capacity=2, models=("m1", "m2")))), 0.0)
+    (replica,) = table.replicas()
+    changes.clear()
+    table.apply(Unloaded(replica, "m1"), 1.0)
+    assert replica.holds("m2") and not replica.holds("m1") and not replica.loaded("m1")
+    assert changes == [Change.CHANGED]
