@@ -17,6 +17,7 @@ its whole life:
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import random
@@ -96,10 +97,17 @@ class Load:
         self.pool.shutdown()
 
 
-def get_json(url: str, timeout: float = 3):
+def get_json(url: str, timeout: float = 3, token: str | None = None):
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(url, timeout=timeout) as answer:
+    request = urllib.request.Request(url, headers={"X-Modelplex-Internal-Token": token} if token else {})
+    with opener.open(request, timeout=timeout) as answer:
         return json.loads(answer.read())
+
+
+def internal_token(api, ns: str) -> str:
+    """The namespace's internal credential: a replica's API answers nobody else."""
+    secret = client.CoreV1Api(api).read_namespaced_secret("modelplex-internal", ns)
+    return base64.b64decode(secret.data["token"]).decode()
 
 
 def heat_by_pod(api, ns: str, name: str) -> tuple[dict[str, float], dict[str, int | None]]:
@@ -107,7 +115,9 @@ def heat_by_pod(api, ns: str, name: str) -> tuple[dict[str, float], dict[str, in
     request rate of each model it holds, shared among the pods holding a copy. And its cost now."""
     replicas = [p for p in pods(api, ns, name) if p.status.pod_ip]
     routers = [p for p in pods(api, ns, name, role="router") if p.status.pod_ip]
-    held = {p.metadata.name: set(get_json(f"http://{p.status.pod_ip}:9000/v1/models")["models"]) for p in replicas}
+    token = internal_token(api, ns)
+    held = {p.metadata.name: set(get_json(f"http://{p.status.pod_ip}:9000/v1/models", token=token)["models"])
+            for p in replicas}
     rates: Counter[str] = Counter()
     for router in routers:
         rates.update(get_json(f"http://{router.status.pod_ip}:8000/v1/load")["model_rates"])
