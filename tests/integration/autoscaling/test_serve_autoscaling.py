@@ -38,7 +38,7 @@ def test_serve_run_of_an_autoscaled_app_starts_at_zero_and_a_call_brings_a_repli
     port = consecutive_free_ports(1)
     ingress = serve.run(Doubler.bind(), _port=port)
     try:
-        local = serve.running._running.proc.pid
+        local = serve.running._apps["default"].running.proc.pid
         assert replica_processes(local) == []  # min_replicas 0: nothing runs until a call
         assert ingress.remote([1.0, 2.0, 3.0]).result(120) == [2.0, 4.0, 6.0]
         assert len(replica_processes(local)) == 1
