@@ -9,7 +9,8 @@ from typing import Iterator
 
 import pytest
 
-from modelplex.wire.credentials import ENV_INTERNAL_TOKEN_FILE, new_token, write_token_file
+from modelplex.wire import credentials
+from modelplex.wire.credentials import ENV_INTERNAL_TOKEN_FILE, TokenFile, new_token, write_token_file
 from support.servers import Processes, report_if_failed
 from support.stacks import Stack, manifest, start_local, write_documents
 
@@ -36,14 +37,17 @@ SPECS = {"loader": {"replicas": 2, "maxOngoingRequests": 1}, "lru": {"multiplexi
 
 
 @pytest.fixture(scope="package", autouse=True)
-def _credential(tmp_path_factory) -> Iterator[None]:
+def _credential(tmp_path_factory) -> Iterator[Path]:
     """This package's internal credential, for the stack, the replicas its tests start and their
     handles (the test process calls methods by name, as a script's handles do: the trust
     boundary answers 403 to method calls without it)."""
     path = write_token_file(tmp_path_factory.mktemp("credential") / "internal-token", new_token())
+    # Not through os.environ: a fixture of a folder without __init__.py lives as long as the
+    # session, and every replica a later test starts by hand would inherit it (and refuse that
+    # test's plain calls).
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(ENV_INTERNAL_TOKEN_FILE, str(path))
-        yield
+        patch.setattr(credentials, "_in_use", TokenFile(path))
+        yield path
 
 
 @pytest.fixture(scope="package")
@@ -53,7 +57,7 @@ def _parity_stack(tmp_path_factory, _credential) -> Iterator[Stack]:
         shutil.copy(HERE / "parity.py", processes.folder / "parity.py")
         path = write_documents(processes.folder / "parity.yaml",
                                [manifest(name, handler, **SPECS.get(name, {})) for name, handler in DEPLOYMENTS.items()])
-        yield start_local(processes, path, deployments=len(DEPLOYMENTS))
+        yield start_local(processes, path, deployments=len(DEPLOYMENTS), env={ENV_INTERNAL_TOKEN_FILE: str(_credential)})
     finally:
         processes.stop_all()
 
