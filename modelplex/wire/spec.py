@@ -65,6 +65,8 @@ DEFAULT_TARGET_ONGOING_REQUESTS = 2.0
 DEFAULT_UPSCALE_DELAY_S = 30.0
 DEFAULT_DOWNSCALE_DELAY_S = 600.0
 DEFAULT_LOOK_BACK_PERIOD_S = 30.0
+#: ``router.loadQuota.burst`` when unset: loads a client may start at once.
+DEFAULT_LOAD_QUOTA_BURST = 10
 
 _QUANTITY = re.compile(r"^\+?(?P<number>[0-9]+(\.[0-9]*)?|\.[0-9]+)(?P<suffix>[KMGTPE]i|[kMGTPE]|[eE]\+?[0-9]+)?$")
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
@@ -226,6 +228,15 @@ class RouterAuth(_Model):
         return globs is None or any(fnmatch.fnmatchcase(model, glob) for glob in globs)
 
 
+class LoadQuota(_Model):
+    """Cold loads a client may cause: a token bucket per client name (the router's auth client,
+    else the caller's address) refilled at ``loadsPerMinute`` up to ``burst``. Only requests
+    that start a load count; beyond it the router answers 429 and starts no load."""
+
+    loads_per_minute: float = Field(gt=0, alias="loadsPerMinute")
+    burst: int = Field(default=DEFAULT_LOAD_QUOTA_BURST, ge=1)
+
+
 class RouterSpec(_Model):
     replicas: int = Field(default=DEFAULT_ROUTER_REPLICAS, ge=0)
     port: int = Field(default=DEFAULT_ROUTER_PORT, ge=1, le=65535)
@@ -243,6 +254,7 @@ class RouterSpec(_Model):
     cors: Cors = Cors()
     # JSON lines for every request (model control and method calls are logged always).
     access_log: bool = Field(default=False, alias="accessLog")
+    load_quota: LoadQuota | None = Field(default=None, alias="loadQuota")
 
     @model_validator(mode="after")
     def _ports_differ(self) -> RouterSpec:
@@ -299,6 +311,42 @@ class Autoscaling(_Model):
         return self.min_replicas if self.initial_replicas is None else self.initial_replicas
 
 
+class ModelEntry(_Model):
+    """One entry of ``spec.models``: how the model ids it matches are placed and shared.
+
+    ``minCopies`` copies of the id stay loaded on distinct replicas (pinned: never evicted);
+    ``maxCopies`` bounds how far a hot id spreads; ``weight`` is its share where requests wait
+    (weighted fair order between models); ``onCold`` is what a request for it does when no
+    ready replica holds it: ``hold`` (wait for a load) or ``reject`` (503 at once, a load
+    starts in the background)."""
+
+    match: str = Field(min_length=1, description="A model id, or a glob (*, ?, [...]) over ids.")
+    min_copies: int = Field(default=0, ge=0, alias="minCopies")
+    max_copies: int | None = Field(default=None, ge=1, alias="maxCopies")
+    weight: float = Field(default=1.0, gt=0, le=1000)
+    on_cold: Literal["hold", "reject"] = Field(default="hold", alias="onCold")
+
+    @property
+    def is_glob(self) -> bool:
+        return any(char in self.match for char in "*?[")
+
+    def matches(self, model_id: str) -> bool:
+        return fnmatch.fnmatchcase(model_id, self.match) if self.is_glob else model_id == self.match
+
+    @model_validator(mode="after")
+    def _copies_make_sense(self) -> ModelEntry:
+        if self.min_copies and self.is_glob:
+            raise ValueError(f"minCopies needs one model id, not a glob (match: {self.match!r}): "
+                             "the ids to keep loaded must be known before any request names them")
+        if self.max_copies is not None and self.max_copies < self.min_copies:
+            raise ValueError(f"maxCopies ({self.max_copies}) is below minCopies ({self.min_copies})")
+        return self
+
+
+#: What an id that matches no entry of ``spec.models`` follows.
+DEFAULT_MODEL_ENTRY = ModelEntry(match="*")
+
+
 class DeploymentSpec(_Model):
     # None: unset — 1 without autoscaling; with autoscaling the autoscaler owns the count.
     replicas: int | None = Field(default=None, ge=0)
@@ -318,6 +366,8 @@ class DeploymentSpec(_Model):
     router: RouterSpec = RouterSpec()
     metrics: Metrics = Metrics()
     network_policy: NetworkPolicySpec = Field(default=NetworkPolicySpec(), alias="networkPolicy")
+    # Placement and sharing per model id: the first matching entry applies.
+    models: tuple[ModelEntry, ...] = ()
     graceful_shutdown_timeout_seconds: float = Field(default=DEFAULT_GRACEFUL_SHUTDOWN_S, ge=0,
                                                      alias="gracefulShutdownTimeoutSeconds")
 
@@ -341,6 +391,23 @@ class DeploymentSpec(_Model):
                              "autoscaling the autoscaler owns the replica count; remove replicas and bound it "
                              "with autoscaling.minReplicas/maxReplicas")
         return self
+
+    @model_validator(mode="after")
+    def _models_listed_once(self) -> DeploymentSpec:
+        seen = [entry.match for entry in self.models]
+        repeated = sorted({match for match in seen if seen.count(match) > 1})
+        if repeated:
+            raise ValueError(f"models: {', '.join(repeated)} listed more than once (the first entry would hide the rest)")
+        return self
+
+    def model_entry(self, model_id: str) -> ModelEntry:
+        """The ``spec.models`` entry for ``model_id``: the first that matches, else the defaults."""
+        return next((entry for entry in self.models if entry.matches(model_id)), DEFAULT_MODEL_ENTRY)
+
+    @property
+    def pinned_models(self) -> dict[str, int]:
+        """Model ids with ``minCopies``, and how many copies each must keep loaded."""
+        return {entry.match: entry.min_copies for entry in self.models if entry.min_copies}
 
     @property
     def starting_replicas(self) -> int:

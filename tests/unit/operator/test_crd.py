@@ -13,6 +13,8 @@ from modelplex.wire.spec import (
     DEFAULT_MAX_ONGOING_REQUESTS,
     Autoscaling,
     Batching,
+    LoadQuota,
+    ModelEntry,
     DeploymentSpec,
     Metrics,
     ModelSource,
@@ -92,12 +94,14 @@ def _aliases(model) -> set[str]:
         (("router",), RouterSpec),
         (("metrics",), Metrics),
         (("autoscaling",), Autoscaling),
+        (("router", "loadQuota"), LoadQuota),
+        (("models", "items"), ModelEntry),
     ],
 )
 def test_every_spec_field_and_only_those(spec_schema, path, model):
     schema = spec_schema
     for part in path:
-        schema = schema["properties"][part]
+        schema = schema[part] if part == "items" else schema["properties"][part]
     assert set(schema["properties"]) == _aliases(model)
 
 
