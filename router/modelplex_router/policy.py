@@ -22,16 +22,23 @@ For a request naming model M, among the ready replicas:
    requests wait for that load: a load that hangs is not started on every replica in turn;
 3. otherwise any replica with room (the least busy).
 
+Tiers 2 and 3 look at a bounded sample (:data:`SAMPLE` replicas with room, taken in the order
+of a hash ring from M's point, fewest models first), not at every replica: with the routing
+table's index (:class:`Pool`) a decision costs O(holders + sample), whatever the pool's size,
+and stays the same on every router that sees the same pool.
+
 A request with no model id goes to the least busy replica.
 """
 
 from __future__ import annotations
 
+import bisect
 import enum
+import functools
 import hashlib
 import random
 from dataclasses import dataclass
-from typing import Generic, Protocol, Sequence, TypeVar
+from typing import Generic, Iterable, Iterator, Protocol, Sequence, TypeVar
 
 
 class Kind(enum.Enum):
@@ -89,12 +96,70 @@ class Decision(Generic[R]):
 class Policy(Protocol):
     """What :data:`POLICIES` holds: a choice among ``replicas`` for a request for ``model``."""
 
-    def __call__(self, replicas: Sequence[R], model: str, params: Params, *, waited_s: float = 0.0,
+    def __call__(self, replicas: Sequence[R] | Pool[R], model: str, params: Params, *, waited_s: float = 0.0,
                  rng: random.Random | None = None) -> Decision[R] | None: ...
 
 
+#: How many replicas a new model's place is chosen among at most (tiers 2 and 3): enough that
+#: the rendezvous choice spreads models well, few enough that a miss costs microseconds.
+SAMPLE = 8
+
+
+def ring_point(text: str) -> int:
+    """Where ``text`` (a replica's name, a model id) sits on a hash ring: the same on every
+    router and run (Python's ``hash()`` is salted per process)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+
+
+class Pool(Generic[R]):
+    """The usable replicas as the policy reads them: a model's holders, and the non-holders by
+    number of models. :class:`ListPool` derives both from a list on each call; the routing table
+    keeps them indexed (``RoutingTable.pool``)."""
+
+    def everyone(self) -> Sequence[R]:
+        """Every usable replica (for a request that names no model)."""
+        raise NotImplementedError
+
+    def holders(self, model: str) -> Sequence[R]:
+        """The usable replicas holding ``model`` (loaded or loading)."""
+        raise NotImplementedError
+
+    def tiers(self, model: str) -> Iterator[Iterable[R]]:
+        """The usable replicas grouped by model count, fewest first, each group in the order of
+        the hash ring from ``model``'s point (:func:`ring_point`). Holders may be among them."""
+        raise NotImplementedError
+
+
+class ListPool(Pool[R]):
+    """A :class:`Pool` over a plain list of usable replicas (tests, benchmarks, few replicas)."""
+
+    def __init__(self, replicas: Sequence[R]):
+        self._replicas = replicas
+
+    def everyone(self) -> Sequence[R]:
+        return self._replicas
+
+    def holders(self, model: str) -> Sequence[R]:
+        return [r for r in self._replicas if r.holds(model)]
+
+    def tiers(self, model: str) -> Iterator[Iterable[R]]:
+        by_count: dict[int, list[tuple[int, str, R]]] = {}
+        for replica in self._replicas:
+            by_count.setdefault(replica.model_count, []).append((_name_point(replica.name), replica.name, replica))
+        point = ring_point(model)
+        for count in sorted(by_count):
+            ring = sorted(by_count[count], key=lambda entry: entry[:2])
+            start = bisect.bisect_left(ring, point, key=lambda entry: entry[0])
+            yield [entry[2] for entry in ring[start:] + ring[:start]]
+
+
+@functools.lru_cache(maxsize=4096)
+def _name_point(name: str) -> int:
+    return ring_point(name)
+
+
 def choose(
-    replicas: Sequence[R],
+    replicas: Sequence[R] | Pool[R],
     model: str,
     params: Params,
     *,
@@ -103,20 +168,21 @@ def choose(
 ) -> Decision[R] | None:
     """Pick a replica for a request for ``model`` ("" for none) among ``replicas`` (all ready).
 
+    ``replicas`` is a plain sequence or a :class:`Pool` that keeps an index (the routing
+    table's): then a model's holders are read from the index and a new model's place is chosen
+    among a bounded sample, so a decision costs O(holders + :data:`SAMPLE`), not O(replicas).
     ``waited_s`` is how long the request has waited for a slot so far. ``None`` means no
     replica may take it now: wait for a change (a slot freed, a load done) and call again.
     """
     rng = rng or _RNG
+    pool = replicas if isinstance(replicas, Pool) else ListPool(replicas)
     limit = params.max_ongoing
     if not model:
-        replica = least_busy(replicas, limit, rng)
+        replica = least_busy(pool.everyone(), limit, rng)
         return Decision(replica, Kind.ANY) if replica is not None else None
 
-    holders: list[R] = []
-    others: list[R] = []
-    for replica in replicas:
-        (holders if replica.holds(model) else others).append(replica)
-
+    holders = pool.holders(model)
+    spare: int | None = None
     if holders:
         with_room = [r for r in holders if has_room(r, model, limit)]
         if with_room:
@@ -132,14 +198,13 @@ def choose(
             if not params.hot_spread or any(r.is_loading(model) for r in holders):
                 return None
             spare = limit // 2
-            others = [r for r in others if r.inflight <= spare]
         kind = Kind.FALLBACK
     else:
         kind = Kind.MISS
 
-    target = place(others, model, limit)
+    target = place(pool, model, limit, spare=spare)
     if target is None:
-        target = least_busy(others, limit, rng)
+        target = least_busy(spill(pool, model, limit, spare), limit, rng)
     return Decision(target, kind) if target is not None else None
 
 
@@ -151,23 +216,48 @@ def has_room(replica: ReplicaView, model: str, limit: int) -> bool:
     return replica.inflight < limit
 
 
-def place(replicas: Sequence[R], model: str, limit: int) -> R | None:
-    """Tier 2: of the replicas with the fewest models, the one ``model`` hashes to (with room).
-
-    ``None`` when every replica with the fewest models is full (the caller falls to tier 3).
-    """
-    if not replicas:
-        return None
-    fewest = min(r.model_count for r in replicas)
-    best = None
-    best_score = b""
-    for replica in replicas:
-        if replica.model_count != fewest or replica.inflight >= limit:
+def _candidates(tier: Iterable[R], model: str, limit: int, spare: int | None,
+                room: list[R], count: int) -> bool:
+    """Append to ``room`` (up to ``count`` in all) the replicas of ``tier``, in its order, that
+    may take ``model`` and have a slot; whether the tier had any that may take it (full or not)."""
+    seen = False
+    for replica in tier:
+        if replica.holds(model) or (spare is not None and replica.inflight > spare):
             continue
-        score = rendezvous_score(model, replica.name)
-        if best is None or score > best_score:
-            best, best_score = replica, score
-    return best
+        seen = True
+        if replica.inflight < limit:
+            room.append(replica)
+            if len(room) >= count:
+                break
+    return seen
+
+
+def place(replicas: Sequence[R] | Pool[R], model: str, limit: int, *, spare: int | None = None) -> R | None:
+    """Tier 2: of the non-holders with the fewest models, the one ``model`` hashes to (with room).
+
+    The candidates are at most :data:`SAMPLE` replicas of that tier with room: the first ones
+    after ``model``'s point on the tier's hash ring, so that every router seeing the same pool
+    samples the same ones; rendezvous hashing picks among them. While a tier has no more than
+    :data:`SAMPLE` replicas with room, that is every one of them. ``spare``: only replicas with
+    at most that many requests in flight count (the hot-model spread). ``None`` when every
+    replica with the fewest models is full (the caller falls to tier 3, :func:`spill`).
+    """
+    pool = replicas if isinstance(replicas, Pool) else ListPool(replicas)
+    for tier in pool.tiers(model):
+        room: list[R] = []
+        if _candidates(tier, model, limit, spare, room, SAMPLE):
+            return max(room, key=lambda r: rendezvous_score(model, r.name)) if room else None
+    return None
+
+
+def spill(pool: Pool[R], model: str, limit: int, spare: int | None = None) -> list[R]:
+    """Tier 3's candidates: up to :data:`SAMPLE` non-holders with room, fewest models first."""
+    room: list[R] = []
+    for tier in pool.tiers(model):
+        _candidates(tier, model, limit, spare, room, SAMPLE)
+        if len(room) >= SAMPLE:
+            break
+    return room
 
 
 def rendezvous_score(model: str, replica_name: str) -> bytes:
@@ -206,11 +296,12 @@ def least_busy(replicas: Sequence[R], limit: int, rng: random.Random) -> R | Non
 
 
 def choose_random(
-    replicas: Sequence[R], model: str, params: Params, *, rng: random.Random | None = None, **_: object
+    replicas: Sequence[R] | Pool[R], model: str, params: Params, *, rng: random.Random | None = None, **_: object
 ) -> Decision[R] | None:
     """The baseline the benchmark compares against: any replica with room, uniformly."""
     rng = rng or _RNG
-    with_room = [r for r in replicas if r.inflight < params.max_ongoing]
+    everyone = replicas.everyone() if isinstance(replicas, Pool) else replicas
+    with_room = [r for r in everyone if r.inflight < params.max_ongoing]
     if not with_room:
         return None
     replica = with_room[rng.randrange(len(with_room))]

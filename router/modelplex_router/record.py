@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from modelplex.wire.loaded import LoadedModels, LoadedSummary
+from modelplex_router.policy import ring_point
 
 _EMPTY = LoadedModels()
 
@@ -58,10 +59,17 @@ class Replica:
     #: The document's models and loads as sets, for the policy's lookups (derived from ``document``).
     models: frozenset[str] = field(init=False)
     reported_loading: frozenset[str] = field(init=False)
+    #: The table's index of this replica (kept by :class:`modelplex_router.table.RoutingTable`):
+    #: its point on the hash ring, the models it is filed under as a holder, and the tier (model
+    #: count) it is filed in, ``None`` while it is not ready or not in the table.
+    point: int = field(init=False)
+    indexed: frozenset[str] = field(init=False, default=frozenset())
+    tier: int | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.models = frozenset(self.document.models)
         self.reported_loading = frozenset(self.document.loading)
+        self.point = ring_point(self.name)
 
     @property
     def version(self) -> int:
@@ -100,6 +108,17 @@ class Replica:
             or model in self.reported_loading
         )
 
+    def held(self) -> frozenset[str]:
+        """Every model it holds or loads (what :meth:`holds` answers yes for)."""
+        held = self.models
+        if self.learned:
+            held = held.union(self.learned)
+        if self.pending:
+            held = held.union(self.pending)
+        if self.reported_loading:
+            held = held.union(self.reported_loading)
+        return held
+
     def all_models(self) -> set[str]:
         return set(self.models).union(self.learned)
 
@@ -108,7 +127,7 @@ class Replica:
 
     @property
     def model_count(self) -> int:
-        count = len(self.all_models() | self.all_loading())
+        count = len(self.held())
         # The replica evicts past its capacity; count at most that so that full replicas tie
         # (and the stable hash decides) instead of the one we happen to know less about winning.
         return min(count, self.capacity) if self.capacity > 0 else count

@@ -121,13 +121,9 @@ class Scheduler:
     def try_acquire(self, model: str, waited_s: float = 0.0, exclude: Collection[str] = ()) -> Lease | None:
         """One routing decision now: a lease, or ``None`` to wait (every candidate full, or none ready)."""
         now = self.clock()
-        usable = self.table.usable(now)
+        usable = self.table.pool(now, exclude)  # indexed: the policy reads holders, not every replica
         if not usable:
             return None
-        if exclude:
-            usable = [r for r in usable if r.name not in exclude]
-            if not usable:
-                return None
         decision: Decision | None = self._choose(usable, model, self.params, waited_s=waited_s, rng=self.rng)
         if decision is None:
             return None

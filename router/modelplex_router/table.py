@@ -27,19 +27,34 @@ Two kinds of reader wait for news, each told its own way:
   while handling a notification is never re-entered;
 - the document fetcher, through :meth:`RoutingTable.wait_stale`.
 
+The table keeps an index for the policy (:meth:`RoutingTable.pool`), updated by the writer
+as each replica changes, so that a routing decision costs O(holders), not O(replicas):
+
+- per model, the replicas holding it (loaded, loading, learned, or waiting for this router's
+  load): a hit reads them directly;
+- per model count (a *tier*), the ready replicas with that many models, each tier sorted by
+  the replicas' points on a hash ring: a miss walks the fewest-models tier from the model's
+  point and stops after a bounded sample (:data:`modelplex_router.policy.SAMPLE`).
+
+Quarantine and a request's excluded replicas are filtered when the index is read (a few
+replicas at most), readiness and holdings when it is written. Memory: one ring entry per
+replica and one index entry per (model, holder) pair, i.e. linear in replicas + holdings.
+
 All times come from the caller (a monotonic clock), so tests drive it with a fake one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import enum
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Collection, Iterable, Iterator
 
 from modelplex.wire.loaded import LoadedSummary
 from modelplex_router.events import (Answered, ConnectionFailed, DocumentFetched, Event, ReplicaGone, ReplicaSeen,
                                      ReplicasListed, RequestFinished, RequestStarted, SummaryHeard, Unloaded)
+from modelplex_router.policy import Pool, ring_point
 from modelplex_router.record import Held, Replica
 
 log = logging.getLogger("modelplex.router.table")
@@ -68,6 +83,66 @@ def _ignore(change: Change) -> None:
     """The notifier of a table nobody waits on."""
 
 
+class _Ring:
+    """The replicas of one tier, sorted by their point on the hash ring."""
+
+    __slots__ = ("_keys", "_members")
+
+    def __init__(self) -> None:
+        self._keys: list[tuple[int, str]] = []
+        self._members: dict[str, Replica] = {}
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def add(self, replica: Replica) -> None:
+        bisect.insort(self._keys, (replica.point, replica.name))
+        self._members[replica.name] = replica
+
+    def remove(self, replica: Replica) -> None:
+        keys = self._keys
+        del keys[bisect.bisect_left(keys, (replica.point, replica.name))]
+        del self._members[replica.name]
+
+    def walk(self, point: int) -> Iterator[Replica]:
+        """Every member once, clockwise from ``point``."""
+        keys, members = self._keys, self._members
+        n = len(keys)
+        start = bisect.bisect_left(keys, (point, ""))
+        for k in range(n):
+            yield members[keys[(start + k) % n][1]]
+
+
+class _Pool(Pool[Replica]):
+    """The table's usable replicas as the policy reads them, at one moment, less ``exclude``."""
+
+    __slots__ = ("_table", "_back", "_exclude")
+
+    def __init__(self, table: RoutingTable, back: float, exclude: Collection[str]):
+        self._table, self._back, self._exclude = table, back, exclude
+
+    def _usable(self, replica: Replica) -> bool:
+        down = replica.down_at
+        return (replica.ready and (down is None or down <= self._back)
+                and not (self._exclude and replica.name in self._exclude))
+
+    def __bool__(self) -> bool:
+        return any(self._usable(r) for r in self._table._replicas.values())
+
+    def everyone(self) -> list[Replica]:
+        return [r for r in self._table._replicas.values() if self._usable(r)]
+
+    def holders(self, model: str) -> list[Replica]:
+        holding = self._table._holders.get(model)
+        return [r for r in holding.values() if self._usable(r)] if holding else []
+
+    def tiers(self, model: str) -> Iterator[Iterable[Replica]]:
+        point = ring_point(model)
+        tiers = self._table._tiers
+        for count in sorted(tiers):
+            yield (r for r in tiers[count].walk(point) if self._usable(r))
+
+
 class RoutingTable:
     """The replicas of one deployment, keyed by name.
 
@@ -84,6 +159,11 @@ class RoutingTable:
         self.learned_max_age_s = max(learned_max_age_s, lag_s)
         self._notify = notify
         self._replicas: dict[str, Replica] = {}
+        #: The index (see the module): model -> its holders by name; model count -> ring of ready replicas.
+        self._holders: dict[str, dict[str, Replica]] = {}
+        self._tiers: dict[int, _Ring] = {}
+        #: Replicas with learned models or a quarantine: what the time-based refresh looks at.
+        self._timed: set[Replica] = set()
         self._next_refresh = float("-inf")
         self._stale = asyncio.Event()  # some replica's document is older than its last summary
 
@@ -106,9 +186,26 @@ class RoutingTable:
         back = now - self.quarantine_s  # a failure at or before this is served out
         return [r for r in self._replicas.values() if r.ready and (r.down_at is None or r.down_at <= back)]
 
+    def pool(self, now: float, exclude: Collection[str] = ()) -> Pool[Replica]:
+        """The replicas a request may go to now, less ``exclude``, indexed for the policy
+        (:func:`modelplex_router.policy.choose`); false when there is none. Valid until the
+        next write."""
+        if now >= self._next_refresh:
+            self._refresh(now)
+        return _Pool(self, now - self.quarantine_s, exclude)
+
+    def holders(self, model: str) -> list[Replica]:
+        """The replicas in the index as holding (or loading) ``model``, usable or not."""
+        return list(self._holders.get(model, {}).values())
+
+    def tier_sizes(self) -> dict[int, int]:
+        """How many ready replicas hold each number of models (the index's tiers)."""
+        return {count: len(ring) for count, ring in sorted(self._tiers.items())}
+
     def has_room(self, now: float, limit: int) -> bool:
         """Whether some usable replica has fewer than ``limit`` requests in flight."""
-        return any(r.inflight < limit for r in self.usable(now))
+        pool = self.pool(now)
+        return any(r.inflight < limit for r in pool.everyone())
 
     def quarantine_ends(self, now: float) -> float:
         """When the earliest quarantine still running at ``now`` runs out (``inf``: none). A
@@ -142,6 +239,7 @@ class RoutingTable:
                 self._started(event)
             case RequestFinished():
                 self._finished(event, now)
+                self._index(event.started.replica)
             case SummaryHeard():
                 self._heard(event.replica, event.header)
             case Answered():
@@ -149,6 +247,7 @@ class RoutingTable:
             case ConnectionFailed():
                 if event.replica.down_at is None:
                     event.replica.down_at = now
+                    self._timed.add(event.replica)
             case ReplicaSeen():
                 if self._seen(event, now):
                     self._notify(Change.CHANGED)
@@ -162,14 +261,16 @@ class RoutingTable:
                 replica.models = replica.models - {event.model}
                 replica.reported_loading = replica.reported_loading - {event.model}
                 replica.learned.pop(event.model, None)
+                self._index(replica)
                 self._notify(Change.CHANGED)
             case ReplicaGone():
-                if self._replicas.pop(event.name, None) is not None:
+                if (gone := self._replicas.pop(event.name, None)) is not None:
+                    self._unindex(gone)
                     self._notify(Change.CHANGED)
             case ReplicasListed():
                 keep = {seen.name for seen in event.replicas}
                 for name in [n for n in self._replicas if n not in keep]:
-                    del self._replicas[name]
+                    self._unindex(self._replicas.pop(name))
                 for seen in event.replicas:
                     self._seen(seen, now)
                 self._notify(Change.CHANGED)  # once, with the whole listing in
@@ -202,6 +303,7 @@ class RoutingTable:
         if replica.down_at is not None and seen.ready and replica.down_at <= settled:
             replica.down_at = None  # seen alive after it failed
             changed = True
+        self._index(replica)
         self._announced(replica, seen.held.summary.version)
         return changed
 
@@ -226,6 +328,7 @@ class RoutingTable:
         replica = started.replica
         if started.for_load:
             replica.pending[started.model] = replica.pending.get(started.model, 0) + 1
+            self._index(replica)
         else:
             replica.in_slots += 1
 
@@ -245,17 +348,69 @@ class RoutingTable:
                     return
         if finished.ok and model:
             replica.learned[model] = now
+            self._timed.add(replica)
         self._notify(Change.FREED)
 
     def _refresh(self, now: float) -> None:
         # Time-based bookkeeping of the table's own records; no notification (reads never
-        # notify): waiters wake at :meth:`quarantine_ends` by themselves.
+        # notify): waiters wake at :meth:`quarantine_ends` by themselves. Only the replicas
+        # with something timed are looked at, not the whole pool.
         self._next_refresh = now + _REFRESH_EVERY_S
         expired_before = now - self.learned_max_age_s
-        for replica in self._replicas.values():
+        for replica in list(self._timed):
             if replica.learned:
-                for model in [m for m, t in replica.learned.items() if t <= expired_before]:
+                expired = [m for m, t in replica.learned.items() if t <= expired_before]
+                for model in expired:
                     del replica.learned[model]
+                if expired:
+                    self._index(replica)
             if replica.down_at is not None and now - replica.down_at >= self.quarantine_s:
                 replica.down_at = None
+            if not replica.learned and replica.down_at is None:
+                self._timed.discard(replica)
 
+    # -- the index ---------------------------------------------------------------------------
+
+    def _index(self, replica: Replica) -> None:
+        """File ``replica`` under what it holds now and in its tier (after any change to it). A
+        record that has left the table (a request in flight to it ended) is not filed again."""
+        if self._replicas.get(replica.name) is not replica:
+            return
+        held = replica.held()
+        before = replica.indexed
+        if held != before:
+            for model in before - held:
+                holding = self._holders[model]
+                del holding[replica.name]
+                if not holding:
+                    del self._holders[model]
+            for model in held - before:
+                self._holders.setdefault(model, {})[replica.name] = replica
+            replica.indexed = held
+        tier = replica.model_count if replica.ready else None
+        if tier != replica.tier:
+            self._file(replica, tier)
+
+    def _unindex(self, replica: Replica) -> None:
+        """Take a replica that left the table out of the index."""
+        for model in replica.indexed:
+            holding = self._holders[model]
+            del holding[replica.name]
+            if not holding:
+                del self._holders[model]
+        replica.indexed = frozenset()
+        self._file(replica, None)
+        self._timed.discard(replica)
+
+    def _file(self, replica: Replica, tier: int | None) -> None:
+        if replica.tier is not None:
+            ring = self._tiers[replica.tier]
+            ring.remove(replica)
+            if not ring:
+                del self._tiers[replica.tier]
+        if tier is not None:
+            ring = self._tiers.get(tier)
+            if ring is None:
+                ring = self._tiers[tier] = _Ring()
+            ring.add(replica)
+        replica.tier = tier
