@@ -95,3 +95,55 @@ async def test_a_state_already_published_is_not_patched_again():
         await asyncio.sleep(2)
     await reporter.stop()
     assert len(patches) == 1
+
+
+@pytest.mark.looptime
+async def test_under_zipf_churn_each_replica_patches_at_most_once_per_interval_and_ends_on_its_latest_state():
+    # 50 replicas, each loading and evicting on its own Zipf-driven schedule for 20 virtual seconds:
+    # the API server sees at most one write per replica per interval, so the fleet's write rate is
+    # bounded by replicas / MIN_PATCH_INTERVAL_S whatever the churn, and every replica's last
+    # state is published.
+    import random
+
+    from modelplex_replica.reporter import MIN_PATCH_INTERVAL_S
+
+    loop = asyncio.get_running_loop()
+    rng = random.Random(5)
+    replicas, seconds = 50, 20.0
+    states = [State() for _ in range(replicas)]
+    writes: list[list[float]] = [[] for _ in range(replicas)]
+    reporters = []
+    for i in range(replicas):
+        def patch(body, i=i):
+            writes[i].append(loop.time())
+        reporters.append(AnnotationReporter(states[i].summary, patch, clock=loop.time))
+    for reporter in reporters:
+        await reporter.start()
+    # A Zipf(1.1) trace over 500 models on 50 replicas of capacity 4: a request for a model the
+    # chosen replica does not hold is a load (and, when full, an eviction): a change to publish.
+    weights = [1 / (k + 1) ** 1.1 for k in range(500)]
+    held = [set() for _ in range(replicas)]
+    changes = 0
+    end = loop.time() + seconds
+    while loop.time() < end:
+        model = rng.choices(range(500), weights)[0]
+        i = rng.randrange(replicas)
+        if model not in held[i]:
+            if len(held[i]) >= 4:
+                held[i].pop()
+            held[i].add(model)
+            states[i].version += 1
+            reporters[i].changed()
+            changes += 1
+        await asyncio.sleep(0.004)  # 250 requests a second
+    await asyncio.sleep(MIN_PATCH_INTERVAL_S * 2)
+    for reporter in reporters:
+        await reporter.stop()
+    assert changes > 3 * replicas * seconds  # the churn is well above the bound
+    total = sum(len(w) for w in writes)
+    assert total <= replicas * (seconds / MIN_PATCH_INTERVAL_S + 3)
+    for i, reporter in enumerate(reporters):
+        gaps = [later - earlier for earlier, later in zip(writes[i], writes[i][1:])]
+        # The patch runs in a thread, which reads the virtual clock up to one trace step late.
+        assert all(gap >= MIN_PATCH_INTERVAL_S - 0.005 for gap in gaps), (i, gaps)
+        assert reporter.published_version == states[i].version
