@@ -1,0 +1,259 @@
+"""A simulated replica fleet: ONE process answering as many replicas, each on its own loopback
+address (127.0.1.1, 127.0.1.2, ...; :func:`address`), for the scale harness (``run.py``).
+
+Each simulated replica has its own loaded models (LRU, ``--capacity`` of them) and answers what
+the router reads of a real one: ``GET /v1/models`` (its loaded-models document), requests on any
+other path (a model it does not hold is "loaded" at once, evicting the least recently used), with
+the ``X-Modelplex-Loaded-Models`` summary header on every answer, and ``/readyz``. Its pod's
+loaded-models annotation is kept by the replica's own reporter
+(:class:`modelplex_replica.reporter.AnnotationReporter`: coalesced, at most one patch per
+replica per interval) over the real Kubernetes API.
+
+A Zipf(1.1) trace over ``--models`` models drives churn at ``--rate`` loads a second: each step
+picks a model by popularity and a replica at random; a model the replica does not hold is
+loaded there (a new document version, an annotation patch). For every change the fleet notes
+when the replica's next ``GET /v1/models`` served that version or a newer one: that read is the
+router taking the change into its table (discovery), so ``discovery_ms`` is the time from a
+model being loaded to the router being able to route to it.
+
+A control endpoint on ``127.0.0.1:--control-port`` answers ``GET /stats`` (JSON) and
+``POST /reset`` (start a measurement window), ``POST /load?replica=I&model=M`` (load a model
+there now), ``GET /read?replica=I`` (the newest version a router read) and
+``GET /where?model=M`` (the pod that answered its last request). Stopped by SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import asyncio
+import concurrent.futures
+import json
+import random
+import signal
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from modelplex.wire.loaded import LoadedModels, LoadedSummary
+from modelplex.wire.names import LOADED_MODELS_HEADER, MODEL_ID_HEADER
+from modelplex_replica.reporter import AnnotationReporter
+
+
+def address(i: int) -> str:
+    """The loopback address of replica ``i`` (250 per /24, away from 127.0.0.1)."""
+    return f"127.0.{1 + i // 250}.{1 + i % 250}"
+
+
+def pod_name(i: int) -> str:
+    return f"scale-replica-{i}"
+
+
+def model_name(k: int) -> str:
+    return f"model-{k}"
+
+
+def initial_models(i: int, models: int, capacity: int) -> tuple[str, ...]:
+    """What replica ``i`` holds at the start: a stripe of the catalogue, so every model has a holder."""
+    return tuple(model_name((i * capacity + k) % models) for k in range(min(capacity, models)))
+
+
+def initial_summary(i: int, models: int, capacity: int) -> LoadedSummary:
+    return LoadedModels(1, capacity, initial_models(i, models, capacity)).summary()
+
+
+@dataclass
+class SimReplica:
+    index: int
+    capacity: int
+    models: OrderedDict[str, None]
+    version: int = 1
+    read_version: int = 0  # the newest version a GET /v1/models served
+    #: (version, monotonic time) of changes not yet read by a router
+    unread: list[tuple[int, float]] = field(default_factory=list)
+    reporter: AnnotationReporter | None = None
+
+    def document(self) -> LoadedModels:
+        return LoadedModels(self.version, self.capacity, tuple(self.models))
+
+    def touch(self, model: str) -> bool:
+        """A request for ``model``: load it if absent (evicting the LRU); whether that changed anything."""
+        if model in self.models:
+            self.models.move_to_end(model)
+            return False
+        if len(self.models) >= self.capacity:
+            self.models.popitem(last=False)
+        self.models[model] = None
+        self.version += 1
+        self.unread.append((self.version, time.monotonic()))
+        if self.reporter is not None:
+            self.reporter.changed()
+        return True
+
+
+class Fleet:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.replicas = [SimReplica(i, args.capacity, OrderedDict.fromkeys(initial_models(i, args.models, args.capacity)))
+                         for i in range(args.replicas)]
+        self.by_address = {address(i): r for i, r in enumerate(self.replicas)}
+        self.discovery_ms: list[float] = []
+        self.loads = 0
+        self.requests = 0
+        self.served: dict[str, str] = {}  # model -> the pod that last answered a request for it
+        self.rng = random.Random(args.seed)
+        weights = [1 / (k + 1) ** 1.1 for k in range(args.models)]
+        total = sum(weights)
+        self.cumulative = []
+        acc = 0.0
+        for w in weights:
+            acc += w / total
+            self.cumulative.append(acc)
+
+    def _replica(self, request: web.Request) -> SimReplica:
+        sockname = request.transport.get_extra_info("sockname") if request.transport else None
+        return self.by_address[sockname[0]]
+
+    def _headers(self, replica: SimReplica) -> dict[str, str]:
+        return {LOADED_MODELS_HEADER: replica.document().summary().to_json()}
+
+    async def models(self, request: web.Request) -> web.Response:
+        replica = self._replica(request)
+        now = time.monotonic()
+        if replica.unread:
+            self.discovery_ms += [(now - t) * 1000 for v, t in replica.unread if v <= replica.version]
+            replica.unread.clear()
+        replica.read_version = replica.version
+        return web.json_response(replica.document().to_dict(), headers=self._headers(replica))
+
+    async def ready(self, request: web.Request) -> web.Response:
+        return web.json_response({"ready": True})
+
+    async def invoke(self, request: web.Request) -> web.Response:
+        replica = self._replica(request)
+        await request.read()
+        model = request.headers.get(MODEL_ID_HEADER, "")
+        self.requests += 1
+        if model and replica.touch(model):
+            self.loads += 1
+        self.served[model] = pod_name(replica.index)
+        return web.json_response({"outputs": [model]}, headers=self._headers(replica))
+
+    def zipf(self) -> str:
+        return model_name(min(bisect.bisect_left(self.cumulative, self.rng.random()), self.args.models - 1))
+
+    async def churn(self) -> None:
+        """The Zipf trace: ``--rate`` steps a second, each a model on a random replica."""
+        if self.args.rate <= 0:
+            return
+        step = 1.0 / self.args.rate
+        next_at = time.monotonic()
+        while True:
+            next_at += step
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            if self.rng.choice(self.replicas).touch(self.zipf()):
+                self.loads += 1
+
+    async def stats(self, request: web.Request) -> web.Response:
+        return web.json_response({
+            "discovery_ms": self.discovery_ms, "loads": self.loads, "requests": self.requests,
+            "patches": sum(r.reporter.patches for r in self.replicas if r.reporter is not None),
+            "unread": sum(len(r.unread) for r in self.replicas),
+        })
+
+    async def reset(self, request: web.Request) -> web.Response:
+        self.discovery_ms = []
+        for replica in self.replicas:
+            replica.unread.clear()
+        return web.json_response({"ok": True})
+
+    async def load(self, request: web.Request) -> web.Response:
+        replica = self.replicas[int(request.query["replica"])]
+        if replica.touch(request.query["model"]):
+            self.loads += 1
+        return web.json_response({"version": replica.version})
+
+    async def read(self, request: web.Request) -> web.Response:
+        return web.json_response({"read_version": self.replicas[int(request.query["replica"])].read_version})
+
+    async def where(self, request: web.Request) -> web.Response:
+        return web.json_response({"pod": self.served.get(request.query.get("model", ""))})
+
+
+def pod_patcher(kubeconfig: str, namespace: str) -> Any:
+    from kubernetes import client, config
+
+    api = client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
+
+    def patcher(name: str):
+        def patch(body: dict[str, Any]) -> None:
+            api.patch_namespaced_pod(name, namespace, body, _request_timeout=10)
+        return patch
+
+    return patcher
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=16))
+    fleet = Fleet(args)
+    patcher = pod_patcher(args.kubeconfig, args.namespace) if args.kubeconfig else None
+    for replica in fleet.replicas:
+        if patcher is not None:
+            name = pod_name(replica.index)
+            replica.reporter = AnnotationReporter(lambda r=replica: r.document().summary(), patcher(name))
+            replica.reporter.published = replica.document().summary()  # the harness created the pod with it
+    app = web.Application()
+    app.router.add_get("/v1/models", fleet.models)
+    app.router.add_get("/readyz", fleet.ready)
+    app.router.add_get("/healthz", fleet.ready)
+    app.router.add_route("*", "/{tail:.*}", fleet.invoke)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    for i in range(args.replicas):
+        await web.TCPSite(runner, address(i), args.port, backlog=64).start()
+    control = web.Application()
+    control.router.add_get("/stats", fleet.stats)
+    control.router.add_post("/reset", fleet.reset)
+    control.router.add_get("/where", fleet.where)
+    control.router.add_post("/load", fleet.load)
+    control.router.add_get("/read", fleet.read)
+    control_runner = web.AppRunner(control, access_log=None)
+    await control_runner.setup()
+    await web.TCPSite(control_runner, "127.0.0.1", args.control_port).start()
+    for replica in fleet.replicas:
+        if replica.reporter is not None:
+            await replica.reporter.start()
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    print(json.dumps({"fleet": "ready", "replicas": args.replicas}), flush=True)
+    churn = asyncio.create_task(fleet.churn())
+    await stop.wait()
+    churn.cancel()
+    for replica in fleet.replicas:
+        if replica.reporter is not None:
+            await replica.reporter.stop()
+    await control_runner.cleanup()
+    await runner.cleanup()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--replicas", type=int, required=True)
+    parser.add_argument("--models", type=int, required=True)
+    parser.add_argument("--capacity", type=int, default=10)
+    parser.add_argument("--port", type=int, required=True, help="the replicas' port (on each one's address)")
+    parser.add_argument("--control-port", type=int, required=True)
+    parser.add_argument("--rate", type=float, default=10.0, help="trace steps (requests) a second")
+    parser.add_argument("--kubeconfig", default="", help="patch each replica's pod annotation through this API")
+    parser.add_argument("--namespace", default="scale")
+    parser.add_argument("--seed", type=int, default=1)
+    asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
