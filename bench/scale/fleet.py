@@ -39,7 +39,7 @@ from typing import Any
 from aiohttp import web
 
 from modelplex.wire.loaded import LoadedModels, LoadedSummary
-from modelplex.wire.names import LOADED_MODELS_HEADER, MODEL_ID_HEADER
+from modelplex.wire.names import ANNOTATION_LOADED_MODELS, LOADED_MODELS_HEADER, MODEL_ID_HEADER
 from modelplex_replica.reporter import AnnotationReporter
 
 
@@ -72,8 +72,9 @@ class SimReplica:
     models: OrderedDict[str, None]
     version: int = 1
     read_version: int = 0  # the newest version a GET /v1/models served
-    #: (version, monotonic time) of changes not yet read by a router
+    #: (version, monotonic time) of changes not yet read by a router, and not yet in the annotation
     unread: list[tuple[int, float]] = field(default_factory=list)
+    unpatched: list[tuple[int, float]] = field(default_factory=list)
     reporter: AnnotationReporter | None = None
 
     def document(self) -> LoadedModels:
@@ -88,7 +89,9 @@ class SimReplica:
             self.models.popitem(last=False)
         self.models[model] = None
         self.version += 1
-        self.unread.append((self.version, time.monotonic()))
+        now = time.monotonic()
+        self.unread.append((self.version, now))
+        self.unpatched.append((self.version, now))
         if self.reporter is not None:
             self.reporter.changed()
         return True
@@ -101,6 +104,7 @@ class Fleet:
                          for i in range(args.replicas)]
         self.by_address = {address(i): r for i, r in enumerate(self.replicas)}
         self.discovery_ms: list[float] = []
+        self.patch_lag_ms: list[float] = []  # a change -> the annotation patch carrying it answered
         self.loads = 0
         self.requests = 0
         self.served: dict[str, str] = {}  # model -> the pod that last answered a request for it
@@ -159,15 +163,18 @@ class Fleet:
 
     async def stats(self, request: web.Request) -> web.Response:
         return web.json_response({
-            "discovery_ms": self.discovery_ms, "loads": self.loads, "requests": self.requests,
+            "discovery_ms": self.discovery_ms, "patch_lag_ms": self.patch_lag_ms,
+            "loads": self.loads, "requests": self.requests,
             "patches": sum(r.reporter.patches for r in self.replicas if r.reporter is not None),
             "unread": sum(len(r.unread) for r in self.replicas),
         })
 
     async def reset(self, request: web.Request) -> web.Response:
         self.discovery_ms = []
+        self.patch_lag_ms = []
         for replica in self.replicas:
             replica.unread.clear()
+            replica.unpatched.clear()
         return web.json_response({"ok": True})
 
     async def load(self, request: web.Request) -> web.Response:
@@ -183,14 +190,27 @@ class Fleet:
         return web.json_response({"pod": self.served.get(request.query.get("model", ""))})
 
 
-def pod_patcher(kubeconfig: str, namespace: str) -> Any:
+def pod_patcher(kubeconfig: str, namespace: str, fleet: Fleet, threads: int) -> Any:
+    """The patch function of each simulated replica's reporter: the Kubernetes client's pod
+    patch, as the replica's own. Without deserializing the answer into client objects: a real
+    replica spends that CPU in its own process, here one process does it for every replica."""
     from kubernetes import client, config
 
-    api = client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
+    api_client = config.new_client_from_config(config_file=kubeconfig)
+    api_client.rest_client.pool_manager.connection_pool_kw["maxsize"] = threads
+    api = client.CoreV1Api(api_client)
 
-    def patcher(name: str):
+    def patcher(replica: SimReplica):
+        name = pod_name(replica.index)
+
         def patch(body: dict[str, Any]) -> None:
-            api.patch_namespaced_pod(name, namespace, body, _request_timeout=10)
+            version = json.loads(body["metadata"]["annotations"][ANNOTATION_LOADED_MODELS])["version"]
+            response = api.patch_namespaced_pod(name, namespace, body, _request_timeout=10, _preload_content=False)
+            response.release_conn()
+            done = time.monotonic()
+            # Runs in a worker thread: list appends are atomic under the GIL.
+            fleet.patch_lag_ms.extend((done - t) * 1000 for v, t in replica.unpatched if v <= version)
+            replica.unpatched = [(v, t) for v, t in replica.unpatched if v > version]
         return patch
 
     return patcher
@@ -198,13 +218,12 @@ def pod_patcher(kubeconfig: str, namespace: str) -> Any:
 
 async def main_async(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
-    loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=16))
+    loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=args.threads))
     fleet = Fleet(args)
-    patcher = pod_patcher(args.kubeconfig, args.namespace) if args.kubeconfig else None
+    patcher = pod_patcher(args.kubeconfig, args.namespace, fleet, args.threads) if args.kubeconfig else None
     for replica in fleet.replicas:
         if patcher is not None:
-            name = pod_name(replica.index)
-            replica.reporter = AnnotationReporter(lambda r=replica: r.document().summary(), patcher(name))
+            replica.reporter = AnnotationReporter(lambda r=replica: r.document().summary(), patcher(replica))
             replica.reporter.published = replica.document().summary()  # the harness created the pod with it
     app = web.Application()
     app.router.add_get("/v1/models", fleet.models)
@@ -252,6 +271,7 @@ def main() -> None:
     parser.add_argument("--kubeconfig", default="", help="patch each replica's pod annotation through this API")
     parser.add_argument("--namespace", default="scale")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=32, help="patches in flight at most (the reporters' threads)")
     asyncio.run(main_async(parser.parse_args()))
 
 

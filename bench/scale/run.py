@@ -259,6 +259,8 @@ def routing_point(cluster: Cluster, args: argparse.Namespace, folder: Path, star
         "router_rss_mb": router_rss,
         "discovery_p50_ms": percentile(stats["discovery_ms"], 0.5), "discovery_p99_ms": percentile(stats["discovery_ms"], 0.99),
         "discovery_samples": len(stats["discovery_ms"]), "routed_after_discovery": f"{went}/{tried}",
+        "patch_lag_p50_ms": percentile(stats["patch_lag_ms"], 0.5), "patch_lag_p99_ms": percentile(stats["patch_lag_ms"], 0.99),
+        "unread_at_end": stats["unread"],
         "apiserver_writes_per_s": round(writes / window, 1), "loads_per_s": round(stats["loads"] / window, 1),
         "annotation_patches": stats["patches"], "request_p50_ms": round(statistics.median(latencies), 2) if latencies else None,
         "requests_ok": len(latencies), "window_s": round(window, 1),

@@ -53,8 +53,13 @@ class Kind(enum.Enum):
 class ReplicaView(Protocol):
     """What the policy reads of a replica (see :class:`modelplex_router.record.Replica`)."""
 
-    name: str
-    inflight: int
+    @property
+    def name(self) -> str:
+        """The replica's name (stable: the hash ring and rendezvous hashing use it)."""
+
+    @property
+    def inflight(self) -> int:
+        """Requests in its slots now."""
 
     def holds(self, model: str) -> bool:
         """M is loaded there, or is being loaded there."""

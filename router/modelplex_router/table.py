@@ -409,8 +409,7 @@ class RoutingTable:
             if not ring:
                 del self._tiers[replica.tier]
         if tier is not None:
-            ring = self._tiers.get(tier)
-            if ring is None:
-                ring = self._tiers[tier] = _Ring()
-            ring.add(replica)
+            if tier not in self._tiers:
+                self._tiers[tier] = _Ring()
+            self._tiers[tier].add(replica)
         replica.tier = tier
