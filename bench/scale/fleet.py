@@ -48,12 +48,9 @@ def address(i: int) -> str:
     return f"127.0.{1 + i // 250}.{1 + i % 250}"
 
 
-def pod_name(i: int) -> str:
-    return f"scale-replica-{i}"
-
-
-def model_name(k: int) -> str:
-    return f"model-{k}"
+#: The pod of replica i, and the id of model k of the catalogue.
+pod_name = "scale-replica-{}".format
+model_name = "model-{}".format
 
 
 def initial_models(i: int, models: int, capacity: int) -> tuple[str, ...]:
