@@ -276,6 +276,18 @@ def deployments_point(cluster: Cluster, args: argparse.Namespace, folder: Path, 
     cluster.namespace(namespace)
     env = {**os.environ, "KUBECONFIG": str(cluster.cp.kubeconfig), "PYTHONUNBUFFERED": "1",
            "MODELPLEX_WATCH_NAMESPACES": namespace}
+    if args.operator_threads:
+        # An experiment, not the product: the operator's blocking API calls run on asyncio's
+        # default executor, min(32, cores + 4) threads (6 here); this sizes it from outside.
+        site = folder / "operator-site"
+        site.mkdir(exist_ok=True)
+        (site / "sitecustomize.py").write_text(
+            "import concurrent.futures.thread as _t\n"
+            "_init = _t.ThreadPoolExecutor.__init__\n"
+            "def _sized(self, max_workers=None, *args, **kwargs):\n"
+            f"    _init(self, max_workers or {args.operator_threads}, *args, **kwargs)\n"
+            "_t.ThreadPoolExecutor.__init__ = _sized\n")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH", "")]))
     operator = spawn([sys.executable, "-m", "modelplex_launcher.cli", "--log-level", "warning", "operator"],
                      log=folder / "operator.log", env=env)
     started.append(operator)
@@ -307,7 +319,8 @@ def deployments_point(cluster: Cluster, args: argparse.Namespace, folder: Path, 
     wait_for(all_reconciled, args.reconcile_timeout, 0.5, f"{args.deployments} deployments reconciled", guard=guard)
     reconcile_s = time.monotonic() - t0
     calls = cluster.requests_total(None) - calls_before
-    return {"deployments": args.deployments, "reconcile_all_s": round(reconcile_s, 1), "applied_s": round(applied_s, 1),
+    return {"deployments": args.deployments, "operator_threads": args.operator_threads or "default",
+            "reconcile_all_s": round(reconcile_s, 1), "applied_s": round(applied_s, 1),
             "operator_rss_mb": rss_mb(operator.pid), "operator_apiserver_calls": round(calls)}
 
 
@@ -321,6 +334,8 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=0.0, help="fleet loads a second (default: replicas / 10, at least 2)")
     parser.add_argument("--request-rate", type=float, default=50.0, help="requests a second through the router")
     parser.add_argument("--reconcile-timeout", type=float, default=300.0)
+    parser.add_argument("--operator-threads", type=int, default=0,
+                        help="experiment: size the operator's default thread pool (0: as shipped)")
     parser.add_argument("--keep", action="store_true", help="keep the state folder (logs) afterwards")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="modelplex-scale-"))
@@ -333,6 +348,9 @@ def main() -> int:
         say(f"control plane up in {time.monotonic() - deadline_guard:.1f} s")
         if args.replicas > 0:
             print(json.dumps(routing_point(cluster, args, folder, started)), flush=True)
+            for proc in reversed(started):  # the fleet's churn must not load the next point
+                stop(proc, grace=10)
+            started.clear()
         if args.deployments > 0:
             print(json.dumps(deployments_point(cluster, args, folder, started)), flush=True)
     finally:
