@@ -17,7 +17,7 @@ router taking the change into its table (discovery), so ``discovery_ms`` is the 
 model being loaded to the router being able to route to it.
 
 A control endpoint on ``127.0.0.1:--control-port`` answers ``GET /stats`` (JSON) and
-``POST /reset`` (start a measurement window), ``POST /load?replica=I&model=M`` (load a model
+``POST /reset`` (start a measurement window), ``POST /pause`` (stop the trace), ``POST /load?replica=I&model=M`` (load a model
 there now), ``GET /read?replica=I`` (the newest version a router read) and
 ``GET /where?model=M`` (the pod that answered its last request). Stopped by SIGTERM.
 """
@@ -104,6 +104,7 @@ class Fleet:
         self.patch_lag_ms: list[float] = []  # a change -> the annotation patch carrying it answered
         self.loads = 0
         self.requests = 0
+        self.paused = False
         self.served: dict[str, str] = {}  # model -> the pod that last answered a request for it
         self.rng = random.Random(args.seed)
         weights = [1 / (k + 1) ** 1.1 for k in range(args.models)]
@@ -155,7 +156,7 @@ class Fleet:
         while True:
             next_at += step
             await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-            if self.rng.choice(self.replicas).touch(self.zipf()):
+            if not self.paused and self.rng.choice(self.replicas).touch(self.zipf()):
                 self.loads += 1
 
     async def stats(self, request: web.Request) -> web.Response:
@@ -172,6 +173,10 @@ class Fleet:
         for replica in self.replicas:
             replica.unread.clear()
             replica.unpatched.clear()
+        return web.json_response({"ok": True})
+
+    async def pause(self, request: web.Request) -> web.Response:
+        self.paused = True
         return web.json_response({"ok": True})
 
     async def load(self, request: web.Request) -> web.Response:
@@ -236,6 +241,7 @@ async def main_async(args: argparse.Namespace) -> None:
     control.router.add_post("/reset", fleet.reset)
     control.router.add_get("/where", fleet.where)
     control.router.add_post("/load", fleet.load)
+    control.router.add_post("/pause", fleet.pause)
     control.router.add_get("/read", fleet.read)
     control_runner = web.AppRunner(control, access_log=None)
     await control_runner.setup()

@@ -15,8 +15,9 @@ deployments point); one JSON line per point on stdout, progress on stderr. Not p
 - the simulated fleet (``fleet.py``): one process answering every replica on its pod IP, each
   with its own models, patching its own pod's loaded-models annotation (the replica's own
   coalescing reporter) as a Zipf trace of loads drives it;
-- the real router (``modelplex router``), discovering the pods through one watch of that
-  apiserver, with requests sent through it during the window;
+- the real routers (``modelplex router``, two by default as a deployment runs them), each
+  discovering the pods through one watch of that apiserver, with requests sent through the
+  first during the window;
 - for the deployments point, the real operator (``modelplex operator``) and
   ``--deployments`` MultiplexedDeployments applied at once.
 
@@ -25,8 +26,9 @@ index at this size, in this process: ``bench/router/bench_decisions.py``), ``rou
 (the router process after the window), ``discovery_p99_ms`` (a model loaded on a replica → the
 router read the document that shows it: the fleet times each change to the router's next read of
 that replica's ``GET /v1/models``; then ``routed_after_discovery`` checks, for a sample of fresh
-loads, that a request for the model sent right after goes to that replica),
-``apiserver_writes_per_s`` (the apiserver's own count of POST/PUT/PATCH/DELETE during the
+loads, that once the first router's table shows the model a request for it goes to that replica),
+``routers_agree`` (after the trace stops and the interval passes, the replicas whose models
+all routers' tables agree on), ``apiserver_writes_per_s`` (the apiserver's own count of POST/PUT/PATCH/DELETE during the
 window), ``request_p50_ms`` (requests through the router); ``reconcile_all_s`` (applying the
 deployments → every one has its status written for its generation), ``operator_rss_mb``,
 ``operator_apiserver_calls``.
@@ -45,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -184,26 +187,40 @@ async def drive(router: str, control: str, seconds: float, rate: float, models: 
 
 
 async def routed_after_discovery(router: str, control: str, replicas: int, samples: int, rng: random.Random) -> tuple[int, int]:
-    """Load a fresh model on ``samples`` replicas; once the router read each one's document, a
-    request for it must go to that replica. Returns (went there, tried)."""
+    """Load a fresh model on ``samples`` replicas; once the router's table shows each one (its
+    ``/v1/replicas``), a request for it must go to that replica. Returns (went there, tried)."""
     ok = 0
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
         for k in range(samples):
             i = rng.randrange(replicas)
             model = f"probe-{k}-{rng.randrange(10**9)}"
             async with session.post(f"{control}/load", params={"replica": str(i), "model": model}) as resp:
-                version = (await resp.json())["version"]
+                await resp.read()
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:
-                async with session.get(f"{control}/read", params={"replica": str(i)}) as resp:
-                    if (await resp.json())["read_version"] >= version:
-                        break
-                await asyncio.sleep(0.01)
+                async with session.get(f"{router}/v1/replicas") as resp:
+                    table = (await resp.json())["replicas"]
+                if any(r["name"] == sim.pod_name(i) and model in r["models"] for r in table):
+                    break
+                await asyncio.sleep(0.05)
             async with session.post(router + "/", json={"inputs": [1]}, headers={MODEL_ID_HEADER: model}) as resp:
                 await resp.read()
             async with session.get(f"{control}/where", params={"model": model}) as resp:
                 ok += (await resp.json())["pod"] == sim.pod_name(i)
     return ok, samples
+
+
+def routers_agree(routers: list[tuple[str, subprocess.Popen, str]], control: str, replicas: int) -> str:
+    """Stop the churn, wait past the coalescing interval and the learned-model age, and compare
+    what each router's table says every replica holds: how many replicas all routers agree on."""
+    urllib.request.urlopen(urllib.request.Request(control + "/pause", method="POST"), timeout=10).read()
+    time.sleep(3.0)
+    views = []
+    for url, _, _ in routers:
+        with urllib.request.urlopen(url + "/v1/replicas", timeout=30) as resp:
+            views.append({r["name"]: (tuple(r["models"]), tuple(r["loading"])) for r in json.loads(resp.read())["replicas"]})
+    same = sum(1 for name in views[0] if all(view.get(name) == views[0][name] for view in views[1:]))
+    return f"{same}/{replicas}"
 
 
 def routing_point(cluster: Cluster, args: argparse.Namespace, folder: Path, started: list[subprocess.Popen]) -> dict:
@@ -222,26 +239,32 @@ def routing_point(cluster: Cluster, args: argparse.Namespace, folder: Path, star
                    "--rate", str(args.rate or max(2.0, args.replicas / 10)), "--kubeconfig", str(cluster.cp.kubeconfig),
                    "--namespace", NAMESPACE], log=folder / "fleet.log", env=env)
     started.append(fleet)
-    router_port = free_port()
-    router = f"http://127.0.0.1:{router_port}"
-    proc = spawn([sys.executable, "-m", "modelplex_launcher.cli", "--log-level", "warning", "router", "--spec",
-                  str(manifest(folder, args.capacity)), "--port", str(router_port)], log=folder / "router.log", env=env)
-    started.append(proc)
+    # Two routers by default, as a deployment runs: both watch the pods; requests go to the first.
+    routers: list[tuple[str, subprocess.Popen, str]] = []
+    for k in range(args.routers):
+        router_port = free_port()
+        log = f"router-{k}.log"
+        routers.append((f"http://127.0.0.1:{router_port}", spawn(
+            [sys.executable, "-m", "modelplex_launcher.cli", "--log-level", "warning", "router", "--spec",
+             str(manifest(folder, args.capacity)), "--port", str(router_port)], log=folder / log, env=env), log))
+        started.append(routers[-1][1])
+    router, proc = routers[0][0], routers[0][1]
 
     def guard() -> None:
-        for p, log in ((fleet, "fleet.log"), (proc, "router.log")):
+        for p, log in ((fleet, "fleet.log"), *((r[1], r[2]) for r in routers)):
             if p.poll() is not None:
                 raise RuntimeError(f"{log} process exited: {(folder / log).read_text()[-2000:]}")
 
     def ready() -> bool:
-        import urllib.request
-        with urllib.request.urlopen(router + "/readyz", timeout=5) as resp:
-            return json.loads(resp.read()).get("ready_replicas") == args.replicas
+        for url, _, _ in routers:
+            with urllib.request.urlopen(url + "/readyz", timeout=5) as resp:
+                if json.loads(resp.read()).get("ready_replicas") != args.replicas:
+                    return False
+        return True
 
-    wait_for(ready, 300, 0.5, f"the router to see {args.replicas} ready replicas", guard=guard)
-    say(f"the router sees every replica after {time.monotonic() - t0:.1f} s; measuring {args.seconds} s")
+    wait_for(ready, 300, 0.5, f"the routers to see {args.replicas} ready replicas", guard=guard)
+    say(f"the routers see every replica after {time.monotonic() - t0:.1f} s; measuring {args.seconds} s")
     rng = random.Random(2)
-    import urllib.request
     urllib.request.urlopen(urllib.request.Request(control + "/reset", method="POST"), timeout=10).read()
     writes_before = cluster.requests_total(WRITE_VERBS)
     t_window = time.monotonic()
@@ -250,6 +273,7 @@ def routing_point(cluster: Cluster, args: argparse.Namespace, folder: Path, star
     writes = cluster.requests_total(WRITE_VERBS) - writes_before
     stats = json.loads(urllib.request.urlopen(control + "/stats", timeout=10).read())
     went, tried = asyncio.run(routed_after_discovery(router, control, args.replicas, 20, rng))
+    agree = routers_agree(routers, control, args.replicas) if len(routers) > 1 else None
     guard()
     router_rss = rss_mb(proc.pid)
     decisions = bench_decisions.run(args.replicas, args.models, 6000, None)
@@ -260,7 +284,7 @@ def routing_point(cluster: Cluster, args: argparse.Namespace, folder: Path, star
         "discovery_p50_ms": percentile(stats["discovery_ms"], 0.5), "discovery_p99_ms": percentile(stats["discovery_ms"], 0.99),
         "discovery_samples": len(stats["discovery_ms"]), "routed_after_discovery": f"{went}/{tried}",
         "patch_lag_p50_ms": percentile(stats["patch_lag_ms"], 0.5), "patch_lag_p99_ms": percentile(stats["patch_lag_ms"], 0.99),
-        "unread_at_end": stats["unread"],
+        "unread_at_end": stats["unread"], "routers": len(routers), "routers_agree": agree,
         "apiserver_writes_per_s": round(writes / window, 1), "loads_per_s": round(stats["loads"] / window, 1),
         "annotation_patches": stats["patches"], "request_p50_ms": round(statistics.median(latencies), 2) if latencies else None,
         "requests_ok": len(latencies), "window_s": round(window, 1),
@@ -329,6 +353,7 @@ def main() -> int:
     parser.add_argument("--replicas", type=int, default=10)
     parser.add_argument("--models", type=int, default=100)
     parser.add_argument("--deployments", type=int, default=0)
+    parser.add_argument("--routers", type=int, default=2, help="routers watching the pool (requests go to the first)")
     parser.add_argument("--capacity", type=int, default=10, help="models per replica")
     parser.add_argument("--seconds", type=float, default=30.0, help="the routing point's measuring window")
     parser.add_argument("--rate", type=float, default=0.0, help="fleet loads a second (default: replicas / 10, at least 2)")
