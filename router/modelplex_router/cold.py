@@ -9,7 +9,8 @@ cause loads at all.
 - ``spec.router.loadQuota``: a request that would start a cold load (no ready replica holds
   the model, none is loading it) takes one of its client's loads; a client without one left
   gets 429 ``load_quota_exceeded`` with Retry-After, and no load starts. Requests for models
-  a replica holds never count. The client is the auth client's name, else the caller's
+  a replica holds never count, nor do requests to a handler without a ``@multiplexed`` loader
+  (its replicas report no model capacity: nothing is ever loaded). The client is the auth client's name, else the caller's
   address; the deployment's own components (the internal credential) are not limited.
 
 :func:`decide` is the pure rule; :class:`ColdGate` applies it with the router's table, quota
@@ -114,7 +115,9 @@ class ColdGate:
         on_cold = on_cold_of(header, self.rules.on_cold(model) if model else "hold")
         if not model:
             return
-        replicas = self.table.usable(self.clock())
+        # Only replicas that load models count: a handler without a @multiplexed loader reports
+        # no capacity, and no request to it is ever cold.
+        replicas = [replica for replica in self.table.usable(self.clock()) if replica.capacity > 0]
         action = decide(replicas, model, on_cold)
         if action is not Action.REJECT and replicas and would_load(replicas, model):
             self._take_load(client)

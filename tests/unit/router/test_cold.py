@@ -151,3 +151,13 @@ def test_the_router_config_reads_spec_models_the_load_quota_and_the_queue_order(
     assert RouterConfig.from_deployment(deployment, env={ENV_QUEUE_ORDER: "fifo"}).queue_order == "fifo"
     with pytest.raises(ValueError, match=ENV_QUEUE_ORDER):
         RouterConfig.from_deployment(deployment, env={ENV_QUEUE_ORDER: "lifo"})
+
+
+async def test_a_handler_without_a_model_loader_has_no_cold_requests():
+    g = Gate(rules=ModelRules((ModelEntry(match="*", onCold="reject"),)), quota=(1, 1))
+    for name in ("r0", "r1"):  # replicas whose handler loads no models report no capacity
+        g.table.apply(ReplicaSeen(name, f"http://{name}", True, Held.of(LoadedModels(2, 0))), g.clock())
+    for model in ("x", "y", "z"):
+        g.gate.admit(model, "alice", None)
+    await asyncio.sleep(0)
+    assert g.loads == []
