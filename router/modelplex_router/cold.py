@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+from dataclasses import dataclass, field
 from typing import Any, Callable, Coroutine, Sequence
 
 from aiohttp import web
@@ -86,23 +87,22 @@ def decide(replicas: Sequence[Replica], model: str, on_cold: str) -> Action:
     return Action.REJECT_AND_LOAD if would_load(replicas, model) else Action.REJECT
 
 
+@dataclass(eq=False)
 class ColdGate:
     """Applies ``onCold`` and the load quota to requests before they are routed.
 
     ``load(model)`` loads a model on the replica the policy picks (the proxy's load through the
-    scheduler); the gate runs it in the background, one at a time per model.
+    scheduler); the gate runs it in the background, one at a time per model. ``quotas``: the
+    load quota's buckets (None: no quota).
     """
 
-    def __init__(self, table: RoutingTable, rules: ModelRules, metrics: RouterMetrics, *,
-                 clock: Callable[[], float], load: Callable[[str], Coroutine[Any, Any, object]],
-                 quotas: LoadQuotas | None = None):
-        self.table = table
-        self.rules = rules
-        self.metrics = metrics
-        self.clock = clock
-        self.quotas = quotas
-        self._load = load
-        self._loads: dict[str, asyncio.Task[object]] = {}
+    table: RoutingTable
+    rules: ModelRules
+    metrics: RouterMetrics
+    clock: Callable[[], float]
+    load: Callable[[str], Coroutine[Any, Any, object]]
+    quotas: LoadQuotas | None = None
+    _loads: dict[str, asyncio.Task[object]] = field(default_factory=dict)
 
     def admit_request(self, request: web.Request, model: str) -> None:
         """:meth:`admit` for an HTTP request: decided before its body is read, so a refused
@@ -144,7 +144,7 @@ class ColdGate:
     def _start_load(self, model: str) -> None:
         if model in self._loads or len(self._loads) >= MAX_BACKGROUND_LOADS:
             return  # one is under way (or too many are): a retry starts it later
-        task: asyncio.Task[object] = asyncio.get_running_loop().create_task(self._load(model), name=f"cold load of {model}")
+        task: asyncio.Task[object] = asyncio.get_running_loop().create_task(self.load(model), name=f"cold load of {model}")
         self._loads[model] = task
         task.add_done_callback(lambda done: self._loaded(model, done))
 

@@ -82,22 +82,17 @@ class RouterMetrics:
             "modelplex_router_queued_requests", "Requests waiting for a replica slot now.",
             ["deployment"], registry=r,
         )
-        self._queue_wait = Histogram(
-            "modelplex_router_queue_wait_seconds",
-            "Time a request waited in the router for a replica slot (0 when one was free).",
-            ["deployment", *extra], buckets=LATENCY_BUCKETS, registry=r,
-        )
-        self._cold_rejections = Counter(
-            "modelplex_router_cold_rejections_total",
-            "Requests answered 503 model_not_loaded (onCold: reject) for a model no ready replica held.",
-            ["deployment", *extra], registry=r,
-        )
-        self._quota_refusals = Counter(
-            "modelplex_router_load_quota_refusals_total",
-            f"Requests refused 429 for a spent load quota, by client (at most {MAX_CLIENT_LABELS} "
-            f"names, the rest as {OTHER_CLIENTS!r}).",
-            ["deployment", "client"], registry=r,
-        )
+        # Where requests wait, cold requests refused, load quotas spent (see README, "Sharing between models").
+        wait_help = "Time a request waited in the router for a replica slot (0 when one was free)."
+        self._queue_wait = Histogram("modelplex_router_queue_wait_seconds", wait_help, ["deployment", *extra],
+                                     buckets=LATENCY_BUCKETS, registry=r)
+        cold_help = "Requests answered 503 model_not_loaded (onCold: reject) for a model no ready replica held."
+        self._cold_rejections = Counter("modelplex_router_cold_rejections_total", cold_help, ["deployment", *extra],
+                                        registry=r)
+        quota_help = (f"Requests refused 429 for a spent load quota, by client (at most {MAX_CLIENT_LABELS} names, "
+                      f"the rest as {OTHER_CLIENTS!r}).")
+        self._quota_refusals = Counter("modelplex_router_load_quota_refusals_total", quota_help,
+                                       ["deployment", "client"], registry=r)
         self._client_labels: set[str] = set()
         self.inflight = self._inflight.labels(deployment)
         self.queued = self._queued.labels(deployment)
