@@ -125,6 +125,8 @@ class ColdGate:
             return
         self.metrics.cold_rejected(model)
         if action is Action.REJECT_AND_LOAD:
+            log.info("model %r is not loaded on any ready replica: rejecting (onCold: reject) and loading it in "
+                     "the background", model)
             self._start_load(model)
         raise ModelNotLoaded(f"model {model!r} is not loaded on any ready replica and the request asked not to "
                              f"wait ({ON_COLD_HEADER}: reject); a load has started, retry later",
