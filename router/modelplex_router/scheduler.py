@@ -5,7 +5,8 @@ request joins its model's line (:class:`modelplex_router.fairness.FairLine`). Wh
 frees up, the scheduler walks the models in weighted fair order (``spec.models[].weight``; a
 model alone takes every slot), each model's waiters oldest first, asks the policy for each
 and hands the slot straight to the first one it suits (so a newcomer cannot take it first,
-and one freed slot costs a few policy runs, not one per waiter). A waiter also looks for itself when its matching timeout passes. A request that
+and one freed slot costs a few policy runs, not one per waiter). A waiter also looks for
+itself when its matching timeout passes. A request that
 finds no ready replica waits in the same line (a replica may be starting, or briefly out of
 rotation): an instant 503 would only make clients resend at once. Past the queue bound a
 request is refused with 503 and Retry-After rather than queued for ever; the bound is per
@@ -40,7 +41,7 @@ from modelplex_router.table import QUARANTINE_S, Change, RoutingTable
 #: once frees its slots in a second or two; ~0.4 s of refusals was too short under load).
 EXCLUDED_BACKOFF_S = 0.05
 MAX_EXCLUDED_BACKOFF_S = 1.0
-#: Waiters asked, oldest first, for each freed slot before it is left to newcomers.
+#: Waiters asked, in fair order, for each freed slot before it is left to newcomers.
 HANDOFF_TRIES = 8
 #: The bound on all waiters together, in multiples of the per-model bound: each waiter holds its
 #: body in memory, and many flooded models must not take the router down.
@@ -249,11 +250,11 @@ class Scheduler:
         while self.table.has_room(now, self.params.max_ongoing):
             served = False
             for model in line.order():
-                if model in blocked:
-                    continue
                 for waiter in line.waiters(model):
                     if waiter.future.done():
                         continue  # leaving: its own ``finally`` takes it out of the line
+                    if not waiter.exclude and model in blocked:
+                        continue  # its model is blocked: only retries that exclude replicas may fit elsewhere
                     lease = self._try_for(waiter, now)
                     if lease is not None:
                         waiter.future.set_result(lease)
@@ -266,7 +267,6 @@ class Scheduler:
                         return
                     if not waiter.exclude:
                         blocked.add(model)
-                        break
                 if served:
                     break  # the order changed: the served model moved back
             if not served:
