@@ -122,10 +122,13 @@ def made_by_modelplex(obj: dict[str, Any] | None) -> bool:
     return labels.get("app.kubernetes.io/managed-by") == MANAGED_BY
 
 
-def foreign(what: str) -> NotOwned:
-    """The refusal for an object of that name that the operator did not make."""
+def foreign(what: str, labels: dict[str, str] | None = None) -> NotOwned:
+    """The refusal for an object of that name that the operator did not make; ``labels`` are
+    what hands it over (the managed-by label by default)."""
+    labels = labels or {"app.kubernetes.io/managed-by": MANAGED_BY}
+    handover = ", ".join(f"{key}={value}" for key, value in labels.items())
     return NotOwned(f"{what} exists and was not made by Modelplex: left as it is (remove it, or label it "
-                    f"app.kubernetes.io/managed-by={MANAGED_BY} to hand it over)")
+                    f"{handover} to hand it over)")
 
 
 def check_ownership(existing: dict[str, Any] | None, desired: dict[str, Any], owner_uid: str, what: str) -> None:
@@ -149,7 +152,8 @@ def check_ownership(existing: dict[str, Any] | None, desired: dict[str, Any], ow
     labels = (existing.get("metadata") or {}).get("labels") or {}
     deployment = ((desired.get("metadata") or {}).get("labels") or {}).get(LABEL_DEPLOYMENT)
     if not made_by_modelplex(existing) or (deployment is not None and labels.get(LABEL_DEPLOYMENT) != deployment):
-        raise foreign(what)
+        ours = {"app.kubernetes.io/managed-by": MANAGED_BY, **({LABEL_DEPLOYMENT: deployment} if deployment else {})}
+        raise foreign(what, ours)
 
 
 def error_from_api_exception(error: Exception, what: str = "") -> KubeError:

@@ -63,8 +63,10 @@ def test_an_object_of_any_kind_is_adopted_only_with_the_operator_s_labels(obj):
     for stranger in (_same_name(obj, None), _same_name(obj, {"team": "theirs"}),
                      _same_name(obj, {**obj["metadata"]["labels"], "app.kubernetes.io/managed-by": "Helm"}),
                      _same_name(obj, {**obj["metadata"]["labels"], LABEL_DEPLOYMENT: "another"})):
-        with pytest.raises(NotOwned, match=f"{what} exists and was not made by Modelplex: left as it is"):
+        with pytest.raises(NotOwned, match=f"{what} exists and was not made by Modelplex: left as it is") as caught:
             check_ownership(stranger, obj, UID, what)
+        assert "app.kubernetes.io/managed-by=modelplex-operator, modelplex.io/deployment=recs to hand it over" in \
+            str(caught.value)
     # Made by an earlier operator (its labels, no controller): adopted.
     check_ownership(_same_name(obj, dict(obj["metadata"]["labels"])), obj, UID, what)
 
