@@ -1,7 +1,7 @@
 """The trust boundary on the real node: the router's door, the replicas' internal credential,
 the operator's Secret and NetworkPolicies, what the replicas' and routers' ServiceAccount tokens
 may do (RBAC and the chart's admission policy), pods in a namespace enforcing the restricted Pod
-Security Standard."""
+Security Standard, a same-named object the operator did not make left alone."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import urllib.request
 import pytest
 from kubernetes import client
 
-from e2e.operator.helpers import (E2E_REPLICA_IMAGE, kubectl_apply, loaded_models, manifest, pods, predict, router_url,
-                                  wait_settled)
+from e2e.operator.helpers import (E2E_REPLICA_IMAGE, condition, get_mxd, kubectl_apply, loaded_models, manifest, pods,
+                                  predict, router_url, wait_event, wait_settled)
 from modelplex_cluster.testing import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -164,3 +164,19 @@ def test_a_deployment_comes_up_and_serves_in_a_namespace_enforcing_the_restricte
     kubectl_apply(control_plane, ns, manifest(name, replicas=1))
     wait_settled(api, ns, name, replicas=1)
     assert predict(router_url(control_plane, ns, name), "m1", {"x": 1})[0] == 200
+
+
+def test_a_same_named_object_the_operator_did_not_make_is_left_alone_and_reported(
+        control_plane, modelplex_operator, kube_namespace, api):
+    ns, name = kube_namespace, "taken"
+    core = client.CoreV1Api(api)
+    theirs = core.create_namespaced_config_map(ns, {"metadata": {"name": f"{name}-spec", "labels": {"team": "theirs"}},
+                                                    "data": {"spec.yaml": "theirs"}})
+    kubectl_apply(control_plane, ns, manifest(name, replicas=1))
+    etype, _, message = wait_event(api, ns, name, "ObjectConflict")
+    assert etype == "Warning" and f"ConfigMap {name}-spec exists and was not made by Modelplex" in message
+    wait_for(lambda: condition(get_mxd(api, ns, name), "Degraded").get("reason") == "ObjectConflict", timeout=60,
+             what="Degraded/ObjectConflict")
+    after = core.read_namespaced_config_map(f"{name}-spec", ns)
+    assert after.data == {"spec.yaml": "theirs"} and not after.metadata.owner_references
+    assert after.metadata.resource_version == theirs.metadata.resource_version  # not written at all
