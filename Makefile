@@ -106,11 +106,12 @@ bench-venv: $(BENCH_STAMP)
 bench: bench-venv
 	$(BENCH_PY) bench/compare/run.py $(BENCH_ARGS)
 
-# The per-component benchmarks: replica alone, router policies, the streaming pipeline.
+# The per-component benchmarks: replica alone, router policies, the streaming pipeline, fair order.
 bench-components: bench-venv
 	$(BENCH_PY) bench/replica/bench_replica.py
 	$(BENCH_PY) bench/router/bench_router.py
 	$(BENCH_PY) bench/pipeline/bench_pipeline.py
+	$(BENCH_PY) bench/fairness/run.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info examples/zoo/models

@@ -1,4 +1,5 @@
-"""Workload 1's batched MLP at concurrency 32, through router and replica, on two checkouts of
+"""Workload 1's batched MLP at concurrency 32 (or, with ``--workload multiplexing``, workload 2's
+Zipf trace over 40 models on 2 replicas), through router and replica, on two checkouts of
 Modelplex (A: before a change, B: after it), interleaved: is B within 5% of A?
 
     git worktree add --detach /tmp/bench-old ae28ec5; git worktree add --detach /tmp/bench-new HEAD
@@ -28,6 +29,7 @@ import tempfile
 import time
 from contextlib import nullcontext
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -75,6 +77,8 @@ def context_switches(pids: dict[int, str], role: str) -> int:
 
 def one_run(tree: Path, workdir: Path, name: str, args: argparse.Namespace, monitor: run.Monitor) -> dict:
     run.product_root = tree
+    if args.workload == "multiplexing":
+        return one_multiplexing_run(workdir, name, args, monitor)
     spec = {"replicas": 1, "handler": f"mp_handlers:{args.handler}", "maxOngoingRequests": args.max_ongoing}
     body = run.mlp_body(MLP_SIZES[0])
     with monitor.phase(name), run.ModelplexStack(workdir, name, spec, run.bench_env()) as stack:
@@ -94,6 +98,18 @@ def one_run(tree: Path, workdir: Path, name: str, args: argparse.Namespace, moni
             "load1": round(phase["load"][0], 2), "other_cores": phase["other_cores"]}
 
 
+def one_multiplexing_run(workdir: Path, name: str, args: argparse.Namespace, monitor: run.Monitor) -> dict:
+    """Workload 2's trace (``run.py``'s multiplexing, Modelplex alone) from empty caches."""
+    settings = SimpleNamespace(mux_requests=args.requests, mux_concurrency=args.concurrency,
+                               mux_max_seconds=args.seconds * 6)
+    with monitor.phase(name):
+        entry = run.mux_modelplex(settings, workdir, run.mux_trace(settings), overhead=False)
+    phase = monitor.summary()[-1]
+    return {"rps": entry["rps"], "p50_ms": entry["p50_ms"], "p99_ms": entry["p99_ms"], "errors": entry["errors"],
+            "hit_rate": round(entry["hit_rate"], 4), "cpu_ms_per_request": {},
+            "load1": round(phase["load"][0], 2), "other_cores": phase["other_cores"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--a", type=Path, required=True, help="checkout before the change")
@@ -103,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--max-ongoing", type=int, default=128, help="as workload 1 sets it")
+    parser.add_argument("--workload", default="batched", choices=["batched", "multiplexing"])
+    parser.add_argument("--requests", type=int, default=400, help="multiplexing: requests in the trace")
     parser.add_argument("--handler", default="BatchedMLP", choices=["BatchedMLP", "BatchedEcho"],
                         help="BatchedEcho: the same batching with no model, to see the per-request cost alone")
     parser.add_argument("--cpus", type=float, default=0.0,
@@ -110,9 +128,11 @@ def main(argv: list[str] | None = None) -> int:
                              "(run.py --cpus), the load generator in another: less noise from other people's load")
     parser.add_argument("--out", type=Path, help="write the runs and medians here as JSON")
     args = parser.parse_args(argv)
+    if args.workload == "multiplexing" and "--concurrency" not in (argv or sys.argv):
+        args.concurrency = 16  # run.py's workload 2
     trees = {"A": args.a.resolve(), "B": args.b.resolve()}
     for tree in trees.values():
-        if not (tree / "modelplex" / "cli.py").exists():
+        if not any((tree / path).exists() for path in run.CLI_PATHS.values()):
             parser.error(f"{tree}: not a Modelplex checkout")
     order = [("A", "B") if i % 2 == 0 else ("B", "A") for i in range(args.runs)]
     runs: dict[str, list[dict]] = {"A": [], "B": []}
@@ -141,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"command": "python bench/compare/ab_batched.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                "trees": {k: {"path": str(v), "commit": commit(v)} for k, v in trees.items()},
-               "handler": args.handler, "concurrency": args.concurrency, "seconds": args.seconds,
+               "workload": args.workload, "handler": args.handler, "concurrency": args.concurrency, "seconds": args.seconds,
                "cpu_groups": run.cpu_groups.describe() if run.cpu_groups is not None else None,
                "order": order, "runs": runs,
                "medians": medians, "ratio_b_over_a": round(ratio, 4), "paired_ratio_median": round(paired, 4),
@@ -152,10 +172,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def workload_name(summary: dict) -> str:
+    if summary.get("workload") == "multiplexing":
+        mux = run.MUX
+        return f"multiplexing trace ({mux['models']} models, Zipf {mux['zipf']}, {mux['replicas']} replicas)"
+    return summary.get("handler", "BatchedMLP")
+
+
 def markdown(summary: dict) -> str:
     groups = summary.get("cpu_groups")
     lines = [f"A = `{summary['trees']['A']['commit']}`, B = `{summary['trees']['B']['commit']}`; "
-             f"{summary.get('handler', 'BatchedMLP')}, c={summary['concurrency']}, {summary['seconds']:g} s per run; "
+             f"{workload_name(summary)}, c={summary['concurrency']}, {summary['seconds']:g} s per run; "
              "order "
              + " ".join("".join(p) for p in summary["order"])
              + (f"; CPU groups: {'; '.join(groups['groups'])}" if groups else "; no CPU groups"), "",

@@ -158,6 +158,11 @@ def build(sdk) -> SimpleNamespace:
             _torch_handler(self, sizes, device=self.device)
 
         async def __call__(self, body):
+            if hasattr(body, "tensors"):  # Modelplex's OIP over gRPC (grpc_vs_rest.py)
+                import numpy as np
+
+                answer = await self.predict({"inputs": body.tensors[0].reshape(-1).tolist()})
+                return {"outputs": np.asarray([[answer["max"]]], dtype=np.float32)}
             return await self.predict(body)
 
         @sdk.batch(max_batch_size=GPU_BATCH_MAX, batch_wait_timeout_s=GPU_BATCH_WAIT_S)

@@ -77,6 +77,21 @@ class NotReady(ModelplexError, status=503, code="not_ready"):
     """No replica is ready to serve (none became ready in time, or all are starting or draining)."""
 
 
+class ModelNotLoaded(ModelplexError, status=503, code="model_not_loaded"):
+    """No ready replica holds the model and the request said not to wait for a load
+    (``onCold: reject``); a load started in the background, so a retry may find it."""
+
+    def __init__(self, message: str, *, retry_after: float = 1.0):
+        super().__init__(message, retry_after=retry_after)
+
+
+class LoadQuotaExceeded(ModelplexError, status=429, code="load_quota_exceeded"):
+    """The client spent its cold loads (``spec.router.loadQuota``); no load was started."""
+
+    def __init__(self, message: str, *, retry_after: float = 1.0):
+        super().__init__(message, retry_after=retry_after)
+
+
 class ModelLoadError(ModelplexError, status=500, code="model_load_failed"):
     """Loading a model failed; not cached, so the next request tries again."""
 
@@ -129,7 +144,8 @@ class Forbidden(ModelplexError, status=403, code="forbidden"):
 
 _CLASSES: list[type[ModelplexError]] = [BadRequest, ModelNotFound, NotFound, PayloadTooLarge, Overloaded, NotReady,
                                         ModelLoadError, ModelLoadTimeout, ModelTooLarge, HandlerError, ReplicaFailed,
-                                        UpstreamTimeout, Unauthorized, Forbidden, RequestTimeout]
+                                        UpstreamTimeout, Unauthorized, Forbidden, RequestTimeout, ModelNotLoaded,
+                                        LoadQuotaExceeded]
 
 
 def error_for_status(status: int, message: str, code: str | None = None,

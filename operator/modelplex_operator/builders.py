@@ -4,8 +4,9 @@ For a resource named N (DESIGN.md, "What the operator makes"), all owned by it a
 ``modelplex.io/deployment=N`` plus the ``app.kubernetes.io/*`` labels:
 
 - ServiceAccounts ``N-replica`` and ``N-router``;
-- Roles and RoleBindings ``N-replica`` (pods get/patch: a replica patches its own annotation)
-  and ``N-router`` (pods get/list/watch: the router watches the replica pods);
+- Roles and RoleBindings ``N-replica`` (pods patch: a replica patches its own annotation; the
+  chart's ValidatingAdmissionPolicy narrows it to that annotation of its own pod) and
+  ``N-router`` (pods get/list/watch: the router watches the replica pods);
 - ConfigMap ``N-spec`` holding the spec the pods read (``spec.yaml``);
 - with ``spec.autoscaling``, ConfigMap ``N-hot-models`` (the models a new replica pre-loads),
   made and kept current by the autoscaler (:mod:`modelplex_operator.handlers.autoscale`), not
@@ -215,10 +216,11 @@ def service_accounts(deployment: Deployment, owner: dict[str, Any]) -> list[dict
     return _per_role(deployment, owner, "v1", "ServiceAccount", lambda role, object_name: {})
 
 
-#: Least privilege: a replica reads and patches pods (its own annotation; RBAC cannot name a pod
-#: that does not exist yet); the router reads and watches the replica pods.
+#: Least privilege: a replica patches pods and reads none (RBAC cannot name a pod that does not
+#: exist yet: the chart's ValidatingAdmissionPolicy lets a replica's token change only the
+#: loaded-models annotation of the pod it is bound to); the router reads and watches the replica pods.
 ROLE_RULES: dict[str, list[dict[str, Any]]] = {
-    ROLE_REPLICA: [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}],
+    ROLE_REPLICA: [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}],
     ROLE_ROUTER: [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
 }
 

@@ -19,8 +19,8 @@ import logging
 from typing import Any
 
 from modelplex.wire.credentials import INTERNAL_SECRET_KEY, INTERNAL_SECRET_NAME, new_token
-from modelplex_operator import MANAGED_BY, builders
-from modelplex_operator.kube import Kube, KubeError, NotOwned
+from modelplex_operator import builders
+from modelplex_operator.kube import Kube, KubeError, foreign, made_by_modelplex
 
 log = logging.getLogger("modelplex.operator.credentials")
 
@@ -60,10 +60,8 @@ class InternalCredentials:
                 return
         if existing is None:
             raise KubeError(404, "NotFound", f"Secret {INTERNAL_SECRET_NAME} vanished while being made")
-        labels = (existing.get("metadata") or {}).get("labels") or {}
-        if labels.get("app.kubernetes.io/managed-by") != MANAGED_BY:
-            raise NotOwned(f"Secret {INTERNAL_SECRET_NAME} exists and was not made by Modelplex: left as it is "
-                           "(remove it, or label it app.kubernetes.io/managed-by=modelplex-operator to hand it over)")
+        if not made_by_modelplex(existing):
+            raise foreign(f"Secret {INTERNAL_SECRET_NAME}")
         owners = (existing.get("metadata") or {}).get("ownerReferences") or []
         if not any(ref.get("uid") == owner["uid"] for ref in owners):
             added = {**owner, "controller": False, "blockOwnerDeletion": False}

@@ -6,7 +6,8 @@ here with the ``kubernetes`` client (in a worker thread, so the event loop never
 - :meth:`Kube.apply` is create-or-patch in one idempotent call: a server-side apply with the
   field manager ``modelplex-operator`` and ``force``. Fields the operator stopped setting are
   removed; fields others set (the Service's cluster IP, a human's extra annotation) are kept.
-  Before it, a GET refuses to take over an object that another controller owns.
+  Before it, a GET refuses to take over an object that is not the operator's: one another
+  controller owns, or one without the operator's labels (:func:`check_ownership`).
 - :meth:`Kube.patch_status` writes a MultiplexedDeployment's status subresource.
 
 Errors come out as :class:`KubeError` with ``retryable`` saying whether trying again may help:
@@ -25,8 +26,8 @@ from typing import Any
 
 import urllib3.exceptions
 
-from modelplex.wire.names import API_GROUP, API_VERSION, PLURAL
-from modelplex_operator import FIELD_MANAGER
+from modelplex.wire.names import API_GROUP, API_VERSION, LABEL_DEPLOYMENT, PLURAL
+from modelplex_operator import FIELD_MANAGER, MANAGED_BY
 
 log = logging.getLogger("modelplex.operator.kube")
 
@@ -115,17 +116,44 @@ def controller_of(obj: dict[str, Any] | None) -> dict[str, Any] | None:
     return None
 
 
-def check_ownership(existing: dict[str, Any] | None, owner_uid: str, what: str) -> None:
-    """Refuse to take over an object that another controller (or an earlier owner) controls.
+def made_by_modelplex(obj: dict[str, Any] | None) -> bool:
+    """Whether ``obj`` carries the operator's ``app.kubernetes.io/managed-by`` label."""
+    labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
+    return labels.get("app.kubernetes.io/managed-by") == MANAGED_BY
 
-    An object without a controller is adopted: a human or an earlier operator version made it.
+
+def foreign(what: str, labels: dict[str, str] | None = None) -> NotOwned:
+    """The refusal for an object of that name that the operator did not make; ``labels`` are
+    what hands it over (the managed-by label by default)."""
+    labels = labels or {"app.kubernetes.io/managed-by": MANAGED_BY}
+    handover = ", ".join(f"{key}={value}" for key, value in labels.items())
+    return NotOwned(f"{what} exists and was not made by Modelplex: left as it is (remove it, or label it "
+                    f"{handover} to hand it over)")
+
+
+def check_ownership(existing: dict[str, Any] | None, desired: dict[str, Any], owner_uid: str, what: str) -> None:
+    """Refuse to take over an object that is not the operator's for this resource.
+
+    Its own (controlled by ``owner_uid``) it updates. An object another controller (or an
+    earlier resource of that name) controls is refused. One without a controller is adopted
+    only when it carries the operator's labels for this resource (an earlier operator version,
+    or a person handing it over); anything else of that name is someone else's and left alone.
     """
+    if existing is None:
+        return
     ref = controller_of(existing)
-    if ref is not None and ref.get("uid") != owner_uid:
-        raise NotOwned(
-            f"{what} exists and is controlled by {ref.get('kind')} {ref.get('name')} "
-            f"(uid {ref.get('uid')}); delete or rename it"
-        )
+    if ref is not None:
+        if ref.get("uid") != owner_uid:
+            raise NotOwned(
+                f"{what} exists and is controlled by {ref.get('kind')} {ref.get('name')} "
+                f"(uid {ref.get('uid')}); delete or rename it"
+            )
+        return
+    labels = (existing.get("metadata") or {}).get("labels") or {}
+    deployment = ((desired.get("metadata") or {}).get("labels") or {}).get(LABEL_DEPLOYMENT)
+    if not made_by_modelplex(existing) or (deployment is not None and labels.get(LABEL_DEPLOYMENT) != deployment):
+        ours = {"app.kubernetes.io/managed-by": MANAGED_BY, **({LABEL_DEPLOYMENT: deployment} if deployment else {})}
+        raise foreign(what, ours)
 
 
 def error_from_api_exception(error: Exception, what: str = "") -> KubeError:
@@ -214,7 +242,7 @@ class Kube:
         kind, name, namespace = obj["kind"], meta["name"], meta["namespace"]
         what = f"{kind} {name}"
         before = self.get(obj["apiVersion"], kind, namespace, name)
-        check_ownership(before, owner_uid, what)
+        check_ownership(before, obj, owner_uid, what)
         after = self._call(
             "PATCH",
             object_path(obj["apiVersion"], kind, namespace, name),

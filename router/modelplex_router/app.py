@@ -36,14 +36,16 @@ from modelplex_router import load, oip
 from modelplex_router.access_log import access_log
 from modelplex_router.auth import Access, access_middleware, external
 from modelplex_router.browsers import add_cors_headers, preflights
+from modelplex_router.cold import ColdGate
 from modelplex_router.config import RouterConfig
 from modelplex_router.discovery.base import Discovery
 from modelplex_router.discovery.documents import DocumentFetcher
-from modelplex_router.keys import CLOCK, CONFIG, DISCOVERY, DRAINING, METRICS, PROXY, SCHEDULER, SESSION, TABLE
+from modelplex_router.keys import CLOCK, COLD, CONFIG, DISCOVERY, DRAINING, METRICS, PROXY, SCHEDULER, SESSION, TABLE
 from modelplex_router.measured import measured
 from modelplex_router.metrics import CONTENT_TYPE, RouterMetrics
 from modelplex_router.openapi import openapi_document
-from modelplex_router.proxy import FORWARDED_REQUEST_HEADERS, REPLICA_HEADER, Proxy
+from modelplex_router.proxy import FORWARDED_REQUEST_HEADERS, REPLICA_HEADER, Proxy, Reply
+from modelplex_router.quota import LoadQuotas
 from modelplex_router.scheduler import Scheduler
 
 log = logging.getLogger("modelplex.router")
@@ -78,10 +80,13 @@ def create_app(config: RouterConfig, discovery: Discovery, *,
         clock=clock,
         deployment=config.deployment,
         hold_at_zero_s=config.hold_at_zero_s,
+        weight=config.models.weight,
+        fair=config.queue_order == "fair",
     )
     # The scheduler's table: discovery, the document fetcher and the proxy tell it what they see.
     app[TABLE] = scheduler.table
     app[METRICS].queued.set_function(lambda: scheduler.queued)
+    app[METRICS].watch_queues(scheduler.waiting)
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_discovery)
     routes = app.router
@@ -134,12 +139,25 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
         cookie_jar=aiohttp.DummyCookieJar(),
     )
     app[SESSION] = session
-    app[PROXY] = Proxy(app[SCHEDULER], session, app[METRICS],
-                       first_byte_timeout_s=config.first_byte_timeout_s, clock=app[CLOCK])
+    app[PROXY] = proxy = Proxy(app[SCHEDULER], session, app[METRICS],
+                                first_byte_timeout_s=config.first_byte_timeout_s, clock=app[CLOCK])
+    quota = config.load_quota
+    app[COLD] = cold = ColdGate(
+        app[TABLE], config.models, app[METRICS], clock=app[CLOCK],
+        load=lambda model: proxy.exchange(model, b"", {}, _loaded, path=oip.load_path(model)),
+        quotas=LoadQuotas(quota.loads_per_minute, quota.burst, clock=app[CLOCK]) if quota else None,
+    )
     try:
         yield
     finally:
+        await cold.close()
         await session.close()
+
+
+async def _loaded(reply: Reply) -> None:
+    """A background load's answer: a failure is logged by the gate."""
+    if reply.status >= 400:
+        raise RuntimeError(f"replica {reply.replica} answered {reply.status}")
 
 
 async def _discovery(app: web.Application) -> AsyncIterator[None]:
@@ -187,6 +205,7 @@ async def predict(request: web.Request) -> web.StreamResponse:
 
 
 async def _forward(request: web.Request, model: str, headers: dict[str, str] | None = None) -> web.StreamResponse:
+    request.app[COLD].admit_request(request, model)
     body = await read_body(request, request.app[CONFIG].body_timeout_s)
     return await request.app[PROXY].forward(request, model, body, headers=headers)
 

@@ -9,8 +9,10 @@ from typing import Mapping
 from modelplex.autoscaling import DEFAULT_HOLD_AT_ZERO_S
 from modelplex.wire.credentials import ENV_CLIENT_TOKENS_DIR, ENV_INTERNAL_TOKEN_FILE
 from modelplex.wire.spec import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_LOAD_TIMEOUT_S, DEFAULT_MAX_REQUEST_BYTES,
-                                 REQUEST_TIMEOUT_MARGIN_S, Cors, Deployment, RouterAuth)
+                                 REQUEST_TIMEOUT_MARGIN_S, Cors, Deployment, LoadQuota, RouterAuth)
+from modelplex_router.fairness import ORDERS
 from modelplex_router.policy import POLICIES, Params
+from modelplex_router.rules import ModelRules
 
 # Not MODELPLEX_ROUTER_*: local mode exports MODELPLEX_ROUTER_<DEPLOYMENT> for every
 # deployment, and a deployment may well be called "policy".
@@ -18,6 +20,8 @@ ENV_POLICY = "MODELPLEX_ROUTING_POLICY"
 ENV_QUEUE_TIMEOUT = "MODELPLEX_ROUTING_QUEUE_TIMEOUT_S"
 ENV_POLL_INTERVAL = "MODELPLEX_ROUTING_POLL_INTERVAL_S"
 ENV_HOLD_AT_ZERO = "MODELPLEX_ROUTING_HOLD_AT_ZERO_S"
+#: ``fair`` (weighted fair order between models, the default) or ``fifo`` (first come, first served).
+ENV_QUEUE_ORDER = "MODELPLEX_ROUTING_QUEUE_ORDER"
 # The router's own knobs (environment, not spec): their defaults, written once. The spec's
 # defaults come from modelplex.wire.spec.
 DEFAULT_POLICY = "cache-aware"
@@ -36,8 +40,16 @@ class RouterConfig:
     model_label: bool = False
     #: How long a request may wait for a replica slot before a 503 with Retry-After.
     queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S
-    #: How many requests may wait for a slot at once before new ones get a 503 at once.
+    #: How many requests for one model may wait for a slot at once before new ones for that
+    #: model get a 503 at once (per model: one model's flood is refused for itself only).
     max_queued: int = 1000
+    #: The order in which models' waiting requests get slots: "fair" (by ``spec.models``
+    #: weights) or "fifo" (first come, first served; for comparisons).
+    queue_order: str = "fair"
+    #: ``spec.models``: weights, cold-load policy, spread bounds per model id.
+    models: ModelRules = ModelRules()
+    #: ``spec.router.loadQuota``: cold loads per client.
+    load_quota: LoadQuota | None = None
     #: An autoscaled deployment's bound for a request that finds no replica ready (it may be at
     #: zero on purpose, a replica starting for it); None: ``queue_timeout_s``.
     hold_at_zero_s: float | None = None
@@ -66,12 +78,20 @@ class RouterConfig:
         policy = env.get(ENV_POLICY, DEFAULT_POLICY)
         if policy not in POLICIES:
             raise ValueError(f"{ENV_POLICY}: must be one of {', '.join(POLICIES)} (got {policy!r})")
+        order = env.get(ENV_QUEUE_ORDER) or "fair"
+        if order not in ORDERS:
+            raise ValueError(f"{ENV_QUEUE_ORDER}: must be one of {', '.join(ORDERS)} (got {order!r})")
+        rules = ModelRules(spec.models)
         return cls(
             deployment=deployment.name,
             params=Params(
                 max_ongoing=spec.max_ongoing_requests,
                 matching_timeout_s=spec.multiplexing.matching_timeout_seconds,
+                limits=rules,
             ),
+            queue_order=order,
+            models=rules,
+            load_quota=spec.router.load_quota,
             policy=policy,
             max_request_bytes=spec.max_request_bytes,
             model_label=spec.metrics.model_label,

@@ -18,8 +18,12 @@ on: thousands of models would otherwise swamp Prometheus. Label children are cac
 
 from __future__ import annotations
 
+from typing import Callable, Iterable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from modelplex_router.policy import Kind
 
@@ -29,6 +33,10 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 #: The ``protocol`` label's values.
 PROTOCOLS = ("http", "grpc")
+#: Distinct ``client`` label values of the quota refusals (addresses where auth is off are
+#: unbounded); the rest are counted under :data:`OTHER_CLIENTS`.
+MAX_CLIENT_LABELS = 100
+OTHER_CLIENTS = "other"
 
 
 class RouterMetrics:
@@ -74,14 +82,27 @@ class RouterMetrics:
             "modelplex_router_queued_requests", "Requests waiting for a replica slot now.",
             ["deployment"], registry=r,
         )
+        # Where requests wait, cold requests refused, load quotas spent (see README, "Sharing between models").
+        wait_help = "Time a request waited in the router for a replica slot (0 when one was free)."
+        self._queue_wait = Histogram("modelplex_router_queue_wait_seconds", wait_help, ["deployment", *extra],
+                                     buckets=LATENCY_BUCKETS, registry=r)
+        cold_help = "Requests answered 503 model_not_loaded (onCold: reject) for a model no ready replica held."
+        self._cold_rejections = Counter("modelplex_router_cold_rejections_total", cold_help, ["deployment", *extra],
+                                        registry=r)
+        quota_help = (f"Requests refused 429 for a spent load quota, by client (at most {MAX_CLIENT_LABELS} names, "
+                      f"the rest as {OTHER_CLIENTS!r}).")
+        self._quota_refusals = Counter("modelplex_router_load_quota_refusals_total", quota_help,
+                                       ["deployment", "client"], registry=r)
+        self._client_labels: set[str] = set()
         self.inflight = self._inflight.labels(deployment)
         self.queued = self._queued.labels(deployment)
         self._children: dict[tuple, object] = {}
         for reason in ("replica_failed", "replica_full"):
             self._child(self._retries, reason)
         if not model_label:
-            for metric in (self._hits, self._misses, self._fallbacks):
+            for metric in (self._hits, self._misses, self._fallbacks, self._cold_rejections):
                 self._child(metric)
+            self._child(self._queue_wait)
             for protocol in PROTOCOLS:
                 self._child(self._latency, protocol)
                 self._child(self._requests, "200", protocol)
@@ -111,8 +132,50 @@ class RouterMetrics:
         if kind is Kind.FALLBACK:
             self._child(self._fallbacks, *labels).inc()
 
+    def waited(self, model: str, seconds: float) -> None:
+        """A request for ``model`` got its first replica slot after ``seconds`` in the queue."""
+        self._child(self._queue_wait, *((model,) if self.model_label else ())).observe(seconds)
+
+    def cold_rejected(self, model: str) -> None:
+        """A request for ``model`` answered 503 ``model_not_loaded``."""
+        self._child(self._cold_rejections, *((model,) if self.model_label else ())).inc()
+
+    def quota_refused(self, client: str) -> None:
+        """A request of ``client`` refused for its spent load quota (a bounded label set)."""
+        if client not in self._client_labels:
+            if len(self._client_labels) >= MAX_CLIENT_LABELS:
+                client = OTHER_CLIENTS
+            else:
+                self._client_labels.add(client)
+        self._child(self._quota_refusals, client).inc()
+
+    def watch_queues(self, waiting: Callable[[], Iterable[tuple[str, int]]]) -> None:
+        """With the model label, the requests waiting per model (``waiting()``: the models that
+        have waiters now, read at each scrape: models that wait no more have no series)."""
+        if self.model_label:
+            self.registry.register(_ModelQueues(self.deployment, waiting))
+
     def retried(self, reason: str) -> None:
         self._child(self._retries, reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _ModelQueues(Collector):
+    """``modelplex_router_model_queued_requests``: the waiters of each model now."""
+
+    def __init__(self, deployment: str, waiting: Callable[[], Iterable[tuple[str, int]]]):
+        self.deployment = deployment
+        self.waiting = waiting
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())  # unchecked (auto_describe would call collect at registration)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily("modelplex_router_model_queued_requests",
+                                   "Requests waiting for a replica slot now, by model.",
+                                   labels=["deployment", "model"])
+        for model, count in self.waiting():
+            family.add_metric([self.deployment, model], count)
+        yield family

@@ -30,7 +30,7 @@ from modelplex.http import error_response, read_body
 from modelplex.wire.oip import (HEADER_LENGTH, PROTOCOL, PROTOCOL_HEADER, VERSION_HEADER, error_body, parse_header,
                            split_body)
 from modelplex_router.events import Unloaded
-from modelplex_router.keys import CLOCK, CONFIG, PROXY, SESSION, TABLE
+from modelplex_router.keys import CLOCK, COLD, CONFIG, PROXY, SESSION, TABLE
 from modelplex_router.measured import checked_model_id, measured
 
 SERVER_NAME = "modelplex"
@@ -233,6 +233,7 @@ async def infer(request: web.Request) -> web.StreamResponse:
     model, version = _model(request)
 
     async def answer() -> web.StreamResponse:
+        request.app[COLD].admit_request(request, model)
         body = await read_body(request, request.app[CONFIG].body_timeout_s)
         header_length = request.headers.get(HEADER_LENGTH)
         parse_header(split_body(body, header_length)[0])  # a malformed request is refused here, not by a replica

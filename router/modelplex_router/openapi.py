@@ -45,19 +45,23 @@ _MODEL_HEADER = {"name": MODEL_ID_HEADER, "in": "header", "required": False,
                  "schema": {"type": "string", "maxLength": MODEL_ID_MAX_LENGTH},
                  "description": "The model to use (also accepted as `serve-multiplexed-model-id`); required by "
                                 "deployments that serve many models."}
+_ON_COLD = {"name": "x-modelplex-on-cold", "in": "header", "required": False,
+            "schema": {"type": "string", "enum": ["hold", "reject"]},
+            "description": "When no ready replica has the model loaded: `hold` waits for the load, `reject` answers "
+                           "503 `model_not_loaded` at once and starts the load; default: the model's `onCold`."}
 _TAIL = {"name": "path", "in": "path", "required": True, "schema": {"type": "string", "pattern": "^[a-z][a-z0-9-]*$"},
          "description": "Any sub-path: the whole route prefix `/` reaches the handler."}
 
 #: 401 and 403: with router auth on (a missing or wrong token; a model outside the client's globs),
-#: and 403 for a method-call envelope from outside the deployment.
-_HANDLER_ANSWERS = {"200": _ANY, **_errors(_NATIVE_ERROR, 400, 401, 403, 404, 413, 500, 502, 503, 504)}
+#: and 403 for a method-call envelope from outside the deployment; 429 a spent load quota.
+_HANDLER_ANSWERS = {"200": _ANY, **_errors(_NATIVE_ERROR, 400, 401, 403, 404, 413, 429, 500, 502, 503, 504)}
 _HANDLER_BODY = {"required": False, "content": {
     _JSON: {"schema": {}}, "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}
 
 
 def _handler_operation(summary: str, *, body: bool, tail: bool = False) -> dict:
     operation: dict[str, Any] = {"summary": summary, "tags": ["handler"],
-                                 "parameters": [_MODEL_HEADER, *([_TAIL] if tail else [])],
+                                 "parameters": [_MODEL_HEADER, _ON_COLD, *([_TAIL] if tail else [])],
                                  "responses": _HANDLER_ANSWERS}
     if body:
         operation["requestBody"] = _HANDLER_BODY
@@ -70,7 +74,7 @@ _INFER = {
                    f"`{HEADER_LENGTH}`, each binary tensor's size in `parameters.binary_data_size`.",
     "requestBody": {"required": True, "content": {_JSON: {"schema": _ref("InferenceRequest")}}},
     "responses": {"200": _json(_ref("InferenceResponse"), "The outputs."),
-                  **_errors(_OIP_ERROR, 400, 401, 403, 404, 413, 500, 502, 503, 504)},
+                  **_errors(_OIP_ERROR, 400, 401, 403, 404, 413, 429, 500, 502, 503, 504)},
 }
 _METADATA = {"summary": "Model metadata", "tags": ["oip"],
              "responses": {"200": _json(_ref("ModelMetadata"), "The model's metadata (it loads if needed)."),
@@ -95,11 +99,11 @@ OPERATIONS: dict[tuple[str, str], list[tuple[str, dict]]] = {
     ("GET", "/v1/load"): [("/v1/load", {"summary": "The load report the autoscaler reads", "tags": ["operations"],
                                         "responses": {"200": _json(_ref("LoadReport"), "Load now.")}})],
     ("POST", "/v1/models/{model}/predict"): [("/v1/models/{model}/predict", {
-        "summary": "Call the handler for a model named in the path", "tags": ["handler"], "parameters": [_MODEL],
+        "summary": "Call the handler for a model named in the path", "tags": ["handler"], "parameters": [_MODEL, _ON_COLD],
         "requestBody": _HANDLER_BODY, "responses": _HANDLER_ANSWERS})],
     ("GET", "/v1/models/{model}/predict"): [("/v1/models/{model}/predict", {
         "summary": "Call the handler for a model named in the path, with no body (a browser's EventSource)",
-        "tags": ["handler"], "parameters": [_MODEL], "responses": _HANDLER_ANSWERS})],
+        "tags": ["handler"], "parameters": [_MODEL, _ON_COLD], "responses": _HANDLER_ANSWERS})],
     ("*", "/{tail}"): [
         ("/", {"get": _handler_operation("Call the handler (no body)", body=False),
                "post": _handler_operation("Call the handler", body=True)}),
@@ -120,9 +124,9 @@ OPERATIONS: dict[tuple[str, str], list[tuple[str, dict]]] = {
     ("GET", "/v2/models/{model}/ready"): [("/v2/models/{model}/ready", {**_READY, "parameters": [_MODEL]})],
     ("GET", "/v2/models/{model}/versions/{version}/ready"): [
         ("/v2/models/{model}/versions/{version}/ready", {**_READY, "parameters": [_MODEL, _VERSION]})],
-    ("POST", "/v2/models/{model}/infer"): [("/v2/models/{model}/infer", {**_INFER, "parameters": [_MODEL]})],
+    ("POST", "/v2/models/{model}/infer"): [("/v2/models/{model}/infer", {**_INFER, "parameters": [_MODEL, _ON_COLD]})],
     ("POST", "/v2/models/{model}/versions/{version}/infer"): [
-        ("/v2/models/{model}/versions/{version}/infer", {**_INFER, "parameters": [_MODEL, _VERSION]})],
+        ("/v2/models/{model}/versions/{version}/infer", {**_INFER, "parameters": [_MODEL, _VERSION, _ON_COLD]})],
     ("POST", "/v2/repository/index"): [("/v2/repository/index", {
         "summary": "Models held by the replicas", "tags": ["oip"],
         "requestBody": {"required": False, "content": {_JSON: {"schema": {"type": "object"}}}},

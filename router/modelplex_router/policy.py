@@ -18,7 +18,8 @@ For a request naming model M, among the ready replicas:
    than queueing behind the holders (the hot-model spread: ray-project/ray#48741), if one
    has capacity to spare (at most half its slots taken) and no holder is still loading M;
    otherwise the request waits for a holder's slot, up to ``matching_timeout_s``, and then
-   goes to any replica with room. While M is only loading (no holder has it yet), its
+   goes to any replica with room; a model at its ``maxCopies`` holders never spreads further
+   and waits for a holder's slot. While M is only loading (no holder has it yet), its
    requests wait for that load: a load that hangs is not started on every replica in turn;
 3. otherwise any replica with room (the least busy).
 
@@ -83,13 +84,22 @@ R = TypeVar("R", bound=ReplicaView)
 _RNG = random.Random()
 
 
+class CopyLimits(Protocol):
+    """How many replicas a model may spread to (``spec.models[].maxCopies``)."""
+
+    def max_copies(self, model: str) -> int | None:
+        """The bound for ``model``; None: no bound."""
+
+
 @dataclass(frozen=True, slots=True)
 class Params:
-    """The knobs of the policy; from the spec (``maxOngoingRequests``, ``matchingTimeoutSeconds``)."""
+    """The knobs of the policy; from the spec (``maxOngoingRequests``, ``matchingTimeoutSeconds``,
+    ``models[].maxCopies``)."""
 
     max_ongoing: int
     matching_timeout_s: float = 1.0
     hot_spread: bool = True
+    limits: CopyLimits | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +204,9 @@ def choose(
             return Decision(two_choices(with_room, rng), Kind.HIT)
         if all(r.is_loading(model) for r in holders):
             return None  # M's own queue is full: wait for its load, whatever it takes
+        bound = params.limits.max_copies(model) if params.limits is not None else None
+        if bound is not None and len(holders) >= bound:
+            return None  # at its maxCopies: wait for a holder's slot, past the matching timeout too
         # Every holder is full. Spread M to one more replica now (hot-model spread), but not
         # while a holder is still loading it (a burst for a new model must not load it
         # everywhere), and only to a replica with capacity to spare (when every replica is

@@ -127,6 +127,8 @@ class Proxy:
         since = self.clock()  # one bound on waiting for the whole request, retries included
         while True:
             lease = await self.scheduler.acquire(model, exclude, since=since, refusals=refusals)
+            if not failures and not refusals:
+                self.metrics.waited(model, self.clock() - since)  # the first slot: its time in the queue
             self.metrics.routed(lease.kind, model)
             try:
                 return await attempt(lease, headers)

@@ -1,13 +1,17 @@
 """Turning the policy's answers into leases on replicas: waiting, bounds, bookkeeping.
 
 :meth:`Scheduler.acquire` asks the policy for a replica. When the answer is "wait", the
-request joins a line. Whenever a slot frees up, the scheduler walks the line oldest first,
-asks the policy for each waiter and hands the slot straight to the first one it suits (so a
-newcomer cannot take it first, and one freed slot costs a few policy runs, not one per
-waiter). A waiter also looks for itself when its matching timeout passes. A request that
+request joins its model's line (:class:`modelplex_router.fairness.FairLine`). Whenever a slot
+frees up, the scheduler walks the models in weighted fair order (``spec.models[].weight``; a
+model alone takes every slot), each model's waiters oldest first, asks the policy for each
+and hands the slot straight to the first one it suits (so a newcomer cannot take it first,
+and one freed slot costs a few policy runs, not one per waiter). A waiter also looks for
+itself when its matching timeout passes. A request that
 finds no ready replica waits in the same line (a replica may be starting, or briefly out of
 rotation): an instant 503 would only make clients resend at once. Past the queue bound a
-request is refused with 503 and Retry-After rather than queued for ever.
+request is refused with 503 and Retry-After rather than queued for ever; the bound is per
+model (``max_queued`` waiters of each model, and ``QUEUED_TOTAL_FACTOR`` times that for all
+models together, a memory bound), so one model's flood is refused for that model only.
 
 An autoscaled deployment may be at zero replicas on purpose: a request that finds none ready
 is held longer (``hold_at_zero_s``, a minute by default), counted in :attr:`Scheduler.queued`,
@@ -21,13 +25,13 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Collection, cast
 
 from modelplex.wire.errors import NotReady, Overloaded
 from modelplex_router.demand import RequestRates
 from modelplex_router.events import RequestFinished, RequestStarted
+from modelplex_router.fairness import FairLine
 from modelplex_router.policy import POLICIES, Decision, Kind, Params
 from modelplex_router.record import Replica
 from modelplex_router.table import QUARANTINE_S, Change, RoutingTable
@@ -37,8 +41,11 @@ from modelplex_router.table import QUARANTINE_S, Change, RoutingTable
 #: once frees its slots in a second or two; ~0.4 s of refusals was too short under load).
 EXCLUDED_BACKOFF_S = 0.05
 MAX_EXCLUDED_BACKOFF_S = 1.0
-#: Waiters asked, oldest first, for each freed slot before it is left to newcomers.
+#: Waiters asked, in fair order, for each freed slot before it is left to newcomers.
 HANDOFF_TRIES = 8
+#: The bound on all waiters together, in multiples of the per-model bound: each waiter holds its
+#: body in memory, and many flooded models must not take the router down.
+QUEUED_TOTAL_FACTOR = 10
 
 
 @dataclass(eq=False, slots=True)
@@ -101,8 +108,11 @@ class Scheduler:
         rng: random.Random | None = None,
         deployment: str = "",
         hold_at_zero_s: float | None = None,
+        weight: Callable[[str], float] = lambda model: 1.0,
+        fair: bool = True,
     ):
-        self._line: deque[_Waiter] = deque()
+        #: The waiters, by model, in weighted fair order (``fair=False``: first come, first served).
+        self._line: FairLine[_Waiter] = FairLine(weight, fair=fair)
         self.table = RoutingTable(lag_s=lag_s, quarantine_s=quarantine_s, notify=self._on_change)
         self.params = params
         self.policy_name = policy
@@ -117,6 +127,10 @@ class Scheduler:
         self.rng = rng or random.Random()
         self.deployment = deployment
         self.queued = 0
+
+    def waiting(self) -> list[tuple[str, int]]:
+        """The models with requests waiting now, and how many (for metrics)."""
+        return list(self._line.models())
 
     def try_acquire(self, model: str, waited_s: float = 0.0, exclude: Collection[str] = ()) -> Lease | None:
         """One routing decision now: a lease, or ``None`` to wait (every candidate full, or none ready)."""
@@ -146,14 +160,17 @@ class Scheduler:
         lease = self.try_acquire(model, self.clock() - start, exclude or ())
         if lease is not None:
             return lease
-        if self.queued >= self.max_queued:
+        if self._line.waiting(model) >= self.max_queued:
+            raise Overloaded(f"{self.max_queued} requests for model {model!r} already wait for a replica of "
+                             f"{self.deployment!r}")
+        if self.queued >= self.max_queued * QUEUED_TOTAL_FACTOR:
             raise Overloaded(f"{self.queued} requests already wait for a replica of {self.deployment!r}")
         deadline = start + self.queue_timeout_s
         held_at_zero = False
         match_at = start + self.params.matching_timeout_s
         waiter = _Waiter(model, start, exclude, asyncio.get_running_loop().create_future(),
                          retry_at=self.clock() + excluded_backoff(refusals) if exclude else float("-inf"))
-        self._line.append(waiter)
+        self._line.add(model, waiter)
         self.queued += 1
         try:
             while True:
@@ -177,6 +194,7 @@ class Scheduler:
                     return waiter.future.result()  # handed a lease
                 lease = self._try_for(waiter, self.clock())
                 if lease is not None:
+                    self._line.served(model)
                     return lease
         except BaseException:
             future = waiter.future
@@ -186,7 +204,8 @@ class Scheduler:
             raise
         finally:
             if not waiter.future.done():
-                waiter.future.cancel()  # the hand-off skips (and drops) it
+                waiter.future.cancel()
+            self._line.remove(model, waiter)
             self.queued -= 1
 
     def _gave_up(self, now: float, waited_s: float, refusals: int) -> Overloaded | NotReady:
@@ -215,36 +234,39 @@ class Scheduler:
             self._hand_off(HANDOFF_TRIES if change is Change.FREED else None)
 
     def _hand_off(self, limit: int | None) -> None:
-        """Give free slots to waiters, oldest first; ask at most ``limit`` that cannot use one."""
+        """Give free slots to waiters, models in fair order and each model's oldest first; ask
+        at most ``limit`` waiters that cannot use one."""
         line = self._line
-        while line and line[0].future.done():
-            line.popleft()
         now = self.clock()
         tried = 0
-        i = 0
         # Models whose oldest waiter found no place: their younger waiters cannot either, so a
         # long line for one stuck model (a load that hangs) costs one try, and the waiters
-        # behind it for other models still get the slot.
+        # of other models still get the slot (the order stays work-conserving).
         blocked: set[str] = set()
-        while i < len(line) and self.table.has_room(now, self.params.max_ongoing):
-            waiter = line[i]
-            if waiter.future.done():
-                del line[i]
-                continue
-            if not waiter.exclude and waiter.model in blocked:
-                i += 1
-                continue
-            lease = self._try_for(waiter, now)
-            if lease is not None:
-                waiter.future.set_result(lease)
-                del line[i]
-                continue
-            if not waiter.exclude:
-                blocked.add(waiter.model)
-            tried += 1
-            if limit is not None and tried >= limit:
+        while self.table.has_room(now, self.params.max_ongoing):
+            served = False
+            for model in line.order():
+                for waiter in line.waiters(model):
+                    if waiter.future.done():
+                        continue  # leaving: its own ``finally`` takes it out of the line
+                    if not waiter.exclude and model in blocked:
+                        continue  # its model is blocked: only retries that exclude replicas may fit elsewhere
+                    lease = self._try_for(waiter, now)
+                    if lease is not None:
+                        waiter.future.set_result(lease)
+                        line.remove(model, waiter)
+                        line.served(model)
+                        served = True
+                        break
+                    tried += 1
+                    if limit is not None and tried >= limit:
+                        return
+                    if not waiter.exclude:
+                        blocked.add(model)
+                if served:
+                    break  # the order changed: the served model moved back
+            if not served:
                 return
-            i += 1
 
     def _only_excluded_left(self, exclude: set[str]) -> bool:
         return all(r.name in exclude for r in self.table.usable(self.clock()))

@@ -73,3 +73,52 @@ The router image the operator puts into each resource's router Deployment.
 {{- define "modelplex.routerImage" -}}
 {{- printf "%s:%s" .Values.routerImage.repository (default .Chart.AppVersion (toString .Values.routerImage.tag)) }}
 {{- end }}
+
+{{/*
+The operator's rights (rbac.yaml explains each): one list for the ClusterRole of a cluster-wide
+install and the Role of each watched namespace.
+*/}}
+{{- define "modelplex.operatorRules" -}}
+- apiGroups: ["modelplex.io"]
+  resources: ["multiplexeddeployments"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["modelplex.io"]
+  resources: ["multiplexeddeployments/status"]
+  verbs: ["get", "patch"]
+- apiGroups: ["modelplex.io"]
+  resources: ["multiplexeddeployments/finalizers"]
+  verbs: ["update"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: ["apps"]
+  resources: ["deployments/scale"]
+  verbs: ["get", "patch"]
+- apiGroups: [""]
+  resources: ["services", "serviceaccounts", "configmaps"]
+  verbs: ["get", "create", "patch"]
+# The namespace's internal credential, modelplex-internal: made once (create cannot be limited
+# to a name), then read back and given more owners; no other Secret.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  resourceNames: ["modelplex-internal"]
+  verbs: ["get", "patch"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["get", "create", "patch"]
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "create", "patch"]
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "create", "patch"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end }}

@@ -30,10 +30,11 @@ from modelplex.wire.oip import HEADER_LENGTH, STREAM_CONTENT_TYPE, StreamFrames,
 from modelplex_router import oip
 from modelplex_router.app import ACCESS, readiness
 from modelplex_router.auth import Asked, authorize
+from modelplex_router.cold import ON_COLD_HEADER, quota_client
 from modelplex_router.grpc import messages
 from modelplex_router.grpc.status import code_for, retry_metadata
 from modelplex_router.grpc.tensors import FINAL, final_response, infer_response, request_body, wants_empty_final
-from modelplex_router.keys import METRICS, PROXY
+from modelplex_router.keys import COLD, METRICS, PROXY
 from modelplex_router.measured import counted
 from modelplex_router.proxy import Reply
 
@@ -119,7 +120,7 @@ class InferenceService:
                                                   _checked(unary))
 
         return await self._answer(context, answer, path=_model_path(request.model_name, "/infer"),
-                                  model=request.model_name)
+                                  model=request.model_name, cold=True)
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> None:
         """Every request of the stream at once; each one's answers as they come, then (when it
@@ -138,6 +139,7 @@ class InferenceService:
                           context: grpc.aio.ServicerContext) -> None:
         async def answer() -> None:
             model, version = oip.model_version(request.model_name, request.model_version or None)
+            self._admit(context, caller, model)
             body, header_length = request_body(request)
             headers = {**oip.infer_headers(str(header_length), version), "Accept": STREAM_CONTENT_TYPE}
 
@@ -156,7 +158,7 @@ class InferenceService:
             await self.app[PROXY].exchange(model, body, headers, relay, buffer=False)
 
         try:
-            self._authorize(context, _model_path(request.model_name, "/infer"), request.model_name)
+            caller = self._authorize(context, _model_path(request.model_name, "/infer"), request.model_name)
             await counted(self.app[METRICS], request.model_name, answer, protocol="grpc", status_of=lambda _: 200)
         except ModelplexError as error:
             await write(messages.ModelStreamInferResponse(error_message=error.message,
@@ -201,24 +203,38 @@ class InferenceService:
 
     # -- errors ------------------------------------------------------------------------------
 
-    def _authorize(self, context: grpc.aio.ServicerContext, path: str, model: str = "") -> None:
-        """Refuse (401/403) what the REST request at ``path`` would be refused, from the call's metadata."""
-        metadata = {key.lower(): value for key, value in context.invocation_metadata() or ()}
+    def _authorize(self, context: grpc.aio.ServicerContext, path: str, model: str = "") -> str:
+        """Refuse (401/403) what the REST request at ``path`` would be refused, from the call's
+        metadata; the caller's name (:func:`~modelplex_router.auth.authorize`)."""
+        metadata = _metadata(context)
         scheme, _, token = str(metadata.get("authorization", "")).partition(" ")
         bearer = token.strip() if scheme.lower() == "bearer" and token.strip() else None
         internal = metadata.get(INTERNAL_TOKEN_HEADER.lower())
-        authorize(self.app[ACCESS], Asked(path=path, bearer=bearer, model=model,
-                                          internal_token=internal if isinstance(internal, str) else None))
+        return authorize(self.app[ACCESS], Asked(path=path, bearer=bearer, model=model,
+                                                 internal_token=internal if isinstance(internal, str) else None))
+
+    def _admit(self, context: grpc.aio.ServicerContext, caller: str, model: str) -> None:
+        """``onCold`` (the ``x-modelplex-on-cold`` metadata) and the load quota, as over REST."""
+        on_cold = _metadata(context).get(ON_COLD_HEADER)
+        address = (context.peer() or "").rpartition(":")[0].partition(":")[2].strip("[]") or None
+        self.app[COLD].admit(model, quota_client(caller, address), on_cold if isinstance(on_cold, str) else None)
 
     async def _answer(self, context: grpc.aio.ServicerContext, answer: Callable[[], Awaitable[Any]], *,
-                      path: str, model: str | None = None, named: str = "") -> Any:
+                      path: str, model: str | None = None, named: str = "", cold: bool = False) -> Any:
         """``answer()`` once the REST request at ``path`` (for the model ``named``) would pass,
-        counted in the metrics when it names a ``model``; its error as the call's status."""
+        counted in the metrics when it names a ``model``; its error as the call's status.
+        ``cold``: an inference, subject to ``onCold`` and the load quota."""
         try:
-            self._authorize(context, path, model or named)
+            caller = self._authorize(context, path, model or named)
             if model is None:
                 return await answer()
-            return await counted(self.app[METRICS], model, answer, protocol="grpc", status_of=lambda _: 200)
+
+            async def admitted() -> Any:  # refused here, the call is counted like any other
+                if cold:
+                    self._admit(context, caller, model)
+                return await answer()
+
+            return await counted(self.app[METRICS], model, admitted, protocol="grpc", status_of=lambda _: 200)
         except ModelplexError as error:
             await context.abort(code_for(error.status), error.message,
                                 trailing_metadata=retry_metadata(error.retry_after))
@@ -227,6 +243,11 @@ class InferenceService:
         except Exception:  # noqa: BLE001 - never a traceback to the client
             log.exception("a gRPC request failed")
             await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the router log")
+
+
+def _metadata(context: grpc.aio.ServicerContext) -> dict[str, Any]:
+    """The call's metadata, keys in lower case."""
+    return {key.lower(): value for key, value in context.invocation_metadata() or ()}
 
 
 def _model_path(model: str, tail: str = "") -> str:

@@ -5,6 +5,7 @@ Uses the helm the control-plane script builds (no cluster needed for these).
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -12,6 +13,7 @@ import yaml
 
 from e2e.operator.helpers import CHART, CRD
 from modelplex_cluster.controlplane import build_binaries
+from modelplex_operator import builders
 from modelplex_operator.builders import ROLE_RULES
 
 pytestmark = pytest.mark.e2e
@@ -41,7 +43,8 @@ def by_kind(docs, kind):
     return [d for d in docs if d["kind"] == kind]
 
 
-@pytest.mark.parametrize("sets", [[], ["watchNamespaces={team-a,team-b}"], ["serviceAccount.create=false"]])
+@pytest.mark.parametrize("sets", [[], ["watchNamespaces={team-a,team-b}"], ["serviceAccount.create=false"],
+                                  ["replicaPodPolicy.enabled=false"]])
 def test_lint_is_clean(helm_bin, sets):
     args = ["lint", str(CHART), "--strict"]
     for item in sets:
@@ -126,16 +129,48 @@ def test_rbac_is_least_privilege(helm_bin):
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "mx-modelplex", "namespace": "ops"}]
 
 
-def test_watching_some_namespaces_binds_only_there(helm_bin):
+def test_watching_some_namespaces_installs_roles_there_and_no_cluster_role(helm_bin):
     docs = render(helm_bin, "watchNamespaces={team-a,team-b}")
-    assert not by_kind(docs, "ClusterRoleBinding")
+    assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "ClusterRoleBinding")
+    (cluster_role,) = by_kind(render(helm_bin), "ClusterRole")
+    roles = by_kind(docs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    assert all(r["rules"] == cluster_role["rules"] for r in roles)  # the same rights, only there
     bindings = by_kind(docs, "RoleBinding")
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
-    assert all(b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+    assert all(b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                 "name": "mx-modelplex"} for b in bindings)
+    assert all(b["subjects"] == [{"kind": "ServiceAccount", "name": "mx-modelplex", "namespace": "ops"}]
+               for b in bindings)
     (dep,) = by_kind(docs, "Deployment")
     env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["MODELPLEX_WATCH_NAMESPACES"] == "team-a,team-b"
+    # The replica pod policy checks requests in the watched namespaces only.
+    (binding,) = by_kind(docs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"] == [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}]
+
+
+def test_the_replica_pod_policy_binds_the_operator_s_replica_service_accounts(helm_bin):
+    docs = render(helm_bin)
+    (policy,) = by_kind(docs, "ValidatingAdmissionPolicy")
+    (binding,) = by_kind(docs, "ValidatingAdmissionPolicyBinding")
+    assert policy["apiVersion"] == binding["apiVersion"] == "admissionregistration.k8s.io/v1"
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    assert policy["spec"]["paramKind"] == {"apiVersion": "v1", "kind": "ServiceAccount"}
+    # Its parameters are the ServiceAccounts the operator labels as a replica's.
+    selector = binding["spec"]["paramRef"]["selector"]["matchLabels"]
+    assert selector.items() <= builders.role_labels("recs", "replica").items()
+    assert not selector.items() <= builders.role_labels("recs", "router").items()
+    assert binding["spec"]["paramRef"]["parameterNotFoundAction"] == "Allow"
+    assert "matchResources" not in binding["spec"]  # every namespace
+    # A refusal is a 403 (Forbidden), not a 422.
+    assert {v["reason"] for v in policy["spec"]["validations"]} == {"Forbidden"}
+    assert "modelplex.io/loaded-models" in json.dumps(policy["spec"]["validations"])
+    off = render(helm_bin, "replicaPodPolicy.enabled=false")
+    assert not by_kind(off, "ValidatingAdmissionPolicy") and not by_kind(off, "ValidatingAdmissionPolicyBinding")
 
 
 def test_bad_values_are_refused_by_the_values_schema(helm_bin):

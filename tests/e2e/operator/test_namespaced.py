@@ -1,4 +1,4 @@
-"""An operator installed for some namespaces manages those, with RBAC bound only there.
+"""An operator installed for some namespaces manages those, with Roles there and no ClusterRole.
 
 The session's cluster-wide operator is scaled to 0 for the length of this test (and back).
 """
@@ -45,6 +45,17 @@ def test_watching_one_namespace(control_plane, modelplex_operator, kube_namespac
                                             ("list", "secrets", watched, "no")):
             answer = control_plane.kubectl("auth", "can-i", verb, resource, "-n", ns, "--as", sa, check=False)
             assert answer.stdout.strip() == allowed, (verb, resource, ns, answer.stdout, answer.stderr)
+        # Roles only: the release made no ClusterRole or ClusterRoleBinding, and its account holds no
+        # cluster-wide right (it cannot even list its own resources across namespaces).
+        rbac = client.RbacAuthorizationV1Api(api)
+        mine = f"app.kubernetes.io/instance={release}"
+        assert not rbac.list_cluster_role(label_selector=mine).items
+        assert not rbac.list_cluster_role_binding(label_selector=mine).items
+        assert [r.metadata.namespace for r in rbac.list_role_for_all_namespaces(label_selector=mine).items] == [watched]
+        for verb, resource in (("list", "multiplexeddeployments.modelplex.io"), ("list", "pods"),
+                               ("list", "customresourcedefinitions"), ("list", "namespaces")):
+            answer = control_plane.kubectl("auth", "can-i", verb, resource, "--all-namespaces", "--as", sa, check=False)
+            assert answer.stdout.strip() == "no", (verb, resource, answer.stdout)
 
         kubectl_apply(control_plane, other, manifest("elsewhere", replicas=1))
         kubectl_apply(control_plane, watched, manifest("here", replicas=1))

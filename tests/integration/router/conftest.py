@@ -17,8 +17,9 @@ HERE = Path(__file__).resolve().parent
 
 def write_manifest(folder: Path, *, name: str = "plex", handler: str = "handlers:Echo", replicas: int = 2,
                    capacity: int = 2, max_ongoing: int = 8, matching_timeout: float = 1.0,
-                   prewarm: tuple[str, ...] = ()) -> Path:
-    """A MultiplexedDeployment manifest beside a copy of handlers.py (the replica imports it)."""
+                   prewarm: tuple[str, ...] = (), spec: dict | None = None) -> Path:
+    """A MultiplexedDeployment manifest beside a copy of handlers.py (the replica imports it);
+    ``spec``: more fields of the spec (``models``, ``router``)."""
     shutil.copy(HERE / "handlers.py", folder / "handlers.py")
     manifest = {
         "apiVersion": "modelplex.io/v1alpha1",
@@ -31,6 +32,7 @@ def write_manifest(folder: Path, *, name: str = "plex", handler: str = "handlers
             "multiplexing": {"maxModelsPerReplica": capacity, "matchingTimeoutSeconds": matching_timeout,
                              "prewarm": list(prewarm)},
             "maxOngoingRequests": max_ongoing,
+            **(spec or {}),
         },
     }
     path = folder / f"{name}.yaml"

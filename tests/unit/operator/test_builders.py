@@ -80,7 +80,7 @@ def test_every_object_is_owned_labelled_and_namespaced():
 def test_rbac_is_least_privilege():
     objects = by_kind_name(build())
     assert objects["Role", "recs-replica"]["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}
     ]
     assert objects["Role", "recs-router"]["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}

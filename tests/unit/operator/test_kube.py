@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from modelplex.wire.names import LABEL_DEPLOYMENT
+from modelplex_operator import builders
 from modelplex_operator.kube import (
     KubeError,
     NotOwned,
@@ -14,6 +16,7 @@ from modelplex_operator.kube import (
     error_from_api_exception,
     object_path,
 )
+from unit.operator.objects import UID, body, deployment_of
 
 
 def test_object_paths():
@@ -36,13 +39,36 @@ def _owned_by(uid, controller=True):
 
 
 def test_ownership():
+    desired = {"metadata": {"labels": {"app.kubernetes.io/managed-by": "modelplex-operator"}}}
     assert controller_of(_owned_by("u1"))["uid"] == "u1"
     assert controller_of(_owned_by("u1", controller=False)) is None
-    check_ownership(None, "u1", "Deployment d")  # new
-    check_ownership(_owned_by("u1"), "u1", "Deployment d")  # ours
-    check_ownership({"metadata": {}}, "u1", "Deployment d")  # nobody's: adopted
+    check_ownership(None, desired, "u1", "Deployment d")  # new
+    check_ownership(_owned_by("u1"), desired, "u1", "Deployment d")  # ours
     with pytest.raises(NotOwned, match="Deployment d exists and is controlled by MultiplexedDeployment recs"):
-        check_ownership(_owned_by("u0"), "u1", "Deployment d")
+        check_ownership(_owned_by("u0"), desired, "u1", "Deployment d")
+
+
+def _same_name(obj: dict, labels: dict | None) -> dict:
+    """What the API answers for an object of ``obj``'s kind and name that has no controller."""
+    meta = {"name": obj["metadata"]["name"], "namespace": obj["metadata"]["namespace"], "resourceVersion": "5"}
+    if labels is not None:
+        meta["labels"] = labels
+    return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "metadata": meta}
+
+
+@pytest.mark.parametrize("obj", builders.desired_objects(deployment_of(body()), builders.owner_reference(body())),
+                         ids=lambda obj: f"{obj['kind']}-{obj['metadata']['name']}")
+def test_an_object_of_any_kind_is_adopted_only_with_the_operator_s_labels(obj):
+    what = builders.describe(obj)
+    for stranger in (_same_name(obj, None), _same_name(obj, {"team": "theirs"}),
+                     _same_name(obj, {**obj["metadata"]["labels"], "app.kubernetes.io/managed-by": "Helm"}),
+                     _same_name(obj, {**obj["metadata"]["labels"], LABEL_DEPLOYMENT: "another"})):
+        with pytest.raises(NotOwned, match=f"{what} exists and was not made by Modelplex: left as it is") as caught:
+            check_ownership(stranger, obj, UID, what)
+        assert "app.kubernetes.io/managed-by=modelplex-operator, modelplex.io/deployment=recs to hand it over" in \
+            str(caught.value)
+    # Made by an earlier operator (its labels, no controller): adopted.
+    check_ownership(_same_name(obj, dict(obj["metadata"]["labels"])), obj, UID, what)
 
 
 def test_retryable_errors():

@@ -140,6 +140,19 @@ async def test_a_secret_of_the_credential_s_name_that_modelplex_did_not_make_is_
     assert api.writes() == [] and posted == [("Warning", "ObjectConflict", ctx.outcomes[KEY].message)]
 
 
+async def test_a_same_named_object_without_the_operator_s_labels_is_left_alone_and_reported(ctx, api, posted):
+    theirs = {"apiVersion": "v1", "kind": "ServiceAccount",
+              "metadata": {"name": "recs-replica", "namespace": "team-a", "resourceVersion": "3",
+                           "labels": {"team": "theirs"}}}
+    api.answers = [*CREDENTIAL_MADE, (200, theirs)]
+    with pytest.raises(kopf.TemporaryError):
+        await reconcile(ctx, body(), retry=0)
+    assert (ctx.outcomes[KEY].state, ctx.outcomes[KEY].reason) == (CONFLICT, "ObjectConflict")
+    assert ctx.outcomes[KEY].message.startswith("ServiceAccount recs-replica exists and was not made by Modelplex")
+    assert posted == [("Warning", "ObjectConflict", ctx.outcomes[KEY].message)]
+    assert [write.method for write in api.writes()] == ["POST"]  # the credential only: theirs untouched
+
+
 async def test_a_second_deployment_of_the_namespace_becomes_an_owner_of_its_credential(ctx, api, posted):
     theirs = {"apiVersion": "modelplex.io/v1alpha1", "kind": "MultiplexedDeployment", "name": "other", "uid": "u-2",
               "controller": False, "blockOwnerDeletion": False}

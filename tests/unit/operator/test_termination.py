@@ -65,7 +65,8 @@ def test_routers_default_to_two_pods():
 
 
 def test_the_chart_lets_the_operator_write_disruption_budgets():
-    text = (Path(__file__).parents[3] / "charts/modelplex/templates/rbac.yaml").read_text()
-    rules = yaml.safe_load(text.split("rules:", 1)[1].split("{{-", 1)[0])
+    # The operator's rules (its ClusterRole's, or each watched namespace's Role's) are one template.
+    text = (Path(__file__).parents[3] / "charts/modelplex/templates/_helpers.tpl").read_text()
+    rules = yaml.safe_load(text.split('define "modelplex.operatorRules" -}}', 1)[1].split("{{-", 1)[0])
     assert {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"],
             "verbs": ["get", "create", "patch"]} in rules

@@ -1,0 +1,163 @@
+"""What a request for a model no ready replica holds does: wait for a load, or not; and who may
+cause loads at all.
+
+- ``onCold`` (``spec.models[].onCold``, default ``hold``), overridden per request by the
+  ``x-modelplex-on-cold: hold|reject`` header (gRPC: the same key in the call's metadata).
+  ``hold`` waits for the load, as always; ``reject`` answers 503 ``model_not_loaded`` with
+  Retry-After at once and starts the load in the background on the replica the policy picks,
+  so that a retry finds the model there. A model being loaded already is not loaded again.
+- ``spec.router.loadQuota``: a request that would start a cold load (no ready replica holds
+  the model, none is loading it) takes one of its client's loads; a client without one left
+  gets 429 ``load_quota_exceeded`` with Retry-After, and no load starts. Requests for models
+  a replica holds never count, nor do requests to a handler without a ``@multiplexed`` loader
+  (its replicas report no model capacity: nothing is ever loaded). The client is the auth client's name, else the caller's
+  address; the deployment's own components (the internal credential) are not limited.
+
+:func:`decide` is the pure rule; :class:`ColdGate` applies it with the router's table, quota
+buckets and background loads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Coroutine, Sequence
+
+from aiohttp import web
+
+from modelplex.wire.errors import BadRequest, LoadQuotaExceeded, ModelNotLoaded
+from modelplex_router.auth import ANONYMOUS, CALLER, INTERNAL
+from modelplex_router.metrics import RouterMetrics
+from modelplex_router.quota import LoadQuotas
+from modelplex_router.record import Replica
+from modelplex_router.rules import ModelRules
+from modelplex_router.table import RoutingTable
+
+log = logging.getLogger("modelplex.router.cold")
+
+ON_COLD_HEADER = "x-modelplex-on-cold"
+ON_COLD_VALUES = ("hold", "reject")
+#: Loads started in the background at once, at most (each for a different model).
+MAX_BACKGROUND_LOADS = 64
+#: Retry-After of a ``model_not_loaded`` answer: a load takes a second or more.
+NOT_LOADED_RETRY_S = 1.0
+
+
+class Action(enum.Enum):
+    """What :func:`decide` says of a request."""
+
+    PASS = "pass"  # route it (a holder serves it, or it waits for the load it starts)
+    REJECT = "reject"  # 503 model_not_loaded: a load is already under way
+    REJECT_AND_LOAD = "reject_and_load"  # 503 model_not_loaded, and start the load
+
+
+def on_cold_of(header: str | None, default: str) -> str:
+    """The request's cold-load policy: its header (checked: 400 naming it), else ``default``."""
+    if header is None:
+        return default
+    value = header.strip().lower()
+    if value not in ON_COLD_VALUES:
+        raise BadRequest(f"{ON_COLD_HEADER} must be one of {', '.join(ON_COLD_VALUES)} (got {header[:40]!r})")
+    return value
+
+
+def quota_client(caller: str, address: str | None) -> str | None:
+    """Whose load quota a request spends: the auth client's name, else the caller's address;
+    None for the deployment's own components (the internal credential), which are not limited."""
+    if caller == INTERNAL:
+        return None
+    return caller if caller != ANONYMOUS else (address or "unknown")
+
+
+def would_load(replicas: Sequence[Replica], model: str) -> bool:
+    """Whether a request for ``model`` would start a cold load: no ready replica holds it or loads it."""
+    return not any(replica.holds(model) for replica in replicas)
+
+
+def decide(replicas: Sequence[Replica], model: str, on_cold: str) -> Action:
+    """The rule for a request for ``model`` among the ready ``replicas``, before any quota."""
+    if not model or not replicas or on_cold == "hold":
+        # No replica ready at all (at zero, or all starting): the request waits for one, as
+        # every request does; nothing can be loaded or rejected on a replica that is not there.
+        return Action.PASS
+    if any(replica.loaded(model) for replica in replicas):
+        return Action.PASS
+    return Action.REJECT_AND_LOAD if would_load(replicas, model) else Action.REJECT
+
+
+@dataclass(eq=False)
+class ColdGate:
+    """Applies ``onCold`` and the load quota to requests before they are routed.
+
+    ``load(model)`` loads a model on the replica the policy picks (the proxy's load through the
+    scheduler); the gate runs it in the background, one at a time per model. ``quotas``: the
+    load quota's buckets (None: no quota).
+    """
+
+    table: RoutingTable
+    rules: ModelRules
+    metrics: RouterMetrics
+    clock: Callable[[], float]
+    load: Callable[[str], Coroutine[Any, Any, object]]
+    quotas: LoadQuotas | None = None
+    _loads: dict[str, asyncio.Task[object]] = field(default_factory=dict)
+
+    def admit_request(self, request: web.Request, model: str) -> None:
+        """:meth:`admit` for an HTTP request: decided before its body is read, so a refused
+        request holds nothing."""
+        self.admit(model, quota_client(request.get(CALLER, ""), request.remote), request.headers.get(ON_COLD_HEADER))
+
+    def admit(self, model: str, client: str | None, header: str | None) -> None:
+        """Let a request for ``model`` from ``client`` (None: not limited) through, or raise:
+        400 (a bad header), 429 (the client's loads are spent), 503 ``model_not_loaded``."""
+        on_cold = on_cold_of(header, self.rules.on_cold(model) if model else "hold")
+        if not model:
+            return
+        # Only replicas that load models count: a handler without a @multiplexed loader reports
+        # no capacity, and no request to it is ever cold.
+        replicas = [replica for replica in self.table.usable(self.clock()) if replica.capacity > 0]
+        action = decide(replicas, model, on_cold)
+        if action is not Action.REJECT and replicas and would_load(replicas, model):
+            self._take_load(client)
+        if action is Action.PASS:
+            return
+        self.metrics.cold_rejected(model)
+        if action is Action.REJECT_AND_LOAD:
+            log.info("model %r is not loaded on any ready replica: rejecting (onCold: reject) and loading it in "
+                     "the background", model)
+            self._start_load(model)
+        raise ModelNotLoaded(f"model {model!r} is not loaded on any ready replica and the request asked not to "
+                             f"wait ({ON_COLD_HEADER}: reject); a load has started, retry later",
+                             retry_after=NOT_LOADED_RETRY_S)
+
+    def _take_load(self, client: str | None) -> None:
+        if self.quotas is None or client is None:
+            return
+        wait = self.quotas.take(client)
+        if wait is not None:
+            self.metrics.quota_refused(client)
+            log.info("client %r is over its load quota: no cold load for %.1f s", client, wait)
+            raise LoadQuotaExceeded(f"this client's cold loads are spent (spec.router.loadQuota: "
+                                    f"{self.quotas.rate * 60:g} a minute, burst {self.quotas.burst:g}); "
+                                    "requests for loaded models still pass", retry_after=wait)
+
+    def _start_load(self, model: str) -> None:
+        if model in self._loads or len(self._loads) >= MAX_BACKGROUND_LOADS:
+            return  # one is under way (or too many are): a retry starts it later
+        task: asyncio.Task[object] = asyncio.get_running_loop().create_task(self.load(model), name=f"cold load of {model}")
+        self._loads[model] = task
+        task.add_done_callback(lambda done: self._loaded(model, done))
+
+    def _loaded(self, model: str, task: asyncio.Task[object]) -> None:
+        self._loads.pop(model, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("the background load of %r failed: %s", model, task.exception())
+
+    async def close(self) -> None:
+        """Cancel the background loads still running, and wait for them."""
+        tasks = list(self._loads.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
