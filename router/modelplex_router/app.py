@@ -43,12 +43,14 @@ from modelplex_router.keys import CLOCK, CONFIG, DISCOVERY, DRAINING, METRICS, P
 from modelplex_router.measured import measured
 from modelplex_router.metrics import CONTENT_TYPE, RouterMetrics
 from modelplex_router.openapi import openapi_document
+from modelplex_router.pins import Pinner
 from modelplex_router.proxy import FORWARDED_REQUEST_HEADERS, REPLICA_HEADER, Proxy
 from modelplex_router.scheduler import Scheduler
 
 log = logging.getLogger("modelplex.router")
 
 ACCESS = web.AppKey("access", Access)
+PINNER = web.AppKey("pinner", Pinner)
 
 #: The router's own paths; everything else (any method) is the handler's.
 RESERVED = r"(?!(?:healthz|readyz|metrics|openapi\.json|v1/replicas|v1/load|v2)(?:/|$)|v1/models/[^/]+/predict$)"
@@ -84,6 +86,8 @@ def create_app(config: RouterConfig, discovery: Discovery, *,
     app[METRICS].queued.set_function(lambda: scheduler.queued)
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_discovery)
+    if config.pinned:
+        app.cleanup_ctx.append(_pinner)
     routes = app.router
     routes.add_get("/healthz", healthz)
     routes.add_get("/readyz", readyz)
@@ -153,6 +157,18 @@ async def _discovery(app: web.Application) -> AsyncIterator[None]:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _pinner(app: web.Application) -> AsyncIterator[None]:
+    """Keep ``spec.models`` ``minCopies`` placed and leased on the replicas (:mod:`modelplex_router.pins`)."""
+    app[PINNER] = pinner = Pinner(app[CONFIG].pinned, app[TABLE], lambda: app[SESSION], app[CLOCK])
+    task = asyncio.create_task(pinner.run(), name="pinner")
+    task.add_done_callback(_report_crash)
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 def _report_crash(task: asyncio.Task) -> None:
@@ -235,4 +251,7 @@ async def replicas(request: web.Request) -> web.Response:
         "policy": app[SCHEDULER].policy_name,
         "queued": app[SCHEDULER].queued,
         "replicas": app[TABLE].snapshot(),
+        # Where this router placed the pinned copies (spec.models minCopies), and what does not fit.
+        "pins": ({"placement": {n: list(m) for n, m in app[PINNER].placement.replicas.items() if m},
+                  "missing": app[PINNER].placement.missing} if PINNER in app else None),
     })

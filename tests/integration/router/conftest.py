@@ -17,7 +17,7 @@ HERE = Path(__file__).resolve().parent
 
 def write_manifest(folder: Path, *, name: str = "plex", handler: str = "handlers:Echo", replicas: int = 2,
                    capacity: int = 2, max_ongoing: int = 8, matching_timeout: float = 1.0,
-                   prewarm: tuple[str, ...] = ()) -> Path:
+                   prewarm: tuple[str, ...] = (), models: list[dict] | None = None) -> Path:
     """A MultiplexedDeployment manifest beside a copy of handlers.py (the replica imports it)."""
     shutil.copy(HERE / "handlers.py", folder / "handlers.py")
     manifest = {
@@ -33,6 +33,8 @@ def write_manifest(folder: Path, *, name: str = "plex", handler: str = "handlers
             "maxOngoingRequests": max_ongoing,
         },
     }
+    if models is not None:
+        manifest["spec"]["models"] = models
     path = folder / f"{name}.yaml"
     path.write_text(json.dumps(manifest))  # JSON is YAML
     return path
