@@ -229,9 +229,9 @@ def model_entries(
     ranked = sorted(holders, key=lambda model: (model not in pinned, -len(holders[model]), -sizes[model], model))
     entries = [{"name": model, "copies": len(holders[model]), "bytes": sizes[model],
                 "replicas": holders[model][:MAX_STATUS_HOLDERS]} for model in ranked[:limit]]
-    for entry in entries:
-        if entry["name"] in pinned:
-            entry["desiredCopies"] = pinned[entry["name"]]
+    for entry, model in zip(entries, ranked):
+        if model in pinned:
+            entry["desiredCopies"] = pinned[model]
     return entries, len(ranked) - len(entries)
 
 

@@ -5,6 +5,7 @@ when asked, before answering."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import Any
 
@@ -29,7 +30,7 @@ async def pin(cache: ModelCache, request: PinRequest) -> dict[str, Any]:
     else:
         for model, task in loads.items():
             _BACKGROUND.add(task)
-            task.add_done_callback(lambda done, model=model: _loaded(done, model))
+            task.add_done_callback(functools.partial(_loaded, model=model))
     return {
         "pinned": {model: round(left, 3) for model, left in sorted(cache.leases.items())},
         "loaded": [model for model in request.models if model in cache],
