@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 import aiohttp
@@ -27,22 +28,21 @@ CHECK_EVERY_S = 0.5
 PIN_TIMEOUT_S = 5.0
 
 
+@dataclass(eq=False)
 class Pinner:
-    """Keeps ``pinned`` (id -> copies) placed and leased on the ready replicas of ``table``."""
+    """Keeps ``pinned`` (id -> copies) placed and leased on the ready replicas of ``table``;
+    ``session`` gives the router's client session (it sends the internal credential)."""
 
-    def __init__(self, pinned: Mapping[str, int], table: RoutingTable, session: Callable[[], aiohttp.ClientSession],
-                 clock: Callable[[], float], *, renew_every_s: float = RENEW_EVERY_S, lease_s: float = LEASE_S,
-                 check_every_s: float = CHECK_EVERY_S):
-        self.pinned = dict(pinned)
-        self.table = table
-        self._session = session
-        self._clock = clock
-        self.renew_every_s = renew_every_s
-        self.lease_s = lease_s
-        self.check_every_s = check_every_s
-        #: The latest placement (for ``/v1/replicas`` and the tests).
-        self.placement = Placement()
-        self._shown_missing: dict[str, int] = {}
+    pinned: Mapping[str, int]
+    table: RoutingTable
+    session: Callable[[], aiohttp.ClientSession]
+    clock: Callable[[], float]
+    renew_every_s: float = RENEW_EVERY_S
+    lease_s: float = LEASE_S
+    check_every_s: float = CHECK_EVERY_S
+    #: The latest placement (for ``/v1/replicas`` and the tests).
+    placement: Placement = field(default_factory=Placement)
+    _shown_missing: dict[str, int] = field(default_factory=dict)
 
     def ready(self) -> dict[str, tuple[str, int]]:
         """The ready replicas: name -> (url, model capacity; 0 while unknown)."""
@@ -54,7 +54,7 @@ class Pinner:
         renewed_at = float("-inf")
         while True:
             ready = self.ready()
-            now = self._clock()
+            now = self.clock()
             if ready != seen or now - renewed_at >= self.renew_every_s:
                 seen = ready if await self.renew(ready) else None  # a failed push retries at the next check
                 renewed_at = now
@@ -75,7 +75,7 @@ class Pinner:
     async def _lease(self, name: str, url: str, models: tuple[str, ...]) -> bool:
         body = PinRequest(models, self.lease_s).to_dict()
         try:
-            async with self._session().post(url.rstrip("/") + PINS_PATH, json=body,
+            async with self.session().post(url.rstrip("/") + PINS_PATH, json=body,
                                             timeout=aiohttp.ClientTimeout(total=PIN_TIMEOUT_S)) as answer:
                 if answer.status != 200:
                     log.warning("replica %s refused its pins %s: HTTP %d %s", name, ", ".join(models), answer.status,

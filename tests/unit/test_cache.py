@@ -739,12 +739,17 @@ async def test_a_failures_message_is_shown_without_the_sources_credentials():
 # -- leases: pinned copies (spec.models minCopies) ---------------------------------------------
 
 
-async def test_a_leased_model_is_never_evicted_while_its_lease_runs():
-    clock = Clock()
-    store = Store()
+async def leased_cache() -> tuple[Clock, Store, ModelCache]:
+    """A cache of 2 slots on a fake clock, "pinned" loaded in one of them with a 30 s lease."""
+    clock, store = Clock(), Store()
     cache = ModelCache(store.load, 2, listener=store.listener, clock=clock)
     cache.lease(["pinned"], ttl_s=30)
     await cache.get("pinned")
+    return clock, store, cache
+
+
+async def test_a_leased_model_is_never_evicted_while_its_lease_runs():
+    _, store, cache = await leased_cache()
     for i in range(20):  # a burst of other ids passes through the one free slot
         await cache.get(f"other-{i}")
     assert "pinned" in cache.loaded
@@ -753,11 +758,7 @@ async def test_a_leased_model_is_never_evicted_while_its_lease_runs():
 
 
 async def test_a_lease_that_is_not_renewed_runs_out_and_the_model_is_evictable_again():
-    clock = Clock()
-    store = Store()
-    cache = ModelCache(store.load, 2, listener=store.listener, clock=clock)
-    cache.lease(["pinned"], ttl_s=30)
-    await cache.get("pinned")
+    clock, store, cache = await leased_cache()
     clock.now += 20
     cache.lease(["pinned"], ttl_s=30)  # renewed: runs until 50
     clock.now += 25
@@ -826,9 +827,7 @@ async def test_leased_models_count_against_the_bytes_and_a_load_that_cannot_fit_
 
 
 async def test_an_explicit_unload_of_a_leased_model_is_refused():
-    cache = ModelCache(Store().load, 2, clock=Clock())
-    cache.lease(["pinned"], ttl_s=30)
-    await cache.get("pinned")
+    _, _, cache = await leased_cache()
     with pytest.raises(ModelInUse) as refused:
         await cache.evict("pinned")
     assert "pinned here" in refused.value.message
