@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 from collections import Counter
+from pathlib import Path
 
 import aiohttp
 
+from modelplex.wire.credentials import INTERNAL_TOKEN_HEADER
 from modelplex.wire.pins import PINS_PATH
+from support.stacks import start_local
 
 PINNED = [{"match": "keep", "minCopies": 2}]
 FAST_LOADS = {"TEST_LOAD_S": "0.01"}
@@ -79,3 +83,23 @@ async def test_a_pin_request_the_replica_cannot_parse_is_a_400_naming_the_field(
         assert "minCopies" in (await resp.json())["errors"]["c"]  # pins fill both slots
     async with session.delete(cluster.replica_urls["r0"] + "/v1/models/a") as resp:
         assert resp.status == 409  # pinned: not unloaded
+
+
+async def test_in_local_mode_with_the_internal_credential_the_router_pins_the_declared_copies(plex, session):
+    path = plex.write_manifest(name="pins", replicas=2, capacity=2, models=PINNED)
+    stack = start_local(plex.processes, path, deployments=1, env=FAST_LOADS)
+    (credential,) = re.findall(r"^internal credential: (\S+)", stack.proc.log.read_text(), flags=re.M)
+    internal = {INTERNAL_TOKEN_HEADER: Path(credential).read_text().strip()}
+
+    async def placed() -> list[dict]:
+        async with session.get(stack.url("pins") + "/v1/replicas", headers=internal) as resp:
+            assert resp.status == 200
+            replicas = (await resp.json())["replicas"]
+        return replicas if len(replicas) == 2 and all("keep" in r["models"] for r in replicas) else []
+
+    replicas = await plex.wait_until(placed, timeout=90, what="'keep' on both replicas of modelplex local")
+    url = replicas[0]["url"] + PINS_PATH
+    async with session.post(url, json={"models": ["other"]}) as resp:
+        assert resp.status == 401  # the replica's internal API: only with the credential
+    async with session.post(url, json={"models": ["other"], "wait": True}, headers=internal) as resp:
+        assert resp.status == 200 and (await resp.json())["loaded"] == ["other"]
