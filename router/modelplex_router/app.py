@@ -162,6 +162,8 @@ async def _discovery(app: web.Application) -> AsyncIterator[None]:
 async def _pinner(app: web.Application) -> AsyncIterator[None]:
     """Keep ``spec.models`` ``minCopies`` placed and leased on the replicas (:mod:`modelplex_router.pins`)."""
     app[PINNER] = pinner = Pinner(app[CONFIG].pinned, app[TABLE], lambda: app[SESSION], app[CLOCK])
+    app[METRICS].pinned_placed.set_function(lambda: sum(len(m) for m in pinner.placement.replicas.values()))
+    app[METRICS].pinned_missing.set_function(lambda: sum(pinner.placement.missing.values()))
     task = asyncio.create_task(pinner.run(), name="pinner")
     task.add_done_callback(_report_crash)
     try:

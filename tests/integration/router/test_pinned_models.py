@@ -34,6 +34,8 @@ async def test_a_model_with_min_copies_2_stays_on_both_replicas_through_500_othe
 
     # Placed by the router alone: nobody asked for "keep".
     await plex.wait_until(held_everywhere, timeout=60, what="'keep' loaded on both replicas")
+    async with session.get(cluster.router_url + "/metrics") as resp:
+        assert 'modelplex_router_pinned_copies{deployment="plex",state="placed"} 2.0' in await resp.text()
 
     statuses: Counter[int] = Counter()
 
