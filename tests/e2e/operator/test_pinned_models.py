@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from kubernetes import client
 
 from e2e.operator.helpers import (condition, events_of, get_mxd, kubectl_apply, manifest, pods, predict, router_url,
                                   wait_settled)
@@ -15,7 +16,10 @@ from modelplex_cluster.testing import wait_for
 
 pytestmark = pytest.mark.e2e
 
-DECLARED = [{"match": "keep", "minCopies": 2}, {"match": "solo", "minCopies": 1}]
+SOLOS = [f"solo-{i}" for i in range(10)]
+#: "keep" on both replicas; ten models with one copy each, spread by the placement's hash; room
+#: for all on one replica.
+DECLARED = [{"match": "keep", "minCopies": 2}, *({"match": solo, "minCopies": 1} for solo in SOLOS)]
 
 
 def declared_entries(api, ns, name) -> dict[str, dict]:
@@ -27,7 +31,7 @@ def test_status_shows_desired_and_actual_copies_and_a_scale_down_keeps_the_pinne
         control_plane, modelplex_operator, kube_namespace, api):
     ns, name = kube_namespace, "pinned"
     kubectl_apply(control_plane, ns, manifest(name, replicas=2, models=DECLARED,
-                                              multiplexing={"maxModelsPerReplica": 3}))
+                                              multiplexing={"maxModelsPerReplica": 12}))
     wait_settled(api, ns, name, replicas=2)
 
     # Placed by the routers alone: nobody asked for either model yet.
@@ -37,9 +41,14 @@ def test_status_shows_desired_and_actual_copies_and_a_scale_down_keeps_the_pinne
 
     wait_for(all_pinned, timeout=120, interval=1, what="ModelsPinned True")
     entries = declared_entries(api, ns, name)
+    # At least the declared copies: a copy placed while one replica was ready stays loaded as an
+    # ordinary cached model once the second one took over its lease (nothing evicts it).
     assert (entries["keep"]["copies"], entries["keep"]["desiredCopies"]) == (2, 2), entries
-    assert (entries["solo"]["copies"], entries["solo"]["desiredCopies"]) == (1, 1), entries
-    (solo_holder,) = entries["solo"]["replicas"]
+    assert all(entries[solo]["copies"] >= entries[solo]["desiredCopies"] == 1 for solo in SOLOS), entries
+    # A spec.replicas scale-down removes the last pod by name; the operator first pins every
+    # declared model on the other pod, where the routers' placement over it puts them.
+    names = sorted(pod.metadata.name for pod in pods(api, ns, name))
+    only_on_leaving = [solo for solo in SOLOS if entries[solo]["replicas"] == [names[-1]]]
 
     # Requests for the pinned models all through the scale-down: none may fail.
     url = router_url(control_plane, ns, name)
@@ -48,7 +57,7 @@ def test_status_shows_desired_and_actual_copies_and_a_scale_down_keeps_the_pinne
 
     def client() -> None:
         while not stop.is_set() and len(answers) < 20_000:  # bounded
-            for model in ("solo", "keep"):
+            for model in ("keep", *SOLOS):
                 answers.append((model, predict(url, model, {"x": 1}, timeout=60)[0]))
 
     worker = threading.Thread(target=client, daemon=True)
@@ -65,9 +74,16 @@ def test_status_shows_desired_and_actual_copies_and_a_scale_down_keeps_the_pinne
         worker.join(timeout=90)
     failed = [(model, code) for model, code in answers if code != 200]
     assert not failed and answers, f"{len(failed)} of {len(answers)} requests failed: {failed[:10]}"
+    # The operator pinned them on the staying pod before the other went.
+    operator_pod = modelplex_operator.pod(api)
+    log = client.CoreV1Api(api).read_namespaced_pod_log(operator_pod.metadata.name, modelplex_operator.namespace)
+    (line,) = [line for line in log.splitlines() if f"scale-down of {ns}/{name} to 1: before removing" in line]
+    assert names[-1] in line and f"{names[0]}: keep, {', '.join(sorted(SOLOS))}" in line, line
+    assert "failed" not in line and "HTTP" not in line, line
 
     # Desired against actual: 'keep' wants 2 copies on 1 replica now, which cannot fit.
     (staying,) = pods(api, ns, name)
+    assert staying.metadata.name == names[0]  # the pod the operator chose to keep
 
     def cannot_fit():
         obj = get_mxd(api, ns, name)
@@ -77,7 +93,7 @@ def test_status_shows_desired_and_actual_copies_and_a_scale_down_keeps_the_pinne
     pinned = condition(obj, "ModelsPinned")
     assert pinned["status"] == "False" and "keep: 1/2 copies" in pinned["message"], pinned
     entries = declared_entries(api, ns, name)
-    assert entries["keep"]["replicas"] == entries["solo"]["replicas"] == [staying.metadata.name], entries
-    assert (entries["solo"]["copies"], entries["solo"]["desiredCopies"]) == (1, 1)
+    assert all(entries[model]["replicas"] == [staying.metadata.name] for model in ("keep", *SOLOS)), entries
+    assert all((entries[solo]["copies"], entries[solo]["desiredCopies"]) == (1, 1) for solo in SOLOS)
     assert any(reason == "PinnedCannotFit" for _, reason, _ in events_of(api, ns, name))
-    print(f"solo was on {solo_holder}; {len(answers)} requests through the scale-down, all 200")
+    print(f"only on the leaving pod before: {', '.join(only_on_leaving) or 'none'}; {len(answers)} requests, all 200")
