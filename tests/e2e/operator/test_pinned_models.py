@@ -55,12 +55,12 @@ def test_status_shows_desired_and_actual_copies_and_a_scale_down_keeps_the_pinne
     answers: list[tuple[str, int]] = []
     stop = threading.Event()
 
-    def client() -> None:
+    def send() -> None:
         while not stop.is_set() and len(answers) < 20_000:  # bounded
             for model in ("keep", *SOLOS):
                 answers.append((model, predict(url, model, {"x": 1}, timeout=60)[0]))
 
-    worker = threading.Thread(target=client, daemon=True)
+    worker = threading.Thread(target=send, daemon=True)
     worker.start()
     try:
         control_plane.kubectl("scale", "mxd", name, "-n", ns, "--replicas", "1")
