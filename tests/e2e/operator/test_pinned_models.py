@@ -8,7 +8,6 @@ from __future__ import annotations
 import threading
 
 import pytest
-from kubernetes import client
 
 from e2e.operator.helpers import (condition, events_of, get_mxd, kubectl_apply, manifest, pods, predict, router_url,
                                   wait_settled)
@@ -76,7 +75,7 @@ def test_status_shows_desired_and_actual_copies_and_a_scale_down_keeps_the_pinne
     assert not failed and answers, f"{len(failed)} of {len(answers)} requests failed: {failed[:10]}"
     # The operator pinned them on the staying pod before the other went.
     operator_pod = modelplex_operator.pod(api)
-    log = client.CoreV1Api(api).read_namespaced_pod_log(operator_pod.metadata.name, modelplex_operator.namespace)
+    log = control_plane.kubectl("logs", "-n", modelplex_operator.namespace, operator_pod.metadata.name).stdout
     (line,) = [line for line in log.splitlines() if f"scale-down of {ns}/{name} to 1: before removing" in line]
     assert names[-1] in line and f"{names[0]}: keep, {', '.join(sorted(SOLOS))}" in line, line
     assert "failed" not in line and "HTTP" not in line, line
