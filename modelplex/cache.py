@@ -23,6 +23,11 @@ Past Ray Serve's cache:
 - the victim is the least recently used idle model (``policy="lru"``, Ray's) or the least
   requested recently (``"lfu"``: request counts that halve every :data:`LFU_HALF_LIFE_S`, so
   a once-hot model does not stay forever);
+- a model *leased* with :meth:`ModelCache.lease` (``spec.models`` ``minCopies``: the routers
+  renew the leases of the copies they place) is never evicted while its lease runs, and counts
+  against the capacity and the bytes like any model; when leased models fill the cache, a load
+  of another model is refused (:class:`PinsFillCache`, 503) rather than evicting one. A lease
+  that is not renewed runs out, so a copy whose owner placed it elsewhere frees itself;
 - an evicted model may go to a warm tier (host memory) and come back from it by a copy; such
   a load needs no load slot and its waiters are never turned away;
 - a failed load is not cached, and every waiter gets the error; the cache remembers the latest
@@ -49,7 +54,7 @@ import math
 import time
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Literal, Protocol
+from typing import Any, Awaitable, Callable, Iterable, Literal, Protocol
 
 from modelplex.wire.errors import (ModelLoadError, ModelLoadTimeout, ModelNotFound, ModelplexError, ModelTooLarge,
                                    Overloaded)
@@ -83,6 +88,11 @@ FAILURE_VERSION_INTERVAL_S = 10.0
 class ModelInUse(ModelplexError):
     status = 409
     code = "model_in_use"
+
+
+class PinsFillCache(Overloaded, code="pins_fill_cache"):
+    """Leased (pinned) models take every slot or byte this load needs: 503, so a router tries
+    another replica, and a spec whose pins cannot fit shows in the log and the status."""
 
 
 class WarmTier(Protocol):
@@ -250,6 +260,7 @@ class ModelCache:
         self._measured_sum = 0
         self._measured_count = 0
         self._pins: Counter[str] = Counter()
+        self._leases: dict[str, float] = {}  # model id -> when its lease runs out (clock)
         self._changed: list[asyncio.Future] = []  # woken when memory or a model frees up
         self._background: set[asyncio.Task] = set()
         self._failures: OrderedDict[str, LoadFailure] = OrderedDict()  # latest failure per id, oldest first
@@ -301,6 +312,47 @@ class ModelCache:
     def __contains__(self, model_id: str) -> bool:
         return model_id in self._models
 
+    # -- leases (pinned copies) ----------------------------------------------------------------
+
+    def lease(self, model_ids: Iterable[str], ttl_s: float) -> None:
+        """Pin each of ``model_ids`` for ``ttl_s`` seconds from now (a renewal never shortens a
+        lease: two routers renewing the same copy agree). Loading them is the caller's part."""
+        if ttl_s <= 0:
+            raise ValueError(f"ttl_s must be > 0 (got {ttl_s})")
+        until = self._clock() + ttl_s
+        for model_id in model_ids:
+            self._leases[model_id] = max(self._leases.get(model_id, until), until)
+
+    def leased(self, model_id: str) -> bool:
+        """Whether ``model_id``'s lease runs now (it is then never evicted)."""
+        until = self._leases.get(model_id)
+        if until is None:
+            return False
+        if until > self._clock():
+            return True
+        del self._leases[model_id]  # run out: the model is an ordinary one again
+        return False
+
+    @property
+    def leases(self) -> dict[str, float]:
+        """The running leases: model id -> seconds left."""
+        now = self._clock()
+        return {m: self._leases[m] - now for m in list(self._leases) if self.leased(m)}
+
+    def _leased_held(self, besides: str) -> list[str]:
+        """Leased models loaded or loading here, ``besides`` apart."""
+        return [m for m in (*self._models, *self._loading) if m != besides and self.leased(m)]
+
+    def _refuse_if_pins_fill(self, model_id: str) -> None:
+        """A load needs a slot that is not a leased model's: refuse it when there is none."""
+        pinned = self._leased_held(model_id)
+        if len(pinned) >= self.capacity:
+            raise PinsFillCache(_pins_fill(model_id, f"all {self.capacity} model slots"), retry_after=1)
+
+    def _pinned_bytes(self, besides: _Load) -> int:
+        return (sum(e.nbytes for m, e in self._models.items() if self.leased(m))
+                + sum(load.reserved for load in self._loading.values() if load is not besides and self.leased(load.model_id)))
+
     # -- use -----------------------------------------------------------------------------------
 
     async def get(self, model_id: str) -> Any:
@@ -314,6 +366,7 @@ class ModelCache:
         if load is None:
             self._refuse_if_too_large(model_id)
             self._refuse_if_known_missing(model_id)
+            self._refuse_if_pins_fill(model_id)
             self._show_pending_failures()
             load = _Load(model_id, asyncio.get_running_loop().create_future())
             load.warm = self._warm is not None and self._warm.holds(model_id)
@@ -337,9 +390,13 @@ class ModelCache:
         return _Pin(self, model_id)
 
     async def evict(self, model_id: str, *, timeout: float = 30.0) -> bool:
-        """Unload ``model_id`` once no request uses it; False if it was not loaded."""
+        """Unload ``model_id`` once no request uses it; False if it was not loaded. A leased
+        model is refused (409): its copy is declared (``spec.models`` ``minCopies``)."""
         if model_id not in self._models:
             return False
+        if self.leased(model_id):
+            raise ModelInUse(f"model {model_id!r} is pinned here (spec.models minCopies); it is unloaded "
+                             "when its lease runs out, once the routers place it elsewhere")
         try:
             async with asyncio.timeout(timeout):
                 while self._pins[model_id] > 0:
@@ -550,6 +607,10 @@ class ModelCache:
                 return
             victim = self._victim()
             if victim is None:
+                budget = self.capacity_bytes  # (not None here: a cache without one always fits)
+                if budget is not None and self._pinned_bytes(load) + nbytes > budget:
+                    # Leased models hold the bytes and never leave: waiting would wait forever.
+                    raise PinsFillCache(_pins_fill(load.model_id, f"the model memory ({_human(budget)})"))
                 # Every byte serves a request or a load. Nothing of this load is on the device
                 # yet, so it holds no reservation while it waits: two loads that each want to
                 # grow past what is left never wait for each other.
@@ -580,7 +641,7 @@ class ModelCache:
             await self._unload(victim, to_warm=True)
 
     def _victim(self, keep: str | None = None) -> str | None:
-        idle = [m for m in self._models if self._pins[m] == 0 and m != keep]
+        idle = [m for m in self._models if self._pins[m] == 0 and m != keep and not self.leased(m)]
         if not idle:
             return None
         if self.policy == "lru":
@@ -733,6 +794,11 @@ _QUIET: dict[type, type] = {}
 def _too_large(model_id: str, nbytes: int, budget: int) -> str:
     return (f"model {model_id!r} takes {_human(nbytes)}, more than the replica's whole model memory "
             f"({_human(budget)}, spec.multiplexing.maxModelBytes / memoryFraction)")
+
+
+def _pins_fill(model_id: str, what: str) -> str:
+    return (f"cannot load model {model_id!r}: pinned models (spec.models minCopies) take {what} of this "
+            "replica; lower minCopies, or raise maxModelsPerReplica or the replicas")
 
 
 def _human(nbytes: float) -> str:

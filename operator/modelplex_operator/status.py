@@ -15,7 +15,11 @@ subresource's ``selector`` and four conditions:
 - ``Degraded``: something needs a person (an invalid spec, an object the API refused,
   a Deployment that cannot create its pods or is past its progress deadline);
 - ``ModelsReported``: the operator could read every ready replica's models (False names the
-  replicas it could not read; their last known models stay in ``models``).
+  replicas it could not read; their last known models stay in ``models``);
+- ``ModelsPinned`` (only with ``spec.models`` entries that set ``minCopies``): every declared
+  model has its copies loaded (False names the models short of copies, with their actual and
+  desired counts, and says when the spec cannot fit: more copies than ready replicas or model
+  slots). Declared models come first in ``models``, with ``desiredCopies``.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any, Iterable, Mapping
 
 from modelplex.wire.loaded import LoadedModels, LoadedSummary, annotation_summary
 from modelplex.wire.names import LABEL_ROLE, ROLE_REPLICA, ROLE_ROUTER
+from modelplex.wire.pins import place_pins, shortfall_message
 from modelplex.wire.spec import DeploymentSpec, RouterSpec, SpecError, parse_spec
 from modelplex_operator.builders import selector_string
 from modelplex_operator.validation import plain
@@ -33,7 +38,8 @@ READY = "Ready"
 PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
 MODELS_REPORTED = "ModelsReported"
-CONDITION_TYPES = (READY, PROGRESSING, DEGRADED, MODELS_REPORTED)
+MODELS_PINNED = "ModelsPinned"
+CONDITION_TYPES = (READY, PROGRESSING, DEGRADED, MODELS_REPORTED, MODELS_PINNED)
 
 #: ``status.models`` lists at most this many models, most copies first, then the largest;
 #: ``status.modelsOmitted`` counts the others. It keeps the resource small (etcd objects are
@@ -207,21 +213,48 @@ def _deployment_problem(view: DeploymentView | None) -> tuple[str, str] | None:
 
 
 def model_entries(
-    documents: Mapping[str, LoadedModels], limit: int = MAX_STATUS_MODELS
+    documents: Mapping[str, LoadedModels], limit: int = MAX_STATUS_MODELS, pinned: Mapping[str, int] | None = None,
 ) -> tuple[list[dict[str, Any]], int]:
     """``status.models`` from each replica pod's document (pod name -> document), and how many
-    models were left out. A model's ``bytes`` is one copy's measured size (0: unknown)."""
-    holders: dict[str, list[str]] = {}
-    sizes: dict[str, int] = {}
+    models were left out. A model's ``bytes`` is one copy's measured size (0: unknown).
+    Declared models (``pinned``: id -> ``minCopies``) come first, held or not, with ``desiredCopies``."""
+    pinned = pinned or {}
+    holders: dict[str, list[str]] = {model: [] for model in pinned}
+    sizes: dict[str, int] = dict.fromkeys(pinned, 0)
     for pod in sorted(documents):
         document = documents[pod]
         for model in document.models:
             holders.setdefault(model, []).append(pod)
             sizes[model] = max(sizes.get(model, 0), document.model_bytes.get(model, 0))
-    ranked = sorted(holders, key=lambda model: (-len(holders[model]), -sizes[model], model))
+    ranked = sorted(holders, key=lambda model: (model not in pinned, -len(holders[model]), -sizes[model], model))
     entries = [{"name": model, "copies": len(holders[model]), "bytes": sizes[model],
                 "replicas": holders[model][:MAX_STATUS_HOLDERS]} for model in ranked[:limit]]
+    for entry, model in zip(entries, ranked):
+        if model in pinned:
+            entry["desiredCopies"] = pinned[model]
     return entries, len(ranked) - len(entries)
+
+
+def models_pinned(pinned: Mapping[str, int], documents: Mapping[str, LoadedModels],
+                  ready: Mapping[str, int], generation: int) -> dict[str, Any]:
+    """The ``ModelsPinned`` condition: declared copies (``pinned``) against the copies the ready
+    replicas' documents show (``ready``: ready replica pod -> its model capacity, 0 unknown)."""
+    actual = {model: sum(1 for pod in ready if model in (documents.get(pod) or LoadedModels()).models)
+              for model in pinned}
+    short = sorted(model for model in pinned if actual[model] < pinned[model])
+    if not short:
+        return _condition(MODELS_PINNED, True, "CopiesLoaded",
+                          f"{len(pinned)} declared model(s) have their copies loaded", generation)
+    parts = [f"{model}: {actual[model]}/{pinned[model]} copies" for model in short[:5]]
+    if len(short) > 5:
+        parts.append(f"and {len(short) - 5} more")
+    message = "; ".join(parts)
+    missing = place_pins(pinned, ready).missing
+    if missing:
+        return _condition(MODELS_PINNED, False, "CannotFit",
+                          f"{message}. Cannot fit: {shortfall_message(pinned, missing, len(ready))}", generation)
+    return _condition(MODELS_PINNED, False, "CopiesMissing", f"{message} (loading, or a replica is not ready)",
+                      generation)
 
 
 def _models_reported(unreported: Mapping[str, str], generation: int) -> dict[str, Any]:
@@ -266,7 +299,9 @@ def compute_status(
     pool_bytes = sum(pod.summary.bytes for pod in live_pods)
     pool_capacity = sum(pod.summary.capacity_bytes for pod in live_pods)
     live = {pod.name for pod in live_pods}
-    models, omitted = model_entries({pod: doc for pod, doc in (documents or {}).items() if pod in live})
+    pinned = spec.pinned_models if spec is not None else {}
+    models, omitted = model_entries({pod: doc for pod, doc in (documents or {}).items() if pod in live},
+                                    pinned=pinned)
     # A pod that is not ready is not read: not hearing from it is no news.
     ready_pods = {pod.name for pod in live_pods if pod.ready}
     unreported = {pod: why for pod, why in (unreported or {}).items() if pod in ready_pods}
@@ -329,7 +364,11 @@ def compute_status(
                              if serving else _counts(want, want_routers, replica, router))
         ready = _condition(READY, serving, ready_reason, ready_message, gen)
 
-    status["conditions"] = merge_conditions(current.get("conditions") or [], [ready, progressing, degraded, _models_reported(unreported, gen)], now)
+    conditions = [ready, progressing, degraded, _models_reported(unreported, gen)]
+    if pinned:
+        capacities = {pod.name: pod.summary.capacity for pod in live_pods if pod.ready}
+        conditions.append(models_pinned(pinned, documents or {}, capacities, gen))
+    status["conditions"] = merge_conditions(current.get("conditions") or [], conditions, now)
     return status
 
 
@@ -440,6 +479,7 @@ def transitions(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[t
         elif now_ == "False" and was == "True" and _is_status(new, PROGRESSING, "False"):
             # Unready while a rollout or scale-up is under way is expected: no Warning for it.
             events.append(("Warning", "NotReady", f"{after_ready.get('reason')}: {after_ready.get('message', '')}"))
+    events.extend(_pinned_events(condition(old, MODELS_PINNED), condition(new, MODELS_PINNED)))
     before_deg, after_deg = condition(old, DEGRADED), condition(new, DEGRADED)
     if (after_deg is not None and after_deg.get("status") == "True"
             and after_deg.get("reason") not in _OPERATOR_REASONS
@@ -447,6 +487,20 @@ def transitions(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[t
                  or before_deg.get("reason") != after_deg.get("reason"))):
         events.append(("Warning", after_deg.get("reason", "Degraded"), after_deg.get("message", "")))
     return events
+
+
+def _pinned_events(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> list[tuple[str, str, str]]:
+    """``ModelsPinned`` changing: Normal when the copies are all in again, Warning when a spec
+    cannot fit or copies went missing that were there (copies still loading at first are no news)."""
+    if after is None:
+        return []
+    was, was_reason = (before.get("status"), before.get("reason")) if before else (None, None)
+    now_, reason, message = after.get("status"), after.get("reason", ""), after.get("message", "")
+    if now_ == "True" and was == "False":
+        return [("Normal", "ModelsPinned", message)]
+    if now_ == "False" and (was == "True" or (reason == "CannotFit" and was_reason != "CannotFit")):
+        return [("Warning", f"Pinned{reason}", message)]
+    return []
 
 
 def _is_status(status: Mapping[str, Any], ctype: str, value: str) -> bool:

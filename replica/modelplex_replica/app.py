@@ -28,6 +28,7 @@ from modelplex.handles import close_handles
 from modelplex.http import error_middleware, from_json, is_json, read_body, status_of, to_json
 from modelplex.wire.ids import InvalidModelId, validate_model_id
 from modelplex.wire.loaded import LoadedModels, LoadedSummary
+from modelplex.wire.pins import PINS_PATH, PinRequest
 from modelplex.multiplex import find_cache
 from modelplex.wire.names import DASHED_MODEL_ID_HEADER, LOADED_MODELS_HEADER, MODEL_ID_HEADER
 from modelplex.runtime import Runtime, current_runtime
@@ -39,6 +40,7 @@ from modelplex_replica.asgi import HttpIngress, ingress_for
 from modelplex_replica.auth import internal_only
 from modelplex_replica.handoff import UserLoopConnections
 from modelplex_replica.metrics import ReplicaMetrics
+from modelplex_replica.pins import pin
 from modelplex_replica.preload import preload_hot_models
 from modelplex_replica.reporter import AnnotationReporter, Patch
 from modelplex_replica.streams import STREAM_FAILED, cut_stream
@@ -149,6 +151,7 @@ def _app(state: ReplicaState) -> web.Application:
     app.router.add_get("/v1/models/{model_id}/metadata", model_metadata)
     app.router.add_post("/v1/models/{model_id}/load", load_model)
     app.router.add_delete("/v1/models/{model_id}", unload_model)
+    app.router.add_post(PINS_PATH, pin_models)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)
@@ -463,6 +466,17 @@ async def unload_model(request: web.Request) -> web.Response:
     if not await state.user.run(_require_cache(state).evict(model_id)):
         raise NotFound(f"model {model_id!r} is not loaded")
     return web.json_response({"model": model_id, "loaded": False})
+
+
+async def pin_models(request: web.Request) -> web.Response:
+    """Lease models (``spec.models`` ``minCopies``: the routers place and renew them) and load
+    those not loaded (:mod:`modelplex.wire.pins`)."""
+    state = request.app[STATE]
+    try:
+        pins = PinRequest.from_dict(from_json(await request.read()))
+    except ValueError as error:
+        raise BadRequest(str(error)) from None
+    return web.json_response(await state.user.run(pin(_require_cache(state), pins)))
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -44,6 +44,7 @@ from modelplex_router.keys import CLOCK, COLD, CONFIG, DISCOVERY, DRAINING, METR
 from modelplex_router.measured import measured
 from modelplex_router.metrics import CONTENT_TYPE, RouterMetrics
 from modelplex_router.openapi import openapi_document
+from modelplex_router.pins import Pinner
 from modelplex_router.proxy import FORWARDED_REQUEST_HEADERS, REPLICA_HEADER, Proxy, Reply
 from modelplex_router.quota import LoadQuotas
 from modelplex_router.scheduler import Scheduler
@@ -51,6 +52,7 @@ from modelplex_router.scheduler import Scheduler
 log = logging.getLogger("modelplex.router")
 
 ACCESS = web.AppKey("access", Access)
+PINNER = web.AppKey("pinner", Pinner)
 
 #: The router's own paths; everything else (any method) is the handler's.
 RESERVED = r"(?!(?:healthz|readyz|metrics|openapi\.json|v1/replicas|v1/load|v2)(?:/|$)|v1/models/[^/]+/predict$)"
@@ -89,6 +91,8 @@ def create_app(config: RouterConfig, discovery: Discovery, *,
     app[METRICS].watch_queues(scheduler.waiting)
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_discovery)
+    if config.pinned:
+        app.cleanup_ctx.append(_pinner)
     routes = app.router
     routes.add_get("/healthz", healthz)
     routes.add_get("/readyz", readyz)
@@ -173,6 +177,20 @@ async def _discovery(app: web.Application) -> AsyncIterator[None]:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def _pinner(app: web.Application) -> AsyncIterator[None]:
+    """Keep ``spec.models`` ``minCopies`` placed and leased on the replicas (:mod:`modelplex_router.pins`)."""
+    app[PINNER] = pinner = Pinner(app[CONFIG].pinned, app[TABLE], lambda: app[SESSION], app[CLOCK])
+    app[METRICS].pinned_placed.set_function(lambda: sum(len(m) for m in pinner.placement.replicas.values()))
+    app[METRICS].pinned_missing.set_function(lambda: sum(pinner.placement.missing.values()))
+    task = asyncio.create_task(pinner.run(), name="pinner")
+    task.add_done_callback(_report_crash)
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 def _report_crash(task: asyncio.Task) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("%s stopped: %r", task.get_name(), task.exception(), exc_info=task.exception())
@@ -254,4 +272,7 @@ async def replicas(request: web.Request) -> web.Response:
         "policy": app[SCHEDULER].policy_name,
         "queued": app[SCHEDULER].queued,
         "replicas": app[TABLE].snapshot(),
+        # Where this router placed the pinned copies (spec.models minCopies), and what does not fit.
+        "pins": ({"placement": {n: list(m) for n, m in app[PINNER].placement.replicas.items() if m},
+                  "missing": app[PINNER].placement.missing} if PINNER in app else None),
     })

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from modelplex.autoscaling import DEFAULT_HOLD_AT_ZERO_S
@@ -71,6 +71,8 @@ class RouterConfig:
     #: The client tokens (a mounted Secret: one file per client) and the internal credential.
     client_tokens_dir: str | None = None
     internal_token_file: str | None = None
+    #: ``spec.models`` entries with ``minCopies``: id -> copies to keep placed (:mod:`modelplex_router.pins`).
+    pinned: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_deployment(cls, deployment: Deployment, env: Mapping[str, str] = os.environ) -> RouterConfig:
@@ -106,6 +108,7 @@ class RouterConfig:
             auth=spec.router.auth,
             client_tokens_dir=env.get(ENV_CLIENT_TOKENS_DIR) or None,
             internal_token_file=env.get(ENV_INTERNAL_TOKEN_FILE) or None,
+            pinned=spec.pinned_models,
         )
 
 

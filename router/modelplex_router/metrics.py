@@ -94,6 +94,14 @@ class RouterMetrics:
         self._quota_refusals = Counter("modelplex_router_load_quota_refusals_total", quota_help,
                                        ["deployment", "client"], registry=r)
         self._client_labels: set[str] = set()
+        self._pinned = Gauge(
+            "modelplex_router_pinned_copies",
+            "Declared copies (spec.models minCopies) this router placed on ready replicas (state=placed) "
+            "and those no replica can take (state=missing).",
+            ["deployment", "state"], registry=r,
+        )
+        self.pinned_placed = self._pinned.labels(deployment, "placed")
+        self.pinned_missing = self._pinned.labels(deployment, "missing")
         self.inflight = self._inflight.labels(deployment)
         self.queued = self._queued.labels(deployment)
         self._children: dict[tuple, object] = {}

@@ -734,3 +734,101 @@ async def test_a_failures_message_is_shown_without_the_sources_credentials():
         await cache.get("m")
     (failure,) = cache.failures
     assert "pa55" not in failure.error and "t0k" not in failure.error and "store.example" in failure.error
+
+
+# -- leases: pinned copies (spec.models minCopies) ---------------------------------------------
+
+
+async def leased_cache() -> tuple[Clock, Store, ModelCache]:
+    """A cache of 2 slots on a fake clock, "pinned" loaded in one of them with a 30 s lease."""
+    clock, store = Clock(), Store()
+    cache = ModelCache(store.load, 2, listener=store.listener, clock=clock)
+    cache.lease(["pinned"], ttl_s=30)
+    await cache.get("pinned")
+    return clock, store, cache
+
+
+async def test_a_leased_model_is_never_evicted_while_its_lease_runs():
+    _, store, cache = await leased_cache()
+    for i in range(20):  # a burst of other ids passes through the one free slot
+        await cache.get(f"other-{i}")
+    assert "pinned" in cache.loaded
+    assert ("evicted", "pinned") not in store.events
+    assert cache.loaded == ["pinned", "other-19"]
+
+
+async def test_a_lease_that_is_not_renewed_runs_out_and_the_model_is_evictable_again():
+    clock, store, cache = await leased_cache()
+    clock.now += 20
+    cache.lease(["pinned"], ttl_s=30)  # renewed: runs until 50
+    clock.now += 25
+    await cache.get("a")
+    await cache.get("b")
+    assert "pinned" in cache.loaded and cache.leases == {"pinned": 5.0}
+    clock.now += 6  # past 50: no renewal came
+    assert cache.leases == {}
+    await cache.get("c")
+    assert "pinned" not in cache.loaded
+    assert ("evicted", "pinned") in store.events
+
+
+async def test_a_renewal_never_shortens_a_lease():
+    clock = Clock()
+    cache = ModelCache(Store().load, 2, clock=clock)
+    cache.lease(["m"], ttl_s=60)
+    cache.lease(["m"], ttl_s=10)  # another router's shorter renewal
+    assert cache.leases == {"m": 60.0}
+    with pytest.raises(ValueError):
+        cache.lease(["m"], ttl_s=0)
+
+
+async def test_when_leased_models_fill_the_cache_another_load_is_refused_not_a_pin_evicted():
+    from modelplex.cache import PinsFillCache
+
+    store = Store()
+    cache = ModelCache(store.load, 2, listener=store.listener, clock=Clock())
+    cache.lease(["p1", "p2"], ttl_s=30)
+    await cache.get("p1")
+    await cache.get("p2")
+    with pytest.raises(PinsFillCache) as refused:
+        await cache.get("other")
+    assert refused.value.status == 503 and refused.value.code == "pins_fill_cache"
+    assert "minCopies" in refused.value.message
+    assert sorted(cache.loaded) == ["p1", "p2"] and "other" not in store.loads
+
+
+async def test_a_third_pinned_model_beyond_the_capacity_is_refused_too():
+    from modelplex.cache import PinsFillCache
+
+    cache = ModelCache(Store().load, 2, clock=Clock())
+    cache.lease(["p1", "p2", "p3"], ttl_s=30)
+    await cache.get("p1")
+    await cache.get("p2")
+    with pytest.raises(PinsFillCache):
+        await cache.get("p3")
+
+
+async def test_leased_models_count_against_the_bytes_and_a_load_that_cannot_fit_is_refused():
+    from modelplex.cache import PinsFillCache
+
+    store = Sized({"pin": 70 * MB, "a": 20 * MB, "big": 40 * MB})
+    cache = sized_cache(store, max_bytes=100 * MB, clock=Clock())
+    cache.lease(["pin"], ttl_s=30)
+    await cache.get("pin")
+    await cache.get("a")
+    await cache.get("a")  # measured: 20 MB
+    await cache.evict("a")
+    await cache.get("big")  # measured once: 40 MB; "pin" stays, so "big" itself goes over
+    await cache.evict("big")
+    with pytest.raises(PinsFillCache) as refused:
+        await cache.get("big")  # 70 pinned + 40 > 100, and nothing else may leave
+    assert "model memory" in refused.value.message
+    assert cache.loaded == ["pin"]
+
+
+async def test_an_explicit_unload_of_a_leased_model_is_refused():
+    _, _, cache = await leased_cache()
+    with pytest.raises(ModelInUse) as refused:
+        await cache.evict("pinned")
+    assert "pinned here" in refused.value.message
+    assert cache.loaded == ["pinned"]

@@ -51,8 +51,10 @@ from modelplex.wire.spec import Autoscaling, Deployment, SpecError
 from modelplex.wire.credentials import INTERNAL_TOKEN_HEADER
 from modelplex_operator import builders, scaling
 from modelplex_operator.handlers.context import OperatorContext
+from modelplex_operator.handlers.pinned import prewarm
 from modelplex_operator.handlers.reconcile import post
 from modelplex_operator.kube import KubeError
+from modelplex_operator.pinning import prewarm_plan
 from modelplex_operator.status import Key
 from modelplex_operator.validation import validate
 
@@ -202,6 +204,7 @@ class AutoscaleLoop:
         if decision.changed:
             if decision.direction == "down":
                 await self._move_hot_models(key, report, replicas, costs, current - decision.desired)
+                await self._keep_pinned_copies(key, deployment, report, replicas, costs, current - decision.desired)
             try:
                 await self._scale(key, view, deployment, state, decision, heard)
             except KubeError as error:
@@ -266,6 +269,23 @@ class AutoscaleLoop:
         done = await asyncio.gather(*(load(model, target) for model, target in moves))
         log.info("autoscaling %s/%s: before removing %s, loaded elsewhere: %s", *key, ", ".join(leaving),
                  "; ".join(done))
+
+    async def _keep_pinned_copies(self, key: Key, deployment: Deployment, report: LoadReport,
+                                  replicas: list[scaling.ReplicaPod], costs: dict[str, int], count: int) -> None:
+        """Pin the declared models (``spec.models`` ``minCopies``) on the pods that stay, where
+        the routers will place them, and wait for their loads before the leaving pods go."""
+        if not deployment.spec.pinned_models:
+            return
+        leaving = set(scaling.leaving_pods(replicas, costs, count))
+        capacity = {r.name: r.capacity for r in report.replicas}
+        staying = {pod.name: capacity.get(pod.name, 0) for pod in replicas
+                   if pod.name not in leaving and pod.ready and pod.ip}
+        plan = prewarm_plan(deployment.spec.pinned_models, staying)
+        done = await prewarm(plan, {pod.name: pod.ip for pod in replicas}, self.ctx.credentials.token(key[0]),
+                             deployment.spec.multiplexing.load_timeout_seconds + 5)
+        if done:
+            log.info("autoscaling %s/%s: before removing %s, pinned copies on the staying pods: %s", *key,
+                     ", ".join(sorted(leaving)), "; ".join(done))
 
     async def _scale(self, key: Key, view: dict[str, Any], deployment: Deployment, state: ScaleState,
                      decision: ScaleDecision, heard: str) -> None:

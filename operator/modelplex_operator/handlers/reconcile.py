@@ -22,6 +22,7 @@ import kopf
 from modelplex.wire.spec import Deployment, SpecError
 from modelplex_operator import builders
 from modelplex_operator.handlers.context import OperatorContext
+from modelplex_operator.handlers.pinned import before_scale_down
 from modelplex_operator.kube import ApplyResult, KubeError, NotOwned
 from modelplex_operator.status import CONFLICT, INVALID, OK, REJECTED, RETRYING, Key, Outcome
 from modelplex_operator.validation import problems_of, validate
@@ -61,6 +62,8 @@ async def apply_all(ctx: OperatorContext, body: Mapping[str, Any], deployment: D
     async with ctx.lock(key_of(body)):
         # The pods mount the namespace's internal credential: it exists before them.
         await ctx.credentials.ensure(deployment.namespace, owner)
+        # A scale-down of declared copies pins them on the pods that stay before any pod goes.
+        await before_scale_down(ctx, key_of(body), deployment)
         # Under the lock the autoscaler takes to scale: the count an apply keeps is its latest.
         objects = builders.desired_objects(deployment, owner, ctx.build_settings,
                                            replicas=ctx.autoscaled_replicas(key_of(body)))

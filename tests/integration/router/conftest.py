@@ -17,9 +17,10 @@ HERE = Path(__file__).resolve().parent
 
 def write_manifest(folder: Path, *, name: str = "plex", handler: str = "handlers:Echo", replicas: int = 2,
                    capacity: int = 2, max_ongoing: int = 8, matching_timeout: float = 1.0,
-                   prewarm: tuple[str, ...] = (), spec: dict | None = None) -> Path:
+                   prewarm: tuple[str, ...] = (), models: list[dict] | None = None,
+                   spec: dict | None = None) -> Path:
     """A MultiplexedDeployment manifest beside a copy of handlers.py (the replica imports it);
-    ``spec``: more fields of the spec (``models``, ``router``)."""
+    ``models``: ``spec.models``; ``spec``: more fields of the spec (``router``, ...)."""
     shutil.copy(HERE / "handlers.py", folder / "handlers.py")
     manifest = {
         "apiVersion": "modelplex.io/v1alpha1",
@@ -32,6 +33,7 @@ def write_manifest(folder: Path, *, name: str = "plex", handler: str = "handlers
             "multiplexing": {"maxModelsPerReplica": capacity, "matchingTimeoutSeconds": matching_timeout,
                              "prewarm": list(prewarm)},
             "maxOngoingRequests": max_ongoing,
+            **({"models": models} if models is not None else {}),
             **(spec or {}),
         },
     }

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 
 import kopf
 import pytest
@@ -16,6 +16,7 @@ from kopf._core.engines import posting
 
 from unit.operator.objects import body
 from modelplex.autoscaling import LOAD_PATH, LoadReport, ReplicaLoad
+from modelplex.wire.pins import PINS_PATH
 from modelplex_operator.config import OperatorConfig
 from modelplex_operator.handlers.autoscale import AutoscaleLoop
 from modelplex_operator.handlers.context import OperatorContext
@@ -79,8 +80,54 @@ def kopf_events():
             var.reset(token)
 
 
-def resource(port: int) -> dict:
-    doc = body(autoscaling=AUTOSCALING, router={"replicas": 1, "port": port})
+@asynccontextmanager
+async def replica_at(ip: str, loads: list, pins: list | None = None, api=None):
+    """A replica's load and pin endpoints on ``ip`` (port 9000): ``loads`` gets each model
+    loaded, ``pins`` each pin body with the API writes made before it came."""
+    async def load_model(request):
+        loads.append(request.match_info["model"])
+        return web.json_response({"model": request.match_info["model"], "loaded": True})
+
+    async def pin(request):
+        sent = await request.json()
+        pins.append((sent, [r.path.split("?")[0] for r in api.writes()]))
+        return web.json_response({"pinned": {}, "loaded": sent["models"], "loading": [], "errors": {}})
+
+    replica_app = web.Application()
+    replica_app.router.add_post("/v1/models/{model}/load", load_model)
+    replica_app.router.add_post(PINS_PATH, pin)
+    runner = web.AppRunner(replica_app)
+    await runner.setup()
+    await web.TCPSite(runner, ip, 9000).start()
+    try:
+        yield
+    finally:
+        await runner.cleanup()
+
+
+async def rounds_until_scaled(ctx, api, view, clock, rounds: int = 8) -> list:
+    """Autoscaler rounds 2 s apart over a hot and a cold replica pod until the count changes."""
+    ctx.scaled[("team-a", "recs")] = 2
+    loop = AutoscaleLoop(ctx, clock=clock)
+    pods = {"kind": "PodList", "items": [pod("recs-router-1", "router", ROUTER_IP),
+                                         pod("recs-replica-hot", "replica", "127.0.0.42"),
+                                         pod("recs-replica-cold", "replica", "127.0.0.43")]}
+    decisions = []
+    try:
+        for _ in range(rounds):
+            api.reset()
+            api.answers = [(200, pods)]
+            decisions.append(await loop.round(("team-a", "recs"), view))
+            clock.now += 2
+            if decisions[-1].changed:
+                break
+    finally:
+        await loop.stop()
+    return decisions
+
+
+def resource(port: int, **spec) -> dict:
+    doc = body(autoscaling=AUTOSCALING, router={"replicas": 1, "port": port}, **spec)
     del doc["spec"]["replicas"]
     return resource_view(doc)
 
@@ -121,40 +168,14 @@ async def test_costs_follow_the_caches_heat_and_the_coldest_pods_hot_model_moves
     other first (a replica's load endpoint on loopback); then the count drops to 1."""
     clock = Clock()
     loads = []
-
-    async def load_model(request):
-        loads.append(request.match_info["model"])
-        return web.json_response({"model": request.match_info["model"], "loaded": True})
-
-    replica_app = web.Application()
-    replica_app.router.add_post("/v1/models/{model}/load", load_model)
-    runner = web.AppRunner(replica_app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.42", 9000).start()
     router.report = LoadReport("recs", at=time.time(), replicas=(
         ReplicaLoad("recs-replica-hot", ongoing=2, models=("m-hot",), capacity=4),
         ReplicaLoad("recs-replica-cold", models=("m-warm",), capacity=4),
     ), model_rates={"m-hot": 2.0, "m-warm": 0.5})
     ctx = OperatorContext(config=OperatorConfig(), kube=api.kube())
-    ctx.scaled[("team-a", "recs")] = 2
-    loop = AutoscaleLoop(ctx, clock=clock)
-    view = resource(router.port)
-    pods = {"kind": "PodList", "items": [pod("recs-router-1", "router", ROUTER_IP),
-                                         pod("recs-replica-hot", "replica", "127.0.0.42"),
-                                         pod("recs-replica-cold", "replica", "127.0.0.43")]}
-    try:
-        decisions = []
-        with kopf_events() as events:
-            for _ in range(8):  # 14 s of rounds, 2 s apart
-                api.reset()
-                api.answers = [(200, pods)]
-                decisions.append(await loop.round(("team-a", "recs"), view))
-                clock.now += 2
-                if decisions[-1].changed:
-                    break
-    finally:
-        await loop.stop()
-        await runner.cleanup()
+    with kopf_events() as events:
+        async with replica_at("127.0.0.42", loads):
+            decisions = await rounds_until_scaled(ctx, api, resource(router.port), clock)
     assert [d.desired for d in decisions[:-1]] == [2] * (len(decisions) - 1)
     assert (decisions[-1].current, decisions[-1].desired) == (2, 1)
     assert loads == ["m-warm"]  # onto the staying pod, before the count dropped
@@ -165,3 +186,23 @@ async def test_costs_follow_the_caches_heat_and_the_coldest_pods_hot_model_moves
     writes = [(r.path.split("?")[0], r.body) for r in api.writes()]
     assert writes[-1] == ("/apis/apps/v1/namespaces/team-a/deployments/recs-replica/scale", {"spec": {"replicas": 1}})
     assert events.get_nowait().reason == "ScaledDown"
+
+
+async def test_a_pinned_model_only_the_leaving_pod_holds_is_pinned_on_the_staying_pod_before_the_count_drops(
+        api, router):
+    clock = Clock()
+    loads, pins = [], []
+    router.report = LoadReport("recs", at=time.time(), replicas=(
+        ReplicaLoad("recs-replica-hot", ongoing=2, models=("m-hot",), capacity=4),
+        ReplicaLoad("recs-replica-cold", models=("m-pinned",), capacity=4),
+    ), model_rates={"m-hot": 2.0, "m-pinned": 0.5})
+    ctx = OperatorContext(config=OperatorConfig(), kube=api.kube())
+    view = resource(router.port, models=[{"match": "m-pinned", "minCopies": 1}])
+    with kopf_events():
+        async with replica_at("127.0.0.42", loads, pins, api):
+            decisions = await rounds_until_scaled(ctx, api, view, clock)
+    assert (decisions[-1].current, decisions[-1].desired) == (2, 1)
+    ((sent, written_before),) = pins
+    assert sent == {"models": ["m-pinned"], "ttlSeconds": 30.0, "wait": True}
+    assert not any(path.endswith("/scale") for path in written_before)  # pinned, then scaled
+    assert api.writes()[-1].path.split("?")[0].endswith("/deployments/recs-replica/scale")

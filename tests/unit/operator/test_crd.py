@@ -202,7 +202,8 @@ def test_status_schema_holds_every_field_of_a_computed_status(version):
 
     schema = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
     pods = [PodView("p", True, False, LoadedSummary(models=1, bytes=5, capacity_bytes=10))]
-    status = compute_status(Resource("recs", "team-a"), [], pods, None, "2026-01-01T00:00:00Z",
+    declared = {"image": "recs:1", "handler": "recs:Recs", "models": [{"match": "m", "minCopies": 1}]}
+    status = compute_status(Resource("recs", "team-a", spec=declared), [], pods, None, "2026-01-01T00:00:00Z",
                             {"p": LoadedModels(models=("m",), model_bytes={"m": 5})}, {"p": "timeout"})
     assert set(status) <= set(schema), set(status) - set(schema)
     item = schema["models"]["items"]["properties"]
