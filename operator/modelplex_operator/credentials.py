@@ -56,7 +56,7 @@ class InternalCredentials:
                 existing = self.kube.get("v1", "Secret", namespace, INTERNAL_SECRET_NAME)
             else:
                 log.info("%s: created Secret %s (the namespace's internal credential)", namespace, INTERNAL_SECRET_NAME)
-                self._remember(namespace, created)
+                self.remember(namespace, created)
                 return
         if existing is None:
             raise KubeError(404, "NotFound", f"Secret {INTERNAL_SECRET_NAME} vanished while being made")
@@ -68,9 +68,10 @@ class InternalCredentials:
             existing = self.kube.merge_patch("v1", "Secret", namespace, INTERNAL_SECRET_NAME,
                                              {"metadata": {"ownerReferences": [*owners, added],
                                                            "resourceVersion": existing["metadata"]["resourceVersion"]}})
-        self._remember(namespace, existing)
+        self.remember(namespace, existing)
 
-    def _remember(self, namespace: str, secret: dict[str, Any]) -> None:
+    def remember(self, namespace: str, secret: dict[str, Any]) -> None:
+        """Keep the token of the namespace's Secret as read (by :meth:`ensure`, or by a test)."""
         token = token_of(secret)
         if token is not None:
             self._tokens[namespace] = token

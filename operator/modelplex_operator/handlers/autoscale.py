@@ -257,11 +257,14 @@ class AutoscaleLoop:
         moves = [(model, target) for model, target in scaling.cheap_moves(report, leaving) if target in ips]
         if not moves:
             return
+        token = self.ctx.credentials.token(key[0])
+        headers = {INTERNAL_TOKEN_HEADER: token} if token else None
 
         async def load(model: str, target: str) -> str:
             url = f"http://{ips[target]}:{REPLICA_PORT}/v1/models/{quote(model, safe='')}/load"
             try:
-                async with self._http().post(url, timeout=aiohttp.ClientTimeout(total=MOVE_TIMEOUT_S)) as answer:
+                async with self._http().post(url, headers=headers,
+                                             timeout=aiohttp.ClientTimeout(total=MOVE_TIMEOUT_S)) as answer:
                     return f"{model} -> {target}" + ("" if answer.status == 200 else f" (HTTP {answer.status})")
             except (aiohttp.ClientError, asyncio.TimeoutError) as error:
                 return f"{model} -> {target} (failed: {error or type(error).__name__})"

@@ -16,13 +16,16 @@ from kopf._core.engines import posting
 
 from unit.operator.objects import body
 from modelplex.autoscaling import LOAD_PATH, LoadReport, ReplicaLoad
+from modelplex.wire.credentials import INTERNAL_TOKEN_HEADER
 from modelplex.wire.pins import PINS_PATH
+from modelplex_operator import builders
 from modelplex_operator.config import OperatorConfig
 from modelplex_operator.handlers.autoscale import AutoscaleLoop
 from modelplex_operator.handlers.context import OperatorContext
 from modelplex_operator.handlers.observe import resource_view
 
 ROUTER_IP = "127.0.0.41"
+INTERNAL_TOKEN = "namespace-internal-token"
 AUTOSCALING = {"minReplicas": 0, "maxReplicas": 3, "targetOngoingRequests": 2,
                "upscaleDelaySeconds": 0, "downscaleDelaySeconds": 10, "lookBackPeriodSeconds": 4}
 
@@ -85,6 +88,8 @@ async def replica_at(ip: str, loads: list, pins: list | None = None, api=None):
     """A replica's load and pin endpoints on ``ip`` (port 9000): ``loads`` gets each model
     loaded, ``pins`` each pin body with the API writes made before it came."""
     async def load_model(request):
+        if request.headers.get(INTERNAL_TOKEN_HEADER) != INTERNAL_TOKEN:
+            return web.json_response({"error": {"code": "unauthorized"}}, status=401)
         loads.append(request.match_info["model"])
         return web.json_response({"model": request.match_info["model"], "loaded": True})
 
@@ -173,6 +178,7 @@ async def test_costs_follow_the_caches_heat_and_the_coldest_pods_hot_model_moves
         ReplicaLoad("recs-replica-cold", models=("m-warm",), capacity=4),
     ), model_rates={"m-hot": 2.0, "m-warm": 0.5})
     ctx = OperatorContext(config=OperatorConfig(), kube=api.kube())
+    ctx.credentials.remember("team-a", builders.internal_secret("team-a", INTERNAL_TOKEN, []))  # as a reconcile does
     with kopf_events() as events:
         async with replica_at("127.0.0.42", loads):
             decisions = await rounds_until_scaled(ctx, api, resource(router.port), clock)
