@@ -121,7 +121,9 @@ async def test_a_hung_load_answers_504_naming_the_model_and_the_next_request_loa
     replica = processes.replica(manifest(multiplexing={"loadTimeoutSeconds": 4, "maxConcurrentLoads": 2}))
     async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
         await wait_ready(session, replica)
-        assert (await call(session, replica.url, "warm-up"))[0] == 200  # torch's first use is slow
+        # torch's first use is slow, past 4 s on a loaded machine: a warm-up that times out is tried again.
+        warm_up = [(await call(session, replica.url, "warm-up"))[0] for _ in range(3)]
+        assert 200 in warm_up, warm_up
         waiters = [call(session, replica.url, "hang-once-a") for _ in range(3)]
         healthy = [call(session, replica.url, "healthy") for _ in range(3)]  # the other load slot
         answers = await asyncio.gather(*waiters, *healthy)
