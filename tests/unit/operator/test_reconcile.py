@@ -210,3 +210,30 @@ async def test_a_repair_from_a_lagging_view_does_not_hide_a_newer_generations_ou
     ctx.record(KEY, newer)
     await repair(ctx, body(generation=2))
     assert ctx.outcomes[KEY] == newer
+
+
+async def test_the_next_deployment_of_a_namespace_adds_itself_to_the_credential_it_knows_without_reading_it(
+        ctx, api, posted):
+    await reconcile(ctx, body(), retry=0)  # made the Secret: known now
+    api.reset()
+    other = body(name="other")
+    other["metadata"]["uid"] = "u-2"
+    await reconcile(ctx, other, retry=0)
+    secrets = [(request.method, request.path.split("?")[0]) for request in api.requests if "/secrets" in request.path]
+    assert secrets == [("PATCH", "/api/v1/namespaces/team-a/secrets/modelplex-internal")]
+    assert [owner["uid"] for owner in api.requests[0].body["metadata"]["ownerReferences"]] == [UID, "u-2"]
+
+
+async def test_a_credential_changed_since_it_was_known_is_read_again_before_adding_an_owner(ctx, api, posted):
+    await reconcile(ctx, body(), retry=0)
+    api.reset()
+    rotated = internal_secret(owners=[builders.owner_reference(body())])
+    rotated["metadata"]["resourceVersion"] = "9"
+    api.answers = [(409, "the object has been modified"), (200, rotated)]
+    other = body(name="other")
+    other["metadata"]["uid"] = "u-2"
+    await reconcile(ctx, other, retry=0)
+    secrets = [request for request in api.requests if "/secrets" in request.path]
+    assert [request.method for request in secrets] == ["PATCH", "GET", "PATCH"]
+    assert secrets[-1].body["metadata"]["resourceVersion"] == "9"
+    assert ctx.outcomes[("team-a", "other")].state == OK
