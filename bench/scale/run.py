@@ -31,7 +31,9 @@ loads, that once the first router's table shows the model a request for it goes 
 all routers' tables agree on), ``apiserver_writes_per_s`` (the apiserver's own count of POST/PUT/PATCH/DELETE during the
 window), ``request_p50_ms`` (requests through the router); ``reconcile_all_s`` (applying the
 deployments → every one has its status written for its generation), ``operator_rss_mb``,
-``operator_apiserver_calls``.
+``operator_apiserver_calls`` (every client's calls in that time, the controller-manager's
+included), ``operator_object_calls`` and ``_per_deployment`` (the calls on what only the operator
+reads and writes: :data:`OPERATOR_RESOURCES`); the breakdown by verb and resource goes to stderr.
 """
 
 from __future__ import annotations
