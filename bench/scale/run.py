@@ -31,7 +31,7 @@ loads, that once the first router's table shows the model a request for it goes 
 all routers' tables agree on), ``apiserver_writes_per_s`` (the apiserver's own count of POST/PUT/PATCH/DELETE during the
 window), ``request_p50_ms`` (requests through the router); ``reconcile_all_s`` (applying the
 deployments → every one has its status written for its generation), ``operator_rss_mb``,
-``operator_apiserver_calls`` (every client's calls in that time, the controller-manager's
+``operator_cpu_s`` (the operator's CPU time over that burst), ``operator_apiserver_calls`` (every client's calls in that time, the controller-manager's
 included), ``operator_object_calls`` and ``_per_deployment`` (the calls on what only the operator
 reads and writes: :data:`OPERATOR_RESOURCES`); the breakdown by verb and resource goes to stderr.
 """
@@ -89,6 +89,12 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return round(int(line.split()[1]) / 1024, 1)
     return float("nan")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds the process has used (less moved by other load than wall time)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -333,6 +339,7 @@ def deployments_point(cluster: Cluster, args: argparse.Namespace, folder: Path, 
     if operator.poll() is not None:
         raise RuntimeError(f"the operator exited: {(folder / 'operator.log').read_text()[-2000:]}")
     calls_before = cluster.requests_by_kind()
+    cpu_before = cpu_s(operator.pid)
     t0 = time.monotonic()
 
     def one(k: int) -> None:
@@ -356,6 +363,7 @@ def deployments_point(cluster: Cluster, args: argparse.Namespace, folder: Path, 
 
     wait_for(all_reconciled, args.reconcile_timeout, 0.5, f"{args.deployments} deployments reconciled", guard=guard)
     reconcile_s = time.monotonic() - t0
+    operator_cpu_s = cpu_s(operator.pid) - cpu_before
     by_kind = cluster.requests_by_kind()
     by_kind.subtract(calls_before)
     calls = sum(by_kind.values())
@@ -369,7 +377,8 @@ def deployments_point(cluster: Cluster, args: argparse.Namespace, folder: Path, 
         f"{verb} {resource} {value:.0f}" for (verb, resource), value in by_kind.most_common(20) if value))
     return {"deployments": args.deployments, "operator_threads": args.operator_threads or "default",
             "reconcile_all_s": round(reconcile_s, 1), "applied_s": round(applied_s, 1),
-            "operator_rss_mb": rss_mb(operator.pid), "operator_apiserver_calls": round(calls),
+            "operator_rss_mb": rss_mb(operator.pid), "operator_cpu_s": round(operator_cpu_s, 1),
+            "operator_apiserver_calls": round(calls),
             "operator_object_calls": round(operator_calls),
             "operator_object_calls_per_deployment": round(operator_calls / args.deployments, 1)}
 
