@@ -41,12 +41,37 @@ def with_applied_hash(obj: dict[str, Any]) -> dict[str, Any]:
     return {**obj, "metadata": meta}
 
 
-def contains(actual: Any, desired: Any) -> bool:
+#: Maps of resource quantities, which the server writes in its own form (``1`` -> ``"1"``,
+#: ``0.5`` -> ``"500m"``): their values compare as quantities.
+QUANTITY_MAPS = frozenset({"limits", "requests"})
+
+
+def same_quantity(actual: Any, desired: Any) -> bool:
+    """Whether two resource quantities are the same amount (unparseable ones: equal as written)."""
+    from kubernetes.utils import parse_quantity
+
+    try:
+        return bool(parse_quantity(actual) == parse_quantity(desired))
+    except ValueError:
+        return bool(actual == desired)
+
+
+def contains(actual: Any, desired: Any, quantities: bool = False) -> bool:
     """Whether every field of ``desired`` has its value in ``actual`` (the server adds defaults
-    and fields of its own: those are not compared). Lists compare item by item, same length."""
+    and fields of its own: those are not compared). Lists compare item by item, same length;
+    ``quantities``: ``desired`` is a map of resource quantities (:data:`QUANTITY_MAPS`)."""
     if isinstance(desired, dict):
-        return isinstance(actual, dict) and all(key in actual and contains(actual[key], value)
-                                                for key, value in desired.items())
+        if not isinstance(actual, dict):
+            return False
+        for key, value in desired.items():
+            if key not in actual:
+                return False
+            if quantities and actual[key] != value:
+                if not same_quantity(actual[key], value):
+                    return False
+            elif not contains(actual[key], value, key in QUANTITY_MAPS):
+                return False
+        return True
     if isinstance(desired, list):
         return isinstance(actual, list) and len(actual) == len(desired) and all(
             contains(a, d) for a, d in zip(actual, desired))

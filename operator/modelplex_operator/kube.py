@@ -56,6 +56,8 @@ NO_ANSWER = 0
 #: it). Anything else (400, 404, 422 ...) fails the same way until the spec or the cluster changes.
 RETRYABLE = frozenset({NO_ANSWER, 403, 408, 409, 429})
 REQUEST_TIMEOUT_S = 30
+#: Reads and tries of the patch that hands a create's fields to the apply (see ``Kube._adopt``).
+ADOPT_TRIES = 3
 #: What the ``kubernetes`` client (urllib3 underneath) raises when no answer came back.
 NETWORK_ERRORS: tuple[type[BaseException], ...] = (
     OSError,  # refused, reset, unreachable, socket timeouts, ssl.SSLError
@@ -265,10 +267,7 @@ class Kube:
         check_ownership(before, obj, owner_uid, what)
         if before is not None:
             self._seen.add(key)
-            adopt = applied.adopt_created(before, self.field_manager)
-            if adopt is not None:  # made by a create: its fields become the apply's (once per object)
-                before = self._call("PATCH", path, body=adopt, content_type="application/json-patch+json",
-                                    query=[("fieldManager", self.field_manager)], what=f"adopt {what}")
+            before = self._adopt(before, obj, path, what)
             if applied.in_step(before, obj):
                 return ApplyResult("unchanged", before, before)
         after = self._call(
@@ -289,6 +288,30 @@ class Kube:
         else:
             action = "unchanged"
         return ApplyResult(action, before, after)
+
+    def _adopt(self, existing: dict[str, Any], obj: dict[str, Any], path: str, what: str,
+               tries: int = ADOPT_TRIES) -> dict[str, Any]:
+        """Hand the fields a create left to the operator's apply (:func:`applied.adopt_created`,
+        once per object); the object as it is then. The patch is guarded by the entries' places,
+        which others' writes move (the controller-manager's status updates): read again and
+        retry; past ``tries`` go on without it (the next apply tries again)."""
+        for _ in range(tries):
+            patch = applied.adopt_created(existing, self.field_manager)
+            if patch is None:
+                return existing
+            try:
+                return self._call("PATCH", path, body=patch, content_type="application/json-patch+json",
+                                  query=[("fieldManager", self.field_manager)], what=f"adopt {what}")
+            except KubeError as error:
+                if error.status not in (409, 422):  # 422: a guard failed, the entries moved
+                    raise
+            meta = obj["metadata"]
+            again = self.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+            if again is None:
+                return existing
+            existing = again
+        log.info("%s: the create's fields not handed to the apply yet (the object kept changing)", what)
+        return existing
 
     def _create_or_read(self, desired: dict[str, Any], what: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
         """``(created, None)`` when ``desired`` was created, else ``(None, existing)``: the

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from kubernetes import config
 
+from modelplex.processes import wait_for
 from modelplex_cluster.controlplane import ControlPlane, build_binaries
 from modelplex_operator.kube import Kube, NotOwned
 
@@ -100,3 +101,28 @@ def test_a_same_named_object_the_operator_did_not_make_is_refused_and_left_as_it
             kube.apply(ours(owner, "theirs", a="1"), owner)
     left = kube.get("v1", "ConfigMap", NS, "theirs")
     assert left is not None and left["data"] == {"z": "9"} and managers(left) == []
+
+
+def test_every_object_of_a_deployment_is_one_create_and_a_resync_of_it_only_reads(control_plane):
+    """The operator's real objects (Roles, Service, NetworkPolicies, budgets ...): what the server
+    adds to them does not make an unchanged deployment look changed."""
+    from kubernetes import client as k8s
+
+    from modelplex.wire.names import API_GROUP, API_VERSION, PLURAL
+    from modelplex_operator import builders
+    from unit.operator.objects import body, deployment_of
+
+    api_client = config.new_client_from_config(config_file=str(control_plane.kubeconfig))
+    control_plane.kubectl("apply", "-f", str(Path(__file__).parents[3] / "crds" / "multiplexeddeployments.modelplex.io.yaml"))
+    doc = body(namespace=NS)
+    del doc["metadata"]["uid"], doc["metadata"]["generation"]
+    custom = k8s.CustomObjectsApi(api_client)
+    made = wait_for(lambda: custom.create_namespaced_custom_object(API_GROUP, API_VERSION, NS, PLURAL, doc),
+                    60, 0.5, "the CRD served", retry_on=(Exception,))
+    owner = builders.owner_reference(made)
+    objects = builders.desired_objects(deployment_of(made), owner)
+    first = client(control_plane)
+    assert {first.apply(obj, owner["uid"]).action for obj in objects} == {"created"}
+    restarted = client(control_plane)
+    assert [restarted.apply(obj, owner["uid"]).action for obj in objects] == ["unchanged"] * len(objects)
+    assert [restarted.apply(obj, owner["uid"]).action for obj in objects] == ["unchanged"] * len(objects)

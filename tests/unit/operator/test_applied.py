@@ -91,3 +91,10 @@ def test_nothing_to_adopt_without_the_operator_s_update_entry():
     assert adopt_created(served_with(entry("me", "Apply"), entry("someone", "Update")), "me") is None
     assert adopt_created(served_with(entry("me", "Update", subresource="scale")), "me") is None
     assert adopt_created({"metadata": {}}, "me") is None
+
+
+def test_resource_quantities_compare_as_amounts_as_the_server_rewrites_them():
+    served = {"resources": {"limits": {"nvidia.com/gpu": "1", "cpu": "500m", "memory": "1Gi"}}}
+    assert contains(served, {"resources": {"limits": {"nvidia.com/gpu": 1, "cpu": 0.5, "memory": "1Gi"}}})
+    assert not contains(served, {"resources": {"limits": {"nvidia.com/gpu": 2}}})
+    assert not contains({"replicas": "1"}, {"replicas": 1})  # only in a map of quantities

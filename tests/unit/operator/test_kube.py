@@ -182,3 +182,27 @@ def test_an_object_deleted_after_it_was_seen_is_applied_again(api):
     api.reset()
     result = kube.apply(desired(a="1"), OWNER)  # the read finds nothing (404): applied anew
     assert result.action == "created" and calls(api) == [READ, APPLY]
+
+
+def test_an_adoption_whose_entries_moved_reads_again_and_retries(api):
+    kube = api.kube()
+    update = {"manager": "modelplex-operator", "operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV1"}
+    status = {"manager": "kube-controller-manager", "operation": "Update", "apiVersion": "v1",
+              "fieldsType": "FieldsV1", "subresource": "status"}
+    api.answers = [(409, "exists"), (200, served(desired(a="1"), managed=[update])),
+                   (422, "the test operation failed"),  # the controller-manager's entry came first since
+                   (200, served(desired(a="1"), managed=[status, update])),
+                   (200, served(desired(a="1"), version="5"))]
+    assert kube.apply(desired(a="1"), OWNER).action == "unchanged"
+    assert calls(api) == [CREATE, READ, ADOPT, READ, ADOPT]
+    assert api.requests[-1].body[-1]["path"] == "/metadata/managedFields/1/operation"
+
+
+def test_an_adoption_that_keeps_failing_is_left_for_the_next_apply(api):
+    kube = api.kube()
+    update = {"manager": "modelplex-operator", "operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV1"}
+    moved = served(desired(a="0"), managed=[update])
+    api.answers = [(409, "exists"), (200, moved), *[(422, "moved"), (200, moved)] * 3,
+                   (200, served(desired(a="1"), version="9"))]
+    assert kube.apply(desired(a="1"), OWNER).action == "updated"
+    assert calls(api) == [CREATE, READ, *[ADOPT, READ] * 3, APPLY]
