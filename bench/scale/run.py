@@ -31,7 +31,9 @@ loads, that once the first router's table shows the model a request for it goes 
 all routers' tables agree on), ``apiserver_writes_per_s`` (the apiserver's own count of POST/PUT/PATCH/DELETE during the
 window), ``request_p50_ms`` (requests through the router); ``reconcile_all_s`` (applying the
 deployments → every one has its status written for its generation), ``operator_rss_mb``,
-``operator_apiserver_calls``.
+``operator_cpu_s`` (the operator's CPU time over that burst), ``operator_apiserver_calls`` (every client's calls in that time, the controller-manager's
+included), ``operator_object_calls`` and ``_per_deployment`` (the calls on what only the operator
+reads and writes: :data:`OPERATOR_RESOURCES`); the breakdown by verb and resource goes to stderr.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 import urllib.request
 from pathlib import Path
 
@@ -69,6 +72,12 @@ NAMESPACE = "scale"
 DEPLOYMENT = "scale"
 NODE = "scale-node"
 WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE")
+#: What only the operator reads and writes one by one (the controller-manager writes Deployments'
+#: and budgets' status subresources, ReplicaSets, pods, and watches the rest): the calls on these
+#: are the operator's (Events are left out: the controller-manager posts them too).
+OPERATOR_RESOURCES = frozenset({
+    "serviceaccounts", "roles", "rolebindings", "configmaps", "services", "networkpolicies", "deployments",
+    "poddisruptionbudgets", "secrets", "multiplexeddeployments", "multiplexeddeployments/status"})
 
 
 def say(message: str) -> None:
@@ -80,6 +89,12 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return round(int(line.split()[1]) / 1024, 1)
     return float("nan")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds the process has used (less moved by other load than wall time)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -103,16 +118,21 @@ class Cluster:
 
     def requests_total(self, verbs: tuple[str, ...] | None) -> float:
         """The apiserver's ``apiserver_request_total`` summed over ``verbs`` (None: all)."""
+        return sum(value for (verb, _), value in self.requests_by_kind().items() if verbs is None or verb in verbs)
+
+    def requests_by_kind(self) -> Counter[tuple[str, str]]:
+        """The apiserver's ``apiserver_request_total`` by (verb, resource[/subresource])."""
         response = self.api_client.call_api("/metrics", "GET", _preload_content=False, auth_settings=["BearerToken"])
-        text = response.data.decode()
-        total = 0.0
-        for line in text.splitlines():
+        counts: Counter[tuple[str, str]] = Counter()
+        for line in response.data.decode().splitlines():
             if line.startswith("apiserver_request_total{"):
                 labels, value = line.rsplit(" ", 1)
-                verb = labels.split('verb="', 1)[1].split('"', 1)[0]
-                if verbs is None or verb in verbs:
-                    total += float(value)
-        return total
+                parsed = dict(part.split("=", 1) for part in labels[len("apiserver_request_total{"):-1].split(",")
+                              if "=" in part)
+                field = {key: raw.strip('"') for key, raw in parsed.items()}
+                resource = field.get("resource", "") + (f"/{field['subresource']}" if field.get("subresource") else "")
+                counts[field.get("verb", ""), resource] += float(value)
+        return counts
 
     def namespace(self, name: str) -> None:
         self.core.create_namespace({"metadata": {"name": name}})
@@ -318,7 +338,8 @@ def deployments_point(cluster: Cluster, args: argparse.Namespace, folder: Path, 
     time.sleep(5)  # let it list and settle before the burst
     if operator.poll() is not None:
         raise RuntimeError(f"the operator exited: {(folder / 'operator.log').read_text()[-2000:]}")
-    calls_before = cluster.requests_total(None)
+    calls_before = cluster.requests_by_kind()
+    cpu_before = cpu_s(operator.pid)
     t0 = time.monotonic()
 
     def one(k: int) -> None:
@@ -342,10 +363,24 @@ def deployments_point(cluster: Cluster, args: argparse.Namespace, folder: Path, 
 
     wait_for(all_reconciled, args.reconcile_timeout, 0.5, f"{args.deployments} deployments reconciled", guard=guard)
     reconcile_s = time.monotonic() - t0
-    calls = cluster.requests_total(None) - calls_before
+    operator_cpu_s = cpu_s(operator.pid) - cpu_before
+    by_kind = cluster.requests_by_kind()
+    by_kind.subtract(calls_before)
+    calls = sum(by_kind.values())
+    operator_calls = sum(value for (verb, resource), value in by_kind.items()
+                         if resource in OPERATOR_RESOURCES and verb not in ("LIST", "WATCH"))
+    # Who made them is not in the metric: the resource tells the operator's objects from the
+    # controller-manager's (replicasets, pods) apart; the file keeps the whole breakdown.
+    (folder / "deployments-calls.json").write_text(json.dumps(
+        {f"{verb} {resource}": round(value) for (verb, resource), value in by_kind.most_common() if value}, indent=1))
+    say("apiserver calls by verb and resource: " + ", ".join(
+        f"{verb} {resource} {value:.0f}" for (verb, resource), value in by_kind.most_common(20) if value))
     return {"deployments": args.deployments, "operator_threads": args.operator_threads or "default",
             "reconcile_all_s": round(reconcile_s, 1), "applied_s": round(applied_s, 1),
-            "operator_rss_mb": rss_mb(operator.pid), "operator_apiserver_calls": round(calls)}
+            "operator_rss_mb": rss_mb(operator.pid), "operator_cpu_s": round(operator_cpu_s, 1),
+            "operator_apiserver_calls": round(calls),
+            "operator_object_calls": round(operator_calls),
+            "operator_object_calls_per_deployment": round(operator_calls / args.deployments, 1)}
 
 
 def main() -> int:

@@ -3,11 +3,14 @@
 kopf watches and posts Events with its own client; the objects the operator makes are written
 here with the ``kubernetes`` client (in a worker thread, so the event loop never blocks):
 
-- :meth:`Kube.apply` is create-or-patch in one idempotent call: a server-side apply with the
-  field manager ``modelplex-operator`` and ``force``. Fields the operator stopped setting are
+- :meth:`Kube.apply` is create-or-update, idempotent: a new object is one create (``POST``); an
+  existing one is read, refused when it is not the operator's (one another controller owns, or
+  one without the operator's labels: :func:`check_ownership`), left alone when it is in step
+  (``applied.in_step``: a steady-state reconcile writes nothing), else server-side applied with
+  the field manager ``modelplex-operator`` and ``force``. Fields the operator stopped setting are
   removed; fields others set (the Service's cluster IP, a human's extra annotation) are kept.
-  Before it, a GET refuses to take over an object that is not the operator's: one another
-  controller owns, or one without the operator's labels (:func:`check_ownership`).
+  Creating first makes a burst of new deployments cost one call per object instead of two; the
+  ownership rule is the same, since a create never overwrites (409 when the name is taken).
 - :meth:`Kube.patch_status` writes a MultiplexedDeployment's status subresource.
 
 Errors come out as :class:`KubeError` with ``retryable`` saying whether trying again may help:
@@ -27,7 +30,7 @@ from typing import Any
 import urllib3.exceptions
 
 from modelplex.wire.names import API_GROUP, API_VERSION, LABEL_DEPLOYMENT, PLURAL
-from modelplex_operator import FIELD_MANAGER, MANAGED_BY
+from modelplex_operator import FIELD_MANAGER, MANAGED_BY, applied
 
 log = logging.getLogger("modelplex.operator.kube")
 
@@ -53,6 +56,8 @@ NO_ANSWER = 0
 #: it). Anything else (400, 404, 422 ...) fails the same way until the spec or the cluster changes.
 RETRYABLE = frozenset({NO_ANSWER, 403, 408, 409, 429})
 REQUEST_TIMEOUT_S = 30
+#: Reads and tries of the patch that hands a create's fields to the apply (see ``Kube._adopt``).
+ADOPT_TRIES = 3
 #: What the ``kubernetes`` client (urllib3 underneath) raises when no answer came back.
 NETWORK_ERRORS: tuple[type[BaseException], ...] = (
     OSError,  # refused, reset, unreachable, socket timeouts, ssl.SSLError
@@ -178,6 +183,9 @@ class Kube:
         self.api_client = api_client
         self.field_manager = field_manager
         self.timeout = timeout
+        #: (apiVersion, kind, namespace, name) of the objects :meth:`apply` has seen exist: read
+        #: before they are written; any other is created first (see :meth:`apply`).
+        self._seen: set[tuple[str, str, str, str]] = set()
 
     @classmethod
     def from_environment(cls) -> Kube:
@@ -237,20 +245,40 @@ class Kube:
             raise
 
     def apply(self, obj: dict[str, Any], owner_uid: str) -> ApplyResult:
-        """Create or update ``obj`` (server-side apply); says whether anything changed."""
+        """Create or update ``obj``; says whether anything changed.
+
+        Each call is as few requests as the object's state allows: a new object is one create
+        (``POST``); an existing one is a GET (the ownership check), then nothing when it is in
+        step (:func:`applied.in_step`), else a server-side apply. An object this client has seen
+        exist is read first; any other is created first, and read on 409 (it exists)."""
         meta = obj["metadata"]
         kind, name, namespace = obj["kind"], meta["name"], meta["namespace"]
         what = f"{kind} {name}"
-        before = self.get(obj["apiVersion"], kind, namespace, name)
+        path = object_path(obj["apiVersion"], kind, namespace, name)
+        desired = applied.with_applied_hash(obj)
+        key = (obj["apiVersion"], kind, namespace, name)
+        if key not in self._seen:
+            created, before = self._create_or_read(desired, what)
+            if created is not None:
+                self._seen.add(key)
+                return ApplyResult("created", None, created)
+        else:
+            before = self.get(obj["apiVersion"], kind, namespace, name)
         check_ownership(before, obj, owner_uid, what)
+        if before is not None:
+            self._seen.add(key)
+            before = self._adopt(before, obj, path, what)
+            if applied.in_step(before, obj):
+                return ApplyResult("unchanged", before, before)
         after = self._call(
             "PATCH",
-            object_path(obj["apiVersion"], kind, namespace, name),
-            body=obj,
+            path,
+            body=desired,
             content_type="application/apply-patch+yaml",
             query=[("fieldManager", self.field_manager), ("force", "true")],
             what=f"apply {what}",
         )
+        self._seen.add(key)
         if before is None:
             action = "created"
         elif (before.get("metadata") or {}).get("resourceVersion") != (after.get("metadata") or {}).get(
@@ -260,6 +288,43 @@ class Kube:
         else:
             action = "unchanged"
         return ApplyResult(action, before, after)
+
+    def _adopt(self, existing: dict[str, Any], obj: dict[str, Any], path: str, what: str,
+               tries: int = ADOPT_TRIES) -> dict[str, Any]:
+        """Hand the fields a create left to the operator's apply (:func:`applied.adopt_created`,
+        once per object); the object as it is then. The patch is guarded by the entries' places,
+        which others' writes move (the controller-manager's status updates): read again and
+        retry; past ``tries`` go on without it (the next apply tries again)."""
+        for _ in range(tries):
+            patch = applied.adopt_created(existing, self.field_manager)
+            if patch is None:
+                return existing
+            try:
+                return self._call("PATCH", path, body=patch, content_type="application/json-patch+json",
+                                  query=[("fieldManager", self.field_manager)], what=f"adopt {what}")
+            except KubeError as error:
+                if error.status not in (409, 422):  # 422: a guard failed, the entries moved
+                    raise
+            meta = obj["metadata"]
+            again = self.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+            if again is None:
+                return existing
+            existing = again
+        log.info("%s: the create's fields not handed to the apply yet (the object kept changing)", what)
+        return existing
+
+    def _create_or_read(self, desired: dict[str, Any], what: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """``(created, None)`` when ``desired`` was created, else ``(None, existing)``: the
+        object of its name (None when it was deleted between the create and the read)."""
+        meta = desired["metadata"]
+        try:
+            created = self._call("POST", object_path(desired["apiVersion"], desired["kind"], meta["namespace"]),
+                                 body=desired, query=[("fieldManager", self.field_manager)], what=f"create {what}")
+            return created, None
+        except KubeError as error:
+            if error.status != 409:  # 409: it exists
+                raise
+        return None, self.get(desired["apiVersion"], desired["kind"], meta["namespace"], meta["name"])
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Create ``obj``; a 409 (it exists) raises :class:`KubeError` like any refusal."""

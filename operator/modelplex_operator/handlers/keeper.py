@@ -2,8 +2,8 @@
 
 Handlers *poke* it with a resource's key whenever something that status depends on changed
 (the resource, one of its Deployments, one of its replica pods). A single task takes the poked
-keys after a short pause (so a burst of annotation patches makes one write), computes the
-status from the indexes (:func:`modelplex_operator.status.compute_status`), and patches it
+keys after a short pause (so a burst of annotation patches makes one write), refreshes them a
+few at a time (:data:`CONCURRENCY`), computes each status from the indexes (:func:`modelplex_operator.status.compute_status`), and patches it
 when it differs. It posts Events when Ready flips or a Deployment reports trouble. Before
 computing, it reads the replicas' loaded-models documents whose summaries changed
 (:mod:`modelplex_operator.documents`: per-model status, ModelLoadFailed Events).
@@ -33,6 +33,8 @@ log = logging.getLogger("modelplex.operator.status")
 
 DEBOUNCE_S = 0.2
 RETRY_S = 5.0
+#: Resources refreshed at once (more only queue at the API server's CPU).
+CONCURRENCY = 4
 
 
 def utc_now() -> str:
@@ -49,8 +51,10 @@ class StatusKeeper:
         resync_s: float | None = None,
         clock: Callable[[], str] = utc_now,
         documents: ReplicaDocuments | None = None,
+        concurrency: int = CONCURRENCY,
     ):
         self.ctx = ctx
+        self.concurrency = concurrency
         self.repair = repair
         self.debounce_s = debounce_s
         self.resync_s = resync_s if resync_s is not None else ctx.config.resync_seconds
@@ -106,14 +110,24 @@ class StatusKeeper:
             self._wake.clear()
             await asyncio.sleep(self.debounce_s)
             batch, self._dirty = self._dirty, {}
-            for key, repair in batch.items():
-                try:
-                    await self.refresh(key, repair=repair)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as error:  # noqa: BLE001 - keep the keeper alive; try again later
-                    log.warning("status of %s/%s not updated (%s); retrying in %.0fs", *key, error, RETRY_S)
-                    asyncio.get_running_loop().call_later(RETRY_S, self._poke_later, key, repair)
+            # A few resources at a time (each refresh mostly waits on the API server), each key
+            # once per batch: a burst of new deployments is not written one after the other.
+            limit = asyncio.Semaphore(self.concurrency)
+
+            async def refresh_one(key: Key, repair: bool) -> None:
+                async with limit:
+                    await self._refresh_or_retry_later(key, repair)
+
+            await asyncio.gather(*(refresh_one(key, repair) for key, repair in batch.items()))
+
+    async def _refresh_or_retry_later(self, key: Key, repair: bool) -> None:
+        try:
+            await self.refresh(key, repair=repair)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # noqa: BLE001 - keep the keeper alive; try again later
+            log.warning("status of %s/%s not updated (%s); retrying in %.0fs", *key, error, RETRY_S)
+            asyncio.get_running_loop().call_later(RETRY_S, self._poke_later, key, repair)
 
     def _poke_later(self, key: Key, repair: bool) -> None:
         try:

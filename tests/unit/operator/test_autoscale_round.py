@@ -155,7 +155,9 @@ async def test_a_request_held_at_zero_starts_a_replica_and_the_hot_models_are_li
     assert "labelSelector=modelplex.io%2Fdeployment%3Drecs" in api.requests[0].path
     assert ("PATCH", "/apis/apps/v1/namespaces/team-a/deployments/recs-replica/scale",
             {"spec": {"replicas": 1}}) in calls
-    (applied,) = [b for m, p, b in calls if m == "PATCH" and p.endswith("/configmaps/recs-hot-models")]
+    # A new ConfigMap: one create.
+    (applied,) = [b for m, p, b in calls
+                  if m == "POST" and p.endswith("/configmaps") and b["metadata"]["name"] == "recs-hot-models"]
     assert applied["data"] == {"hot-models": "m-hot\nm-cold\n"}
     assert ctx.scaled[("team-a", "recs")] == 1
     event = events.get_nowait()

@@ -5,6 +5,8 @@ shape on loopback."""
 
 from __future__ import annotations
 
+import asyncio
+
 import kopf
 import pytest
 
@@ -144,3 +146,38 @@ async def test_the_autoscalers_status_changes_poke_the_keeper_as_the_operator_wi
     finally:
         await operator.keeper.stop()
     assert len(status_writes(api)) == 1
+
+
+async def test_a_burst_of_resources_is_refreshed_a_few_at_a_time_each_once(api, events):
+    template = keeper_for(api)
+    started: list[tuple[str, str]] = []
+    finished: list[tuple[str, str]] = []
+    running = asyncio.Event()
+    gate = asyncio.Event()
+
+    class Held(StatusKeeper):
+        async def refresh(self, key, *, repair=False):  # the refreshes wait until the gate opens
+            started.append(key)
+            running.set()
+            await gate.wait()
+            finished.append(key)
+            return None
+
+    keeper = Held(template.ctx, template.repair, debounce_s=0.01, clock=lambda: T0, concurrency=3)
+    keys = [("team-a", f"d{i}") for i in range(10)]
+
+    async def all_finished() -> bool:
+        return len(finished) == len(keys)
+
+    try:
+        for key in keys + keys[:4]:  # poked twice: refreshed once
+            keeper.poke(key)
+        await asyncio.wait_for(running.wait(), timeout=30)
+        for _ in range(20):  # let every refresh that may start, start
+            await asyncio.sleep(0)
+        assert len(started) == 3  # the rest wait for a slot
+        gate.set()
+        await wait_for_async(all_finished, timeout=30, what="every refresh")
+        assert sorted(finished) == sorted(keys)
+    finally:
+        await keeper.stop()

@@ -120,14 +120,16 @@ async def test_a_reconcile_that_applied_everything_records_ok_and_posts_what_it_
 
 
 async def test_an_object_another_controller_owns_is_a_conflict_retried_later(ctx, api, posted):
-    api.answers = [*CREDENTIAL_MADE, (200, owned_by_another())]
+    api.answers = [*CREDENTIAL_MADE, (409, "exists"), (200, owned_by_another())]
     with pytest.raises(kopf.TemporaryError) as caught:
         await reconcile(ctx, body(), retry=0)
     assert caught.value.delay == 30
     assert (ctx.outcomes[KEY].state, ctx.outcomes[KEY].reason) == (CONFLICT, "ObjectConflict")
     assert posted == [("Warning", "ObjectConflict", ctx.outcomes[KEY].message)]
     assert "controlled by ReplicaSet theirs" in ctx.outcomes[KEY].message
-    assert [write.method for write in api.writes()] == ["POST"]  # the credential only
+    # The credential, then the create the API refused (409): nothing written over theirs.
+    assert [(write.method, write.path.split("?")[0]) for write in api.writes()] == [
+        ("POST", "/api/v1/namespaces/team-a/secrets"), ("POST", "/api/v1/namespaces/team-a/serviceaccounts")]
 
 
 async def test_a_secret_of_the_credential_s_name_that_modelplex_did_not_make_is_left_alone_and_reported(
@@ -144,13 +146,14 @@ async def test_a_same_named_object_without_the_operator_s_labels_is_left_alone_a
     theirs = {"apiVersion": "v1", "kind": "ServiceAccount",
               "metadata": {"name": "recs-replica", "namespace": "team-a", "resourceVersion": "3",
                            "labels": {"team": "theirs"}}}
-    api.answers = [*CREDENTIAL_MADE, (200, theirs)]
+    api.answers = [*CREDENTIAL_MADE, (409, "exists"), (200, theirs)]
     with pytest.raises(kopf.TemporaryError):
         await reconcile(ctx, body(), retry=0)
     assert (ctx.outcomes[KEY].state, ctx.outcomes[KEY].reason) == (CONFLICT, "ObjectConflict")
     assert ctx.outcomes[KEY].message.startswith("ServiceAccount recs-replica exists and was not made by Modelplex")
     assert posted == [("Warning", "ObjectConflict", ctx.outcomes[KEY].message)]
-    assert [write.method for write in api.writes()] == ["POST"]  # the credential only: theirs untouched
+    assert [write.method for write in api.writes()] == ["POST", "POST"]  # the credential; a refused create
+    assert not any(write.method in ("PATCH", "PUT") for write in api.writes())  # theirs untouched
 
 
 async def test_a_second_deployment_of_the_namespace_becomes_an_owner_of_its_credential(ctx, api, posted):
@@ -177,7 +180,7 @@ async def test_an_api_that_may_answer_later_is_retried_with_a_growing_delay(ctx,
 
 
 async def test_an_object_the_api_refuses_is_a_permanent_error(ctx, api, posted):
-    api.answers = [*CREDENTIAL_MADE, (404, "not there"), (422, "spec.replicas: Invalid value")]
+    api.answers = [*CREDENTIAL_MADE, (422, "spec.replicas: Invalid value")]
     with pytest.raises(kopf.PermanentError, match="Invalid value"):
         await reconcile(ctx, body(), retry=0)
     assert (ctx.outcomes[KEY].state, ctx.outcomes[KEY].reason) == (REJECTED, "ApplyRejected")
@@ -197,7 +200,7 @@ async def test_a_repair_leaves_a_generation_kopf_is_retrying_to_kopf(ctx, api, p
 
 
 async def test_a_failed_repair_is_recorded_without_an_event(ctx, api, posted):
-    api.answers = [*CREDENTIAL_MADE, (200, owned_by_another())]
+    api.answers = [*CREDENTIAL_MADE, (409, "exists"), (200, owned_by_another())]
     assert await repair(ctx, body()) == []
     assert ctx.outcomes[KEY].state == CONFLICT and posted == []
 
@@ -207,3 +210,30 @@ async def test_a_repair_from_a_lagging_view_does_not_hide_a_newer_generations_ou
     ctx.record(KEY, newer)
     await repair(ctx, body(generation=2))
     assert ctx.outcomes[KEY] == newer
+
+
+async def test_the_next_deployment_of_a_namespace_adds_itself_to_the_credential_it_knows_without_reading_it(
+        ctx, api, posted):
+    await reconcile(ctx, body(), retry=0)  # made the Secret: known now
+    api.reset()
+    other = body(name="other")
+    other["metadata"]["uid"] = "u-2"
+    await reconcile(ctx, other, retry=0)
+    secrets = [(request.method, request.path.split("?")[0]) for request in api.requests if "/secrets" in request.path]
+    assert secrets == [("PATCH", "/api/v1/namespaces/team-a/secrets/modelplex-internal")]
+    assert [owner["uid"] for owner in api.requests[0].body["metadata"]["ownerReferences"]] == [UID, "u-2"]
+
+
+async def test_a_credential_changed_since_it_was_known_is_read_again_before_adding_an_owner(ctx, api, posted):
+    await reconcile(ctx, body(), retry=0)
+    api.reset()
+    rotated = internal_secret(owners=[builders.owner_reference(body())])
+    rotated["metadata"]["resourceVersion"] = "9"
+    api.answers = [(409, "the object has been modified"), (200, rotated)]
+    other = body(name="other")
+    other["metadata"]["uid"] = "u-2"
+    await reconcile(ctx, other, retry=0)
+    secrets = [request for request in api.requests if "/secrets" in request.path]
+    assert [request.method for request in secrets] == ["PATCH", "GET", "PATCH"]
+    assert secrets[-1].body["metadata"]["resourceVersion"] == "9"
+    assert ctx.outcomes[("team-a", "other")].state == OK
