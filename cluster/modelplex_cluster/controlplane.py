@@ -64,10 +64,11 @@ def repo_root() -> Path | None:
 
 
 def build_script(name: str = "build.sh") -> Path:
-    """``hack/control-plane/<name>`` (``MODELPLEX_CONTROL_PLANE_BUILD`` names build.sh elsewhere)."""
+    """``hack/control-plane/<name>`` (``MODELPLEX_CONTROL_PLANE_BUILD`` names build.sh elsewhere;
+    the other scripts are looked for beside it)."""
     env = os.environ.get("MODELPLEX_CONTROL_PLANE_BUILD")
     if env:
-        return Path(env).with_name(name)
+        return Path(env) if name == "build.sh" else Path(env).with_name(name)
     root = repo_root()
     if root is None:
         raise ControlPlaneError(
