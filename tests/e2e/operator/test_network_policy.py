@@ -8,7 +8,7 @@ import pytest
 from kubernetes import client
 
 from e2e.operator.helpers import E2E_REPLICA_IMAGE, kubectl_apply, manifest, pods, predict, router_url, wait_settled
-from modelplex_cluster.testing import wait_for
+from modelplex_cluster.testing import http_get, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -59,6 +59,7 @@ def test_a_pod_that_is_not_a_router_reaches_a_replica_only_when_the_policy_mode_
     # The policy agent syncs within seconds of the policy and the pods appearing.
     answer = wait_for(blocked, timeout=90, what="the outsider blocked from the replica")
     assert answer in ("blocked ConnectionRefusedError", "blocked TimeoutError", "blocked timeout"), answer
+    assert http_get(probe)[0] == 200  # the replica does serve: from the node, which every policy lets in
     # ... while the router, which the policy lets in, still serves through the replica.
     url = router_url(control_plane, ns, name)
     assert predict(url, "m1", {"x": 1})[0] == 200
