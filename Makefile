@@ -46,10 +46,11 @@ run: venv
 node-packages:
 	bash hack/control-plane/node-packages.sh
 
-# The local cluster's Kubernetes, etcd, helm and CoreDNS binaries (built once from their Go
-# modules, cached).
+# The local cluster's Kubernetes, etcd, helm and CoreDNS binaries and its NetworkPolicy agent
+# (kube-router), built once from their Go modules, cached.
 control-plane: node-packages
 	bash hack/control-plane/build.sh
+	bash hack/control-plane/build-policy-agent.sh
 
 # The operator, router and replica images (cached by content hash: a warm run builds none).
 images: venv node-packages

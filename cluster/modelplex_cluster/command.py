@@ -97,10 +97,11 @@ def _api_ready(state: Path) -> bool:
 
 
 def cmd_build(args) -> int:
-    from modelplex_cluster.controlplane import ControlPlaneError, build_binaries
+    from modelplex_cluster.controlplane import ControlPlaneError, build_binaries, build_policy_agent
 
     try:
         print(build_binaries(force=args.force))
+        build_policy_agent(force=args.force)
     except ControlPlaneError as exc:
         say(f"error: {exc}")
         return 1
@@ -108,7 +109,7 @@ def cmd_build(args) -> int:
 
 
 def cmd_up(args) -> int:
-    from modelplex_cluster.controlplane import ControlPlaneError, build_binaries, restore_node_host
+    from modelplex_cluster.controlplane import ControlPlaneError, build_binaries, build_policy_agent, restore_node_host
 
     state = cluster_dir()
     pid = _supervisor_pid(state)
@@ -123,6 +124,7 @@ def cmd_up(args) -> int:
 
     try:
         bin_dir = build_binaries()
+        policy_agent = build_policy_agent()
     except ControlPlaneError as exc:
         say(f"error: {exc}")
         return 1
@@ -142,7 +144,8 @@ def cmd_up(args) -> int:
     pkg_root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg_root, env.get("PYTHONPATH")]))
     env.pop("KUBECONFIG", None)
-    argv = [sys.executable, "-m", "modelplex_cluster", "_serve", f"--bin-dir={bin_dir}", f"--state-dir={state}"]
+    argv = [sys.executable, "-m", "modelplex_cluster", "_serve", f"--bin-dir={bin_dir}", f"--state-dir={state}",
+            f"--policy-agent={policy_agent}"]
     say(f"==> starting the control plane and the node (state and logs in {state})")
     # The supervisor outlives this command (death_signal=None): `cluster down` stops it.
     proc = spawn(argv, log=log_path, env=env, cwd=state, death_signal=None)
@@ -315,14 +318,16 @@ def cmd_status(args) -> int:
 def cmd_serve(args) -> int:
     from modelplex_cluster.controlplane import _supervise
 
-    return _supervise([f"--bin-dir={args.bin_dir}", f"--state-dir={args.state_dir}"])
+    return _supervise([f"--bin-dir={args.bin_dir}", f"--state-dir={args.state_dir}",
+                       *([f"--policy-agent={args.policy_agent}"] if args.policy_agent else [])])
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="modelplex cluster",
         description="A local one-node Kubernetes cluster (etcd, kube-apiserver, kube-controller-manager, "
-                    "kube-scheduler; containerd, the kubelet, kube-proxy and CoreDNS), for trying Modelplex "
+                    "kube-scheduler; containerd, the kubelet, kube-proxy, CoreDNS and kube-router's NetworkPolicy "
+                    "firewall), for trying Modelplex "
                     'and for its end-to-end tests. Needs root. Start it with: eval "$(modelplex cluster up)"',
     )
     sub = parser.add_subparsers(dest="command", required=True)
@@ -336,12 +341,14 @@ def main(argv: list[str]) -> int:
     load.add_argument("images", nargs="+", metavar="IMAGE")
     load.set_defaults(func=cmd_load)
     sub.add_parser("status", help="say whether the cluster runs").set_defaults(func=cmd_status)
-    build = sub.add_parser("build", help="build or reuse the binaries; print their folder")
+    build = sub.add_parser("build", help="build or reuse the binaries (the policy agent's too); print the "
+                                         "control plane's folder")
     build.add_argument("--force", action="store_true", help="rebuild even when cached")
     build.set_defaults(func=cmd_build)
     serve = sub.add_parser("_serve")  # the detached supervisor started by `up`
     serve.add_argument("--bin-dir", required=True)
     serve.add_argument("--state-dir", required=True)
+    serve.add_argument("--policy-agent", default=None)
     serve.set_defaults(func=cmd_serve)
     args = parser.parse_args(argv)
     try:

@@ -1,9 +1,11 @@
 """A real one-node Kubernetes cluster on this machine: etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler, and a node of containerd + runc, a CNI
-bridge, the kubelet, kube-proxy (iptables) and CoreDNS.
+bridge, the kubelet, kube-proxy (iptables), CoreDNS and a NetworkPolicy agent
+(kube-router's firewall only: iptables + ipset).
 
 The binaries come from ``hack/control-plane/build.sh`` (built from their Go
-modules and cached); containerd, runc and the CNI plugins are Debian's. The API
+modules and cached), the policy agent from ``hack/control-plane/build-policy-agent.sh``
+(cached apart); containerd, runc, ipset and the CNI plugins are Debian's. The API
 server listens on the node's bridge address, etcd and the controllers on
 127.0.0.1, with certificates made here; RBAC is on and real.
 
@@ -40,6 +42,9 @@ KUBELET_PORT = 10250
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 TOOLS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy", "kubectl", "helm",
          "coredns")
+POLICY_AGENT = "kube-router"
+#: The chain the policy agent adds once it has synced its rules (the jump from FORWARD to it).
+POLICY_AGENT_CHAIN = "KUBE-ROUTER-FORWARD"
 
 
 class ControlPlaneError(RuntimeError):
@@ -58,10 +63,12 @@ def repo_root() -> Path | None:
     return None
 
 
-def build_script() -> Path:
+def build_script(name: str = "build.sh") -> Path:
+    """``hack/control-plane/<name>`` (``MODELPLEX_CONTROL_PLANE_BUILD`` names build.sh elsewhere;
+    the other scripts are looked for beside it)."""
     env = os.environ.get("MODELPLEX_CONTROL_PLANE_BUILD")
     if env:
-        return Path(env)
+        return Path(env) if name == "build.sh" else Path(env).with_name(name)
     root = repo_root()
     if root is None:
         raise ControlPlaneError(
@@ -69,7 +76,7 @@ def build_script() -> Path:
             "set MODELPLEX_CONTROL_PLANE_BUILD to the script or MODELPLEX_CONTROL_PLANE_BIN to a folder "
             "holding the binaries"
         )
-    return root / "hack" / "control-plane" / "build.sh"
+    return root / "hack" / "control-plane" / name
 
 
 def build_binaries(force: bool = False, *, quiet: bool = False) -> Path:
@@ -85,7 +92,20 @@ def build_binaries(force: bool = False, *, quiet: bool = False) -> Path:
         if missing:
             raise ControlPlaneError(f"MODELPLEX_CONTROL_PLANE_BIN={bin_dir} lacks {', '.join(missing)}")
         return bin_dir
-    script = build_script()
+    return _run_build(build_script(), force, quiet)
+
+
+def build_policy_agent(force: bool = False, *, quiet: bool = False) -> Path:
+    """Build the node's NetworkPolicy agent (kube-router), or reuse the cached one; returns the
+    binary. A ``kube-router`` in ``MODELPLEX_CONTROL_PLANE_BIN`` is used as it is."""
+    env_bin = os.environ.get("MODELPLEX_CONTROL_PLANE_BIN")
+    if env_bin and (Path(env_bin) / POLICY_AGENT).is_file():
+        return Path(env_bin) / POLICY_AGENT
+    return _run_build(build_script("build-policy-agent.sh"), force, quiet) / POLICY_AGENT
+
+
+def _run_build(script: Path, force: bool, quiet: bool) -> Path:
+    """Run a build script (progress to this process's stderr); returns the bin folder it prints."""
     cmd = ["bash", str(script)] + (["--force"] if force else [])
     proc = subprocess.run(
         cmd,
@@ -173,6 +193,7 @@ class ControlPlane:
     node_name: str = NODE_NAME
     log_stream: IO[str] | None = None
     keep_state: bool = False  # keep a temporary state dir (made when none was given) after stop()
+    policy_agent: Path | None = None  # kube-router's binary; built (cached) by start() when not given
     components: list[Component] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -287,6 +308,8 @@ class ControlPlane:
                 node.check_requirements()
             except node.NodeError as exc:
                 raise ControlPlaneError(str(exc)) from None
+            if self.policy_agent is None:
+                self.policy_agent = build_policy_agent()
         self._started = True
         self.components = []
         t0 = time.monotonic()
@@ -306,6 +329,8 @@ class ControlPlane:
                 self._start_kube_proxy()
                 self._start_coredns()
             self._wait_settled(deadline)
+            if self.node:
+                self._start_policy_agent(deadline)
         except BaseException as exc:
             details = self.describe_logs()
             self.keep_state = True  # keep the logs named in the error
@@ -319,7 +344,7 @@ class ControlPlane:
     def stop(self) -> list[str]:
         """Stop the node (its containers included) and the control plane, and undo the node's host
         changes; returns what was undone on the host."""
-        for name in ("coredns", "kube-proxy", "kubelet", "kube-scheduler", "kube-controller-manager"):
+        for name in (POLICY_AGENT, "coredns", "kube-proxy", "kubelet", "kube-scheduler", "kube-controller-manager"):
             comp = self._component(name)
             if comp is not None and comp.proc is not None:
                 stop(comp.proc, grace=20 if name == "kubelet" else 10)
@@ -648,6 +673,31 @@ class ControlPlane:
 """)
         self._launch("coredns", [str(self.bin_dir / "coredns"), "-conf", str(corefile)])
 
+    def _start_policy_agent(self, deadline: float) -> None:
+        """kube-router's firewall alone (no routing, no service proxy, no CNI: the bridge and
+        kube-proxy do those): it turns NetworkPolicies into iptables rules and ipsets, which
+        :meth:`stop` removes with the node's other host changes (``node.restore_host``), not with
+        kube-router's own ``--cleanup-config`` (it fails on a kernel without IPVS)."""
+        comp = self._launch(POLICY_AGENT, [
+            str(self.policy_agent),
+            f"--kubeconfig={self.kubeconfig}",
+            f"--hostname-override={self.node_name}",
+            "--run-firewall=true",
+            "--run-router=false",
+            "--run-service-proxy=false",
+            "--enable-cni=false",
+            f"--service-cluster-ip-range={node.SERVICE_CIDR}",
+            "--health-port=0",  # no listener on the machine's interfaces
+            "--metrics-port=0",
+            "--v=1",
+        ])
+
+        def synced() -> bool:
+            return any(f":{POLICY_AGENT_CHAIN} " in line
+                       for line in node.run("iptables-save", "-t", "filter", check=False).splitlines())
+
+        self._wait(f"{POLICY_AGENT}'s firewall chains", synced, deadline, comp, interval=0.5)
+
     def _wait_settled(self, deadline: float) -> None:
         def default_sa():
             status, _ = self._api_get("/api/v1/namespaces/default/serviceaccounts/default")
@@ -734,8 +784,10 @@ def _supervise(argv: Iterable[str]) -> int:
     parser = argparse.ArgumentParser(prog="modelplex-control-plane")
     parser.add_argument("--bin-dir", required=True)
     parser.add_argument("--state-dir", required=True)
+    parser.add_argument("--policy-agent", default=None, help="kube-router's binary (built when not given)")
     args = parser.parse_args(list(argv))
-    cp = ControlPlane(Path(args.bin_dir), Path(args.state_dir))
+    cp = ControlPlane(Path(args.bin_dir), Path(args.state_dir),
+                      policy_agent=Path(args.policy_agent) if args.policy_agent else None)
     try:
         return cp.serve()
     except ControlPlaneError as exc:

@@ -6,9 +6,10 @@ is empty: the Service CIDR is routed to it so that a packet to a ClusterIP that 
 not (yet) rewritten is dropped here instead of following the default route off the machine.
 Pods get routes to their bridge and to the Service CIDR only, no default route.
 
-Everything the kubelet, kube-proxy and containerd change on the host (iptables chains,
-sysctls, links, network namespaces, mounts, cgroups) is recorded by :func:`snapshot_host`
-before the node starts and undone by :func:`restore_host`.
+Everything the kubelet, kube-proxy, the policy agent (kube-router's firewall) and containerd
+change on the host (iptables chains, ipsets, sysctls, links, network namespaces, mounts,
+cgroups) is recorded by :func:`snapshot_host` before the node starts and undone by
+:func:`restore_host`.
 """
 
 from __future__ import annotations
@@ -47,7 +48,10 @@ REGISTRY = Path("/run/modelplex-node")
 # The kubelet and kube-proxy pick the nft or the legacy backend, whichever holds rules: check both.
 IPTABLES = ("iptables", "ip6tables", "iptables-legacy", "ip6tables-legacy")
 REQUIRED_COMMANDS = {"containerd": "containerd", "ctr": "containerd", "runc": "runc", "catatonit": "catatonit",
-                     "iptables": "iptables", "ip": "iproute2"}
+                     "iptables": "iptables", "ip": "iproute2", "ipset": "ipset"}
+# The ipsets the policy agent (kube-router's firewall) makes: KUBE-SRC-*/KUBE-DST-* per policy,
+# TMP-* while it swaps one in atomically, inet6:* for IPv6.
+AGENT_IPSET_PREFIXES = ("KUBE-", "TMP-", "inet6:")
 
 
 class NodeError(RuntimeError):
@@ -110,6 +114,23 @@ def kube_iptables_lines() -> list[str]:
     return found
 
 
+def agent_ipsets() -> list[str]:
+    """The ipsets named like the policy agent's (see ``AGENT_IPSET_PREFIXES``)."""
+    if shutil.which("ipset") is None:
+        return []
+    return sorted(name for name in run("ipset", "list", "-n", check=False).split()
+                  if name.startswith(AGENT_IPSET_PREFIXES))
+
+
+def remove_agent_ipsets(before: list[str]) -> list[str]:
+    """Destroy the policy agent's ipsets that were not there before (after the iptables rules
+    that use them are gone: a set in use cannot be destroyed); returns the ones destroyed."""
+    made = [name for name in agent_ipsets() if name not in before]
+    for name in made:
+        run("ipset", "destroy", name, check=False)
+    return made
+
+
 def kube_cgroups() -> list[str]:
     return sorted(str(p) for p in CGROUP_ROOT.glob("*/kubepods*"))
 
@@ -124,6 +145,7 @@ def snapshot_host() -> dict:
         # mounts and unmounts meanwhile); a test checks the state dir itself.
         "netns_mounts": [m for m in mountpoints() if m.startswith(os.path.realpath(NETNS_DIR) + "/")],
         "kube_iptables": kube_iptables_lines(),
+        "ipsets": agent_ipsets(),
         "cgroups": kube_cgroups(),
         "cni_cache": CNI_CACHE_DIR.exists(),
     }
@@ -236,6 +258,9 @@ def restore_host(state_dir: Path, before: dict) -> list[str]:
     if kube_iptables_lines():
         remove_kube_iptables()
         undone.append("KUBE-* iptables chains")
+    ipsets = remove_agent_ipsets(before.get("ipsets") or [])
+    if ipsets:
+        undone.append(f"{len(ipsets)} ipsets")
     for name, value in (before.get("sysctls") or {}).items():
         if value is not None and read_sysctl(name) != value:
             write_sysctl(name, value)

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Install the Debian packages the local node runs on, where they are missing:
 # containerd, runc and the CNI plugins (the node), catatonit (its pause image),
-# iptables (kube-proxy), busybox-static (the node tests' image), docker.io +
-# debootstrap (building the project's images), and chromium (the headless browser of the
+# iptables (kube-proxy), ipset (the NetworkPolicy agent, kube-router), busybox-static (the
+# node tests' image), docker.io + debootstrap (building the project's images), and chromium (the headless browser of the
 # CORS and EventSource tests). Needs root and apt-get.
 set -euo pipefail
-PACKAGES=(containerd runc containernetworking-plugins catatonit iptables busybox-static docker.io debootstrap chromium)
+PACKAGES=(containerd runc containernetworking-plugins catatonit iptables ipset busybox-static docker.io debootstrap chromium)
 missing=()
 for pkg in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

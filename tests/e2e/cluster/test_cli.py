@@ -55,6 +55,11 @@ def test_cluster_up_status_and_down_restores_the_host(exclusive_node, tmp_path, 
                "name": "main", "image": "modelplex.local/busybox:e2e", "imagePullPolicy": "Never",
                "command": ["sleep", "600"]}]}}
     (tmp_path / "pod.json").write_text(json.dumps(pod))
+    # A NetworkPolicy for it, so that the policy agent makes its ipsets too (which `down` removes).
+    policy = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": "fence"},
+              "spec": {"podSelector": {}, "policyTypes": ["Ingress"],
+                       "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "friend"}}}]}]}}
+    (tmp_path / "policy.json").write_text(json.dumps(policy))
     py = shlex.quote(sys.executable)
     script = f"""
         set -euo pipefail
@@ -68,6 +73,8 @@ def test_cluster_up_status_and_down_restores_the_host(exclusive_node, tmp_path, 
         kubectl apply -f {shlex.quote(str(tmp_path / 'pod.json'))}
         kubectl wait --for=condition=Ready pod/sleeper --timeout=120s
         kubectl get pod sleeper -o jsonpath='ID={{.status.containerStatuses[0].containerID}}{{"\\n"}}'
+        kubectl apply -f {shlex.quote(str(tmp_path / 'policy.json'))}
+        for _ in $(seq 60); do ipset list -n | grep -q '^KUBE-DST-' && break; sleep 1; done
     """
     pids: list[int] = []
     during = {}
@@ -109,6 +116,8 @@ def test_cluster_up_status_and_down_restores_the_host(exclusive_node, tmp_path, 
 
     # The node did change the host while it ran (so the comparison below means something) ...
     assert during["kube_iptables"] and node.NODE_BRIDGE in during["links"]
+    assert any(":KUBE-ROUTER-FORWARD" in line for line in during["kube_iptables"])  # the policy agent's
+    assert [s for s in during["ipsets"] if s.startswith("KUBE-DST-")], during["ipsets"]
     ours = [m for m in during["all_mounts"] if m.startswith(str(state))]
     assert any("/netns/" in m for m in ours) and any(m.endswith("/rootfs") for m in ours), ours
     # ... and `down` undid all of it.
