@@ -71,7 +71,7 @@ typecheck: venv
 unit: venv
 	$(PY) -m pytest tests/unit
 
-integration: venv tools
+integration: venv tools control-plane
 	$(PY) -m pytest tests/integration
 
 e2e: venv cluster-prereqs
