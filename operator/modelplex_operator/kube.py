@@ -249,7 +249,8 @@ class Kube:
 
         Each call is as few requests as the object's state allows: a new object is one create
         (``POST``); an existing one is a GET (the ownership check), then nothing when it is in
-        step (:func:`applied.in_step`), else a server-side apply. An object this client has seen
+        step (:func:`applied.in_step`), else the adoption of a create's fields (once per object)
+        and a server-side apply. An object this client has seen
         exist is read first; any other is created first, and read on 409 (it exists)."""
         meta = obj["metadata"]
         kind, name, namespace = obj["kind"], meta["name"], meta["namespace"]
@@ -267,9 +268,10 @@ class Kube:
         check_ownership(before, obj, owner_uid, what)
         if before is not None:
             self._seen.add(key)
-            before = self._adopt(before, obj, path, what)
             if applied.in_step(before, obj):
+                # No write, not even the adoption: a restarted operator leaves a settled object as it is.
                 return ApplyResult("unchanged", before, before)
+            before = self._adopt(before, obj, path, what)
         after = self._call(
             "PATCH",
             path,

@@ -62,7 +62,9 @@ def test_a_created_object_is_then_in_step_and_drops_the_fields_the_operator_stop
     assert created.action == "created" and managers(created.after) == [("modelplex-operator", "Update")]
     restarted = client(control_plane)
     same = restarted.apply(ours(owner, "c1", a="1", b="2"), owner)
-    assert same.action == "unchanged" and managers(same.after) == [("modelplex-operator", "Apply")]
+    # In step: not written, not even to hand the create's fields to the apply (that waits for a change).
+    assert same.action == "unchanged" and managers(same.after) == [("modelplex-operator", "Update")]
+    assert same.after["metadata"]["resourceVersion"] == created.after["metadata"]["resourceVersion"]
     assert restarted.apply(ours(owner, "c1", a="1", b="2"), owner).action == "unchanged"
     dropped = ours(owner, "c1", a="1")
     del dropped["metadata"]["labels"]["tier"]

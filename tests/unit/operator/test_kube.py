@@ -189,13 +189,23 @@ def test_an_adoption_whose_entries_moved_reads_again_and_retries(api):
     update = {"manager": "modelplex-operator", "operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV1"}
     status = {"manager": "kube-controller-manager", "operation": "Update", "apiVersion": "v1",
               "fieldsType": "FieldsV1", "subresource": "status"}
-    api.answers = [(409, "exists"), (200, served(desired(a="1"), managed=[update])),
+    api.answers = [(409, "exists"), (200, served(desired(a="0"), managed=[update])),
                    (422, "the test operation failed"),  # the controller-manager's entry came first since
-                   (200, served(desired(a="1"), managed=[status, update])),
-                   (200, served(desired(a="1"), version="5"))]
+                   (200, served(desired(a="0"), managed=[status, update])),
+                   (200, served(desired(a="0"), version="5")),
+                   (200, served(desired(a="1"), version="6"))]
+    assert kube.apply(desired(a="1"), OWNER).action == "updated"
+    assert calls(api) == [CREATE, READ, ADOPT, READ, ADOPT, APPLY]
+    assert api.requests[-2].body[-1]["path"] == "/metadata/managedFields/1/operation"
+
+
+def test_an_object_in_step_is_not_written_even_to_adopt_the_create_s_fields(api):
+    """A restarted operator finds what it created before (an Update entry): nothing to change, no write."""
+    kube = api.kube()
+    update = {"manager": "modelplex-operator", "operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV1"}
+    api.answers = [(409, "exists"), (200, served(desired(a="1"), managed=[update]))]
     assert kube.apply(desired(a="1"), OWNER).action == "unchanged"
-    assert calls(api) == [CREATE, READ, ADOPT, READ, ADOPT]
-    assert api.requests[-1].body[-1]["path"] == "/metadata/managedFields/1/operation"
+    assert calls(api) == [CREATE, READ]
 
 
 def test_an_adoption_that_keeps_failing_is_left_for_the_next_apply(api):
