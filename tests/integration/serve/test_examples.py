@@ -82,7 +82,9 @@ def run_isolated(command: list[str], name: str, timeout_s: float = RUN_TIMEOUT_S
 
 
 def printed(output: str) -> list[str]:
-    """What the example and its deployments printed, without the servers' logs."""
+    """What the example and its deployments printed, without the servers' logs. A log line may
+    land mid-line on what a script prints (one stdout, several processes): it starts a line here."""
+    output = re.sub(r"(?<!^)(?<!\n)(?=\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} )", "\n", output)
     return [line for line in output.splitlines()
             if line and not re.match(r"\d{4}-\d\d-\d\d |modelplex local|  |\S+ is ready at|Press Ctrl-C", line)]
 
