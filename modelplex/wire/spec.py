@@ -347,6 +347,11 @@ class ModelEntry(_Model):
 DEFAULT_MODEL_ENTRY = ModelEntry(match="*")
 
 
+def first_matching_entry(entries: tuple[ModelEntry, ...], model_id: str) -> ModelEntry:
+    """The first of ``entries`` that matches ``model_id``, else :data:`DEFAULT_MODEL_ENTRY`."""
+    return next((entry for entry in entries if entry.matches(model_id)), DEFAULT_MODEL_ENTRY)
+
+
 class DeploymentSpec(_Model):
     # None: unset — 1 without autoscaling; with autoscaling the autoscaler owns the count.
     replicas: int | None = Field(default=None, ge=0)
@@ -402,7 +407,7 @@ class DeploymentSpec(_Model):
 
     def model_entry(self, model_id: str) -> ModelEntry:
         """The ``spec.models`` entry for ``model_id``: the first that matches, else the defaults."""
-        return next((entry for entry in self.models if entry.matches(model_id)), DEFAULT_MODEL_ENTRY)
+        return first_matching_entry(self.models, model_id)
 
     @property
     def pinned_models(self) -> dict[str, int]:

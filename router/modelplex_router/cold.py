@@ -113,8 +113,8 @@ class ColdGate:
         """Let a request for ``model`` from ``client`` (None: not limited) through, or raise:
         400 (a bad header), 429 (the client's loads are spent), 503 ``model_not_loaded``."""
         on_cold = on_cold_of(header, self.rules.on_cold(model) if model else "hold")
-        if not model:
-            return
+        if not model or (on_cold == "hold" and (self.quotas is None or client is None)):
+            return  # nothing to decide (the default): no pass over the replicas on every request
         # Only replicas that load models count: a handler without a @multiplexed loader reports
         # no capacity, and no request to it is ever cold.
         replicas = [replica for replica in self.table.usable(self.clock()) if replica.capacity > 0]

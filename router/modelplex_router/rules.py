@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from modelplex.wire.spec import DEFAULT_MODEL_ENTRY, ModelEntry
+from modelplex.wire.spec import ModelEntry, first_matching_entry
 
 
 @dataclass(frozen=True)
@@ -17,10 +17,7 @@ class ModelRules:
 
     def entry(self, model: str) -> ModelEntry:
         """The first entry matching ``model``, else the defaults (a short list: a scan is cheap)."""
-        for entry in self.entries:
-            if entry.matches(model):
-                return entry
-        return DEFAULT_MODEL_ENTRY
+        return first_matching_entry(self.entries, model)
 
     def weight(self, model: str) -> float:
         """``model``'s share where requests wait (weighted fair order)."""
