@@ -176,15 +176,6 @@ def cmd_up(args) -> int:
     return 0
 
 
-def _live_components(state: Path) -> list[str]:
-    live = []
-    for pid_file in sorted((state / "pids").glob("*.pid")) if (state / "pids").exists() else []:
-        pid = _read_pid(pid_file)
-        if pid and pid_alive(pid) and pid_file.stem in _cmdline(pid):
-            live.append(pid_file.stem)
-    return live
-
-
 def _kill_leftovers(state: Path) -> list[str]:
     """Kill recorded component and pod processes that outlived the supervisor."""
     killed = []
@@ -211,14 +202,10 @@ def _stop(state: Path, timeout: float = 180) -> bool:
     leftovers = _kill_leftovers(state)
     if leftovers:
         say("killed leftover processes: " + ", ".join(leftovers))
-    from modelplex_cluster import node
-    from modelplex_cluster.controlplane import restore_node_host
+    from modelplex_cluster.controlplane import clear_abandoned_node, restore_node_host
 
     undone = restore_node_host(state)  # left by a supervisor that was killed before it could
-    other = node.registered_state()
-    if other is not None and other != state and not _supervisor_pid(other) and not _live_components(other):
-        # A node whose owner is gone (a killed test run, say): what it left on the host.
-        undone += restore_node_host(other)
+    undone += clear_abandoned_node()  # a node whose owner is gone (a killed test run, say)
     if undone:
         say("undid host changes: " + ", ".join(undone))
     (state / "ready").unlink(missing_ok=True)

@@ -304,6 +304,9 @@ class ControlPlane:
         if missing:
             raise ControlPlaneError(f"{self.bin_dir} lacks {', '.join(missing)}; run hack/control-plane/build.sh")
         if self.node:
+            undone = clear_abandoned_node()
+            if undone:
+                self._say(f"undid what an abandoned node left on the host: {', '.join(undone)}")
             try:
                 node.check_requirements()
             except node.NodeError as exc:
@@ -763,6 +766,13 @@ class ControlPlane:
             self._say("host restored: " + (", ".join(undone) or "nothing to undo"))
         self._say("cluster stopped")
         return code
+
+
+def clear_abandoned_node() -> list[str]:
+    """Undo what a node whose processes are all gone left on the host (``node.abandoned_state``);
+    returns what was undone."""
+    state = node.abandoned_state()
+    return restore_node_host(state) if state is not None else []
 
 
 def restore_node_host(state_dir: Path) -> list[str]:

@@ -283,6 +283,26 @@ def registered_state() -> Path | None:
         return None
 
 
+def abandoned_state() -> Path | None:
+    """The state dir of the registered node when no process runs from it any more (a test run or a
+    supervisor killed before it could undo its host changes); None when none is registered or it runs.
+
+    Every component of a node (etcd, the apiserver, containerd, the kubelet, ...) names a file under
+    its state dir on its command line, so a node with none of them alive is gone for good."""
+    state = registered_state()
+    if state is None:
+        return None
+    needle = str(state).encode()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            try:
+                if needle in (proc / "cmdline").read_bytes():
+                    return None
+            except OSError:
+                continue
+    return state
+
+
 def setup_network(state_dir: Path) -> None:
     """The node bridge with the node address, and the Service CIDR routed nowhere."""
     REGISTRY.write_text(f"{state_dir}\n")

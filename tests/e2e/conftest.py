@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from e2e.busybox import busybox_image
-from modelplex_cluster.controlplane import ControlPlane, build_binaries
+from modelplex_cluster.controlplane import ControlPlane, build_binaries, clear_abandoned_node
 from modelplex_cluster.testing import wait_for
 
 
@@ -91,6 +91,11 @@ class SessionCluster:
             print(f"waiting for another test session's node on this machine ({NODE_LOCK})",
                   file=sys.stderr, flush=True)
             fcntl.flock(self._lock, fcntl.LOCK_EX)
+        # With the machine ours, a node registered by a killed test run is gone for good: a test
+        # that checks the host before its own node would otherwise find that node's leftovers.
+        undone = clear_abandoned_node()
+        if undone:
+            print(f"undid what an abandoned node left on the host: {', '.join(undone)}", file=sys.stderr, flush=True)
 
     def release_machine(self) -> None:
         """Let another test session start its node."""
