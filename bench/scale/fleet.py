@@ -31,6 +31,7 @@ import concurrent.futures
 import json
 import random
 import signal
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -62,6 +63,29 @@ def initial_summary(i: int, models: int, capacity: int) -> LoadedSummary:
     return LoadedModels(1, capacity, initial_models(i, models, capacity)).summary()
 
 
+#: The stages of discovery, in order; each is the time from the previous stamp of a change
+#: (``Change``) to its own, and the router's is the watch's delivery -> the router's read.
+STAGES = ("coalesce", "queue", "write", "watch", "router")
+
+
+@dataclass
+class Change:
+    """When each step towards the router carried one change of a replica's models."""
+
+    version: int
+    loaded: float
+    snapshot: float | None = None  # the reporter took a state carrying it (after its interval)
+    sent: float | None = None  # a worker thread began the patch (after the fleet's thread pool queue)
+    answered: float | None = None  # the apiserver answered the patch
+    watched: float | None = None  # a watch on the pods (this process's own) delivered it
+
+    def stages_ms(self, read: float) -> dict[str, float] | None:
+        stamps = (self.loaded, self.snapshot, self.sent, self.answered, self.watched, read)
+        if any(t is None for t in stamps):
+            return None
+        return {stage: (stamps[k + 1] - stamps[k]) * 1000 for k, stage in enumerate(STAGES)}  # type: ignore[operator]
+
+
 @dataclass
 class SimReplica:
     index: int
@@ -72,7 +96,20 @@ class SimReplica:
     #: (version, monotonic time) of changes not yet read by a router, and not yet in the annotation
     unread: list[tuple[int, float]] = field(default_factory=list)
     unpatched: list[tuple[int, float]] = field(default_factory=list)
+    changes: list[Change] = field(default_factory=list)  # not yet read by a router
     reporter: AnnotationReporter | None = None
+
+    def stamp(self, step: str, version: int, at: float) -> None:
+        """The first time ``step`` carried each change up to ``version``."""
+        for change in self.changes:
+            if change.version <= version and getattr(change, step) is None:
+                setattr(change, step, at)
+
+    def snapshot(self) -> LoadedSummary:
+        """The reporter's view of the state (it takes it when its interval allows a patch)."""
+        summary = self.document().summary()
+        self.stamp("snapshot", summary.version, time.monotonic())
+        return summary
 
     def document(self) -> LoadedModels:
         return LoadedModels(self.version, self.capacity, tuple(self.models))
@@ -89,6 +126,7 @@ class SimReplica:
         now = time.monotonic()
         self.unread.append((self.version, now))
         self.unpatched.append((self.version, now))
+        self.changes.append(Change(self.version, now))
         if self.reporter is not None:
             self.reporter.changed()
         return True
@@ -102,6 +140,8 @@ class Fleet:
         self.by_address = {address(i): r for i, r in enumerate(self.replicas)}
         self.discovery_ms: list[float] = []
         self.patch_lag_ms: list[float] = []  # a change -> the annotation patch carrying it answered
+        self.stages_ms: dict[str, list[float]] = {stage: [] for stage in STAGES}
+        self.read_before_watch = 0  # changes a router read before the watch delivered them (a response header told it)
         self.loads = 0
         self.requests = 0
         self.paused = False
@@ -128,6 +168,14 @@ class Fleet:
         if replica.unread:
             self.discovery_ms += [(now - t) * 1000 for v, t in replica.unread if v <= replica.version]
             replica.unread.clear()
+        for change in replica.changes:
+            stages = change.stages_ms(now)
+            if stages is None or stages["router"] < 0:
+                self.read_before_watch += 1
+                continue
+            for stage, ms in stages.items():
+                self.stages_ms[stage].append(ms)
+        replica.changes.clear()
         replica.read_version = replica.version
         return web.json_response(replica.document().to_dict(), headers=self._headers(replica))
 
@@ -162,6 +210,7 @@ class Fleet:
     async def stats(self, request: web.Request) -> web.Response:
         return web.json_response({
             "discovery_ms": self.discovery_ms, "patch_lag_ms": self.patch_lag_ms,
+            "stages_ms": self.stages_ms, "read_before_watch": self.read_before_watch,
             "loads": self.loads, "requests": self.requests,
             "patches": sum(r.reporter.patches for r in self.replicas if r.reporter is not None),
             "unread": sum(len(r.unread) for r in self.replicas),
@@ -170,9 +219,12 @@ class Fleet:
     async def reset(self, request: web.Request) -> web.Response:
         self.discovery_ms = []
         self.patch_lag_ms = []
+        self.stages_ms = {stage: [] for stage in STAGES}
+        self.read_before_watch = 0
         for replica in self.replicas:
             replica.unread.clear()
             replica.unpatched.clear()
+            replica.changes.clear()
         return web.json_response({"ok": True})
 
     async def pause(self, request: web.Request) -> web.Response:
@@ -207,15 +259,40 @@ def pod_patcher(kubeconfig: str, namespace: str, fleet: Fleet, threads: int) -> 
 
         def patch(body: dict[str, Any]) -> None:
             version = json.loads(body["metadata"]["annotations"][ANNOTATION_LOADED_MODELS])["version"]
+            replica.stamp("sent", version, time.monotonic())
             response = api.patch_namespaced_pod(name, namespace, body, _request_timeout=10, _preload_content=False)
             response.release_conn()
             done = time.monotonic()
+            replica.stamp("answered", version, done)
             # Runs in a worker thread: list appends are atomic under the GIL.
             fleet.patch_lag_ms.extend((done - t) * 1000 for v, t in replica.unpatched if v <= version)
             replica.unpatched = [(v, t) for v, t in replica.unpatched if v > version]
         return patch
 
     return patcher
+
+
+def watch_annotations(kubeconfig: str, namespace: str, fleet: Fleet) -> None:
+    """A watch on the replica pods, as a router's, that stamps when each annotation version
+    arrives (its own thread; the raw event lines, not client objects, as the patches)."""
+    from kubernetes import client, config
+
+    api = client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
+    listed = json.loads(api.list_namespaced_pod(namespace, _preload_content=False).data)
+    response = api.list_namespaced_pod(namespace, watch=True, resource_version=listed["metadata"]["resourceVersion"],
+                                       timeout_seconds=3600, _preload_content=False)
+    by_pod = {pod_name(r.index): r for r in fleet.replicas}
+    pending = b""
+    for chunk in response.stream(65536):
+        at = time.monotonic()
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            pod = json.loads(line)["object"]
+            replica = by_pod.get(pod["metadata"]["name"])
+            summary = (pod["metadata"].get("annotations") or {}).get(ANNOTATION_LOADED_MODELS)
+            if replica is not None and summary:
+                replica.stamp("watched", json.loads(summary)["version"], at)
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -225,7 +302,7 @@ async def main_async(args: argparse.Namespace) -> None:
     patcher = pod_patcher(args.kubeconfig, args.namespace, fleet, args.threads) if args.kubeconfig else None
     for replica in fleet.replicas:
         if patcher is not None:
-            replica.reporter = AnnotationReporter(lambda r=replica: r.document().summary(), patcher(replica))
+            replica.reporter = AnnotationReporter(replica.snapshot, patcher(replica))
             replica.reporter.published = replica.document().summary()  # the harness created the pod with it
     app = web.Application()
     app.router.add_get("/v1/models", fleet.models)
@@ -246,6 +323,9 @@ async def main_async(args: argparse.Namespace) -> None:
     control_runner = web.AppRunner(control, access_log=None)
     await control_runner.setup()
     await web.TCPSite(control_runner, "127.0.0.1", args.control_port).start()
+    if args.kubeconfig:
+        threading.Thread(target=watch_annotations, args=(args.kubeconfig, args.namespace, fleet), daemon=True,
+                         name="annotation-watch").start()
     for replica in fleet.replicas:
         if replica.reporter is not None:
             await replica.reporter.start()

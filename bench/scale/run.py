@@ -27,7 +27,11 @@ index at this size, in this process: ``bench/router/bench_decisions.py``), ``rou
 router read the document that shows it: the fleet times each change to the router's next read of
 that replica's ``GET /v1/models``; then ``routed_after_discovery`` checks, for a sample of fresh
 loads, that once the first router's table shows the model a request for it goes to that replica),
-``routers_agree`` (after the trace stops and the interval passes, the replicas whose models
+``discovery_stages_ms`` (its profile: p50 and p99 of each step from a load to the router's read:
+``coalesce`` the reporter's interval, ``queue`` the fleet's patch threads, ``write`` the
+apiserver's answer, ``watch`` its delivery to a watch on the pods, ``router`` that delivery → the
+router's read; ``read_before_watch`` counts changes a router read first through a response's
+summary header), ``routers_agree`` (after the trace stops and the interval passes, the replicas whose models
 all routers' tables agree on), ``apiserver_writes_per_s`` (the apiserver's own count of POST/PUT/PATCH/DELETE during the
 window), ``request_p50_ms`` (requests through the router); ``reconcile_all_s`` (applying the
 deployments → every one has its status written for its generation), ``operator_rss_mb``,
@@ -304,6 +308,10 @@ def routing_point(cluster: Cluster, args: argparse.Namespace, folder: Path, star
         "discovery_p50_ms": percentile(stats["discovery_ms"], 0.5), "discovery_p99_ms": percentile(stats["discovery_ms"], 0.99),
         "discovery_samples": len(stats["discovery_ms"]), "routed_after_discovery": f"{went}/{tried}",
         "patch_lag_p50_ms": percentile(stats["patch_lag_ms"], 0.5), "patch_lag_p99_ms": percentile(stats["patch_lag_ms"], 0.99),
+        # The profile of discovery: each stage's p50 / p99 (fleet.py's STAGES), over the changes
+        # a router read after the watch delivered them.
+        "discovery_stages_ms": {stage: [percentile(ms, 0.5), percentile(ms, 0.99)] for stage, ms in stats["stages_ms"].items()},
+        "read_before_watch": stats["read_before_watch"],
         "unread_at_end": stats["unread"], "routers": len(routers), "routers_agree": agree,
         "apiserver_writes_per_s": round(writes / window, 1), "loads_per_s": round(stats["loads"] / window, 1),
         "annotation_patches": stats["patches"], "request_p50_ms": round(statistics.median(latencies), 2) if latencies else None,
