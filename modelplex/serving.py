@@ -113,21 +113,6 @@ class JsonErrorProtocol(RequestHandler):
         log.warning("malformed request from %s: %s", peer[0] if peer else "?", self._client_error)
 
 
-class ConnectionHandoff(typing.Protocol):
-    """Serves some connections somewhere else, chosen by their first bytes (the replica sends
-    connections that open with an invoke to its user-code loop)."""
-
-    def wants(self, first: bytes) -> bool:
-        """Whether a connection whose first received bytes are ``first`` is served elsewhere."""
-
-    def take(self, transport: asyncio.Transport, first: bytes) -> None:
-        """Serve the connection (reading paused, ``first`` already read from it) elsewhere."""
-
-
-#: An app's :class:`ConnectionHandoff`, consulted on every new connection.
-HANDOFF = web.AppKey("connection_handoff", ConnectionHandoff)
-
-
 class _OverCap(asyncio.Protocol):
     """A connection over the server's cap: a 503 JSON answer, then closed."""
 
@@ -139,65 +124,22 @@ class _OverCap(asyncio.Protocol):
         pass
 
 
-class _FirstBytes(asyncio.Protocol):
-    """A new connection until its first bytes arrive: then handed off, or served here."""
-
-    def __init__(self, server: _JsonErrorServer, handoff: ConnectionHandoff):
-        self._server = server
-        self._handoff = handoff
-        self._transport: asyncio.Transport | None = None
-        self._counted = True  # in the server's count until it is served or handed off
-        server.awaiting_first += 1
-
-    def _uncount(self) -> None:
-        if self._counted:
-            self._counted = False
-            self._server.awaiting_first -= 1
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = typing.cast(asyncio.Transport, transport)  # a stream server's connection
-
-    def data_received(self, data: bytes) -> None:
-        transport = self._transport
-        self._uncount()
-        if transport is None:  # lost already
-            return
-        if self._handoff.wants(data):
-            transport.pause_reading()
-            self._handoff.take(transport, data)
-            return
-        protocol = self._server.protocol()
-        transport.set_protocol(protocol)
-        protocol.connection_made(transport)
-        protocol.data_received(data)
-
-    def eof_received(self) -> bool:
-        return False
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        self._transport = None
-        self._uncount()
-
-
 class _JsonErrorServer(web.Server):
-    handoff: ConnectionHandoff | None = None
     max_connections: int | None = DEFAULT_MAX_CONNECTIONS
-    awaiting_first: int = 0  # connections whose first bytes have not come yet
 
     # The loop takes any protocol from a server's factory; aiohttp's annotation names its own.
     def __call__(self) -> asyncio.Protocol:  # type: ignore[override]
-        if self.max_connections is not None and len(self.connections) + self.awaiting_first >= self.max_connections:
+        if self.max_connections is not None and len(self.connections) >= self.max_connections:
             return _OverCap()
-        return self.protocol() if self.handoff is None else _FirstBytes(self, self.handoff)
+        return self.protocol()
 
     def protocol(self) -> RequestHandler:
         return JsonErrorProtocol(self, loop=self._loop, **self._kwargs)
 
 
 class JsonErrorRunner(web.AppRunner):
-    """An ``AppRunner`` whose connections answer parser errors with :class:`JsonErrorProtocol`,
-    go to the app's :data:`HANDOFF` when it wants them, and are at most ``max_connections``
-    open at once (:data:`DEFAULT_MAX_CONNECTIONS`; None: no cap)."""
+    """An ``AppRunner`` whose connections answer parser errors with :class:`JsonErrorProtocol`
+    and are at most ``max_connections`` open at once (:data:`DEFAULT_MAX_CONNECTIONS`; None: no cap)."""
 
     def __init__(self, app: web.Application, *, max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
                  **kwargs: Any) -> None:
@@ -209,25 +151,25 @@ class JsonErrorRunner(web.AppRunner):
         # The app's own Server, built by aiohttp as usual; only the protocol it makes differs.
         server.__class__ = _JsonErrorServer
         ours = typing.cast(_JsonErrorServer, server)
-        ours.handoff = self.app.get(HANDOFF)
         ours.max_connections = self._max_connections
-        ours.awaiting_first = 0
         return ours
 
 
-def serve(app: web.Application, *, host: str, port: int, grace_s: float, drain: Drain | None = None,
+def serve(app: web.Application, *, host: str, port: int | None, grace_s: float, drain: Drain | None = None,
           name: str = "server") -> None:
     """Serve ``app`` on ``host:port`` until SIGTERM/SIGINT, then drain within ``grace_s``.
 
     ``drain(deadline)`` (a loop time) is awaited first: it turns the app not-ready and may wait
     for its own work to finish; then the listener closes and the requests still open get the
-    rest of the grace. Raises ``OSError`` when the address cannot be bound.
+    rest of the grace. Raises ``OSError`` when the address cannot be bound. ``port`` None: no
+    listener (the app's startup and cleanup still run: a replica whose requests are all served
+    by its user loop's own listener, and no control port).
     """
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(_serve(app, host, port, grace_s, drain, name))
 
 
-async def _serve(app: web.Application, host: str, port: int, grace_s: float, drain: Drain | None,
+async def _serve(app: web.Application, host: str, port: int | None, grace_s: float, drain: Drain | None,
                  name: str) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -238,7 +180,8 @@ async def _serve(app: web.Application, host: str, port: int, grace_s: float, dra
     await runner.setup()
     started = loop.time()
     try:
-        await web.TCPSite(runner, host, port).start()
+        if port is not None:
+            await web.TCPSite(runner, host, port).start()
         await stop.wait()
         started = loop.time()
         deadline = started + grace_s

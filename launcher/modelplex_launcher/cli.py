@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from modelplex.wire.names import ENV_SPEC, REPLICA_PORT, ROUTER_PORT
+from modelplex.wire.names import ENV_SPEC, REPLICA_CONTROL_PORT, REPLICA_PORT, ROUTER_PORT
 from modelplex.wire.spec import Deployment, SpecError, load_manifest
 
 
@@ -34,6 +34,9 @@ def _parser() -> argparse.ArgumentParser:
     replica.add_argument("--name", help="which deployment of a multi-document manifest")
     replica.add_argument("--host", default=os.environ.get("POD_IP", "127.0.0.1"))
     replica.add_argument("--port", type=int, default=REPLICA_PORT)
+    replica.add_argument("--control-port", type=int, default=None,
+                         help=f"also answer /healthz, /readyz and /metrics here, at once while user code computes "
+                              f"(pods: {REPLICA_CONTROL_PORT}; default: none)")
 
     router = commands.add_parser("router", help="run the router")
     router.add_argument("--spec", default=os.environ.get(ENV_SPEC), help=f"manifest file (default: ${ENV_SPEC})")
@@ -70,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             from modelplex_replica.server import run_replica
 
             try:
-                return run_replica(_deployment(args), host=args.host, port=args.port)
+                return run_replica(_deployment(args), host=args.host, port=args.port, control_port=args.control_port)
             except UnguardedHost as error:
                 print(f"modelplex replica: {error}", file=sys.stderr)
                 return 2

@@ -40,6 +40,8 @@ ENV_POD_IP = "POD_IP"
 ENV_WARM_DIR = "MODELPLEX_WARM_DIR"
 
 REPLICA_PORT = 9000
+#: A replica pod's probes and metrics (``modelplex replica --control-port``), answered while user code computes.
+REPLICA_CONTROL_PORT = 9001
 ROUTER_PORT = 8000
 #: The router's Open Inference Protocol over gRPC in pods, as Triton's (``spec.router.grpcPort``).
 ROUTER_GRPC_PORT = 8001

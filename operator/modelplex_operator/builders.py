@@ -42,6 +42,7 @@ from modelplex.wire.names import (
     KIND,
     LABEL_DEPLOYMENT,
     LABEL_ROLE,
+    REPLICA_CONTROL_PORT,
     REPLICA_PORT,
     ROLE_REPLICA,
     ROLE_ROUTER,
@@ -60,6 +61,8 @@ SPEC_FILE = "spec.yaml"
 SPEC_PATH = f"{SPEC_MOUNT}/{SPEC_FILE}"
 SPEC_VOLUME = "spec"
 PORT_NAME = "http"
+#: A replica's probes and metrics (modelplex_replica.control).
+CONTROL_PORT_NAME = "control"
 #: The router's Open Inference Protocol over gRPC (container and Service port).
 GRPC_PORT_NAME = "grpc"
 #: What the router's gRPC health service reports ready while ``/readyz`` is (its readiness probe).
@@ -302,9 +305,10 @@ def _downward_env() -> list[dict[str, Any]]:
     ]
 
 
-def _probe(path: str, *, period: int, failures: int, timeout: int = 2, initial_delay: int = 0) -> dict[str, Any]:
+def _probe(path: str, *, period: int, failures: int, timeout: int = 2, initial_delay: int = 0,
+           port: str = PORT_NAME) -> dict[str, Any]:
     probe = {
-        "httpGet": {"path": path, "port": PORT_NAME},
+        "httpGet": {"path": path, "port": port},
         "periodSeconds": period,
         "timeoutSeconds": timeout,
         "failureThreshold": failures,
@@ -420,16 +424,19 @@ def replica_deployment(
     container: dict[str, Any] = {
         "name": ROLE_REPLICA,
         "image": spec.image,
-        "command": ["modelplex", "replica"],
-        "ports": [{"name": PORT_NAME, "containerPort": REPLICA_PORT, "protocol": "TCP"}],
+        "command": ["modelplex", "replica", "--control-port", str(REPLICA_CONTROL_PORT)],
+        "ports": [{"name": PORT_NAME, "containerPort": REPLICA_PORT, "protocol": "TCP"},
+                  {"name": CONTROL_PORT_NAME, "containerPort": REPLICA_CONTROL_PORT, "protocol": "TCP"}],
         "env": _downward_env() + [env.model_dump(exclude_none=True) for env in spec.env],
         "volumeMounts": [{"name": SPEC_VOLUME, "mountPath": SPEC_MOUNT, "readOnly": True}, dict(_TMP_MOUNT)],
-        # User code runs on its own loop, so a busy replica answers at once; the margins are for a
-        # node whose CPUs the models saturate: a loaded replica must not leave its Service.
-        "readinessProbe": _probe("/readyz", period=2, failures=3, timeout=5),
+        # The control port is answered by a loop that never runs user code, so a busy replica
+        # answers at once; the margins are for a node whose CPUs the models saturate: a loaded
+        # replica must not leave its Service.
+        "readinessProbe": _probe("/readyz", period=2, failures=3, timeout=5, port=CONTROL_PORT_NAME),
         # Generous: a replica busy loading big models must not be killed for a slow answer
         # (30 s, as Ray Serve's health check).
-        "livenessProbe": _probe("/healthz", period=10, failures=6, timeout=30, initial_delay=30),
+        "livenessProbe": _probe("/healthz", period=10, failures=6, timeout=30, initial_delay=30,
+                                port=CONTROL_PORT_NAME),
         "securityContext": dict(_CONTAINER_SECURITY),
     }
     if spec.model_source is not None and spec.model_source.secret_ref is not None:
@@ -531,17 +538,19 @@ def network_policies(deployment: Deployment, owner: dict[str, Any], settings: Bu
     operator = {"podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)}, "namespaceSelector": (
         {"matchLabels": {"kubernetes.io/metadata.name": settings.operator_namespace}}
         if settings.operator_namespace else {})}
-    replica_peers = [{"podSelector": {"matchLabels": selector(deployment.name, ROLE_ROUTER)}}, operator,
-                     *settings.metrics_from]
-    rules = {
-        ROLE_REPLICA: {} if mode == "none" else {"from": replica_peers,
-                                                 "ports": [{"port": REPLICA_PORT, "protocol": "TCP"}]},
+    api_peers = [{"podSelector": {"matchLabels": selector(deployment.name, ROLE_ROUTER)}}, operator]
+    replica_rules = [{"from": api_peers, "ports": [{"port": REPLICA_PORT, "protocol": "TCP"}]}]
+    if settings.metrics_from:  # scrapers, on the control port (the kubelet's probes come from the node)
+        replica_rules.append({"from": list(settings.metrics_from),
+                              "ports": [{"port": REPLICA_CONTROL_PORT, "protocol": "TCP"}]})
+    rules: dict[str, list[dict[str, Any]]] = {
+        ROLE_REPLICA: [{}] if mode == "none" else replica_rules,
         # Pods of the namespace: its own clients, and handles in other deployments' replicas.
-        ROLE_ROUTER: {} if mode != "strict" else {"from": [{"podSelector": {}}]},
+        ROLE_ROUTER: [{}] if mode != "strict" else [{"from": [{"podSelector": {}}]}],
     }
     return _per_role(deployment, owner, "networking.k8s.io/v1", "NetworkPolicy", lambda role, object_name: {
         "spec": {"podSelector": {"matchLabels": selector(deployment.name, role)}, "policyTypes": ["Ingress"],
-                 "ingress": [rules[role]]}})
+                 "ingress": rules[role]}})
 
 
 def desired_objects(

@@ -1,16 +1,16 @@
-"""The replica's internal HTTP API (DESIGN.md, port 9000), as an aiohttp app factory.
+"""The replica's internal HTTP API (the data port, 9000), as an aiohttp app factory.
 
-Two event loops: the server loop (this module's handlers) does only I/O and answers health,
-readiness, metrics and the loaded-models document at once; user code (the handler, its
-``@multiplexed`` loader and ``@batch`` queues) runs on a :class:`UserCodeLoop` of its own, so
-a handler that computes for a while never makes the replica look dead.
+The app runs where user code runs: its handlers call the handler, its ``@multiplexed`` loader
+and ``@batch`` queues directly, in the request's own task. In a replica process that is the
+user loop (:mod:`modelplex_replica.usercode`); health, readiness and metrics are also answered
+on the control port by the server loop (:mod:`modelplex_replica.control`), so a handler that
+computes for a while never makes the replica look dead to its kubelet.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -32,19 +32,17 @@ from modelplex.wire.pins import PINS_PATH, PinRequest
 from modelplex.multiplex import find_cache
 from modelplex.wire.names import DASHED_MODEL_ID_HEADER, LOADED_MODELS_HEADER, MODEL_ID_HEADER
 from modelplex.runtime import Runtime, current_runtime
-from modelplex.serving import HANDOFF
 from modelplex.wire.credentials import TokenFile
 from modelplex.wire.spec import Deployment, SpecError
 from modelplex_replica import oip
 from modelplex_replica.asgi import HttpIngress, ingress_for
 from modelplex_replica.auth import internal_only
-from modelplex_replica.handoff import UserLoopConnections
 from modelplex_replica.metrics import ReplicaMetrics
 from modelplex_replica.pins import pin
 from modelplex_replica.preload import preload_hot_models
 from modelplex_replica.reporter import AnnotationReporter, Patch
 from modelplex_replica.streams import STREAM_FAILED, cut_stream
-from modelplex_replica.usercode import UserCodeLoop
+from modelplex_replica.usercode import TakingTurns
 
 log = logging.getLogger("modelplex.replica")
 
@@ -52,7 +50,7 @@ log = logging.getLogger("modelplex.replica")
 
 @dataclass(frozen=True)
 class Published:
-    """The cache's state as the server loop serves it, encoded once per change."""
+    """The cache's state as the answers and the reporter read it, encoded once per change."""
 
     document: LoadedModels
     body: bytes  # GET /v1/models
@@ -69,15 +67,14 @@ class Published:
 class ReplicaState:
     """Everything a request handler needs, kept on the app under :data:`STATE`.
 
-    The server loop owns ``inflight``, ``ready`` and the reporter; the user loop owns the
-    handler and its cache, and publishes the cache's state as an immutable ``document``.
+    The app's loop (the user loop) changes all of it; the control port's server loop only
+    reads ``ready``, ``draining``, ``active`` and the metrics.
     """
 
     deployment: Deployment
     handler: Any
     cache: ModelCache | None
     metrics: ReplicaMetrics
-    user: UserCodeLoop = field(default_factory=UserCodeLoop)
     inflight: int = 0
     #: Requests on their way through the replica (in a slot, or waiting for their model's load).
     active: int = 0
@@ -86,16 +83,11 @@ class ReplicaState:
     draining: bool = False
     reporter: AnnotationReporter | None = None
     prewarm_errors: dict[str, str] = field(default_factory=dict)
-    server_loop: asyncio.AbstractEventLoop | None = None
     #: A serve.ingress app or a route prefix (None: every path reaches ``__call__``).
     ingress: HttpIngress | None = None
-    #: What the cache holds, replaced whole by the user loop on every cache change, so the
-    #: server loop reads it without a lock.
+    #: What the cache holds, replaced whole on every cache change (encoded once for every
+    #: answer's header, ``GET /v1/models`` and the annotation).
     published: Published = Published.of(LoadedModels())
-    #: Invoke connections served on the user loop (handoff.py); set by create_app.
-    connections: UserLoopConnections = field(init=False)
-    #: Held to change ``inflight`` and ``active``: requests are served on both loops.
-    counting: threading.Lock = field(default_factory=threading.Lock)
     #: The namespace's internal credential (None: open, a replica on loopback started by hand).
     internal: TokenFile | None = None
 
@@ -104,7 +96,7 @@ class ReplicaState:
         return self.published.header
 
     def publish(self) -> None:
-        """Snapshot the cache (on the user loop, where it changes) for the server loop to read."""
+        """Snapshot the cache for the answers and the reporter."""
         cache = self.cache
         if cache is not None:
             self.published = Published.of(LoadedModels(
@@ -135,14 +127,6 @@ def create_app(deployment: Deployment, handler: Any, *, patch_pod: Patch | None 
         ingress=ingress_for(handler),
         internal=internal,
     )
-    app = _app(state)
-    app[HANDOFF] = state.connections = UserLoopConnections(state.user, lambda: _app(state))
-    app.cleanup_ctx.append(_lifecycle(patch_pod, runtime or current_runtime()))
-    return app
-
-
-def _app(state: ReplicaState) -> web.Application:
-    """The replica's routes over ``state``: the server loop's app, and the user loop's (handoff.py)."""
     app = web.Application(middlewares=[error_middleware, internal_only(state.internal)],
                           client_max_size=state.deployment.spec.max_request_bytes)
     app[STATE] = state
@@ -155,17 +139,15 @@ def _app(state: ReplicaState) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)
+    app.cleanup_ctx.append(_lifecycle(patch_pod, runtime or current_runtime()))
     return app
 
 
 def _lifecycle(patch_pod: Patch | None, runtime: Runtime):
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         state = app[STATE]
-        state.server_loop = asyncio.get_running_loop()
-        state.user.start()
-        await state.user.run(state.connections.start())
         if state.ingress is not None:
-            await state.user.run(state.ingress.startup())
+            await state.ingress.startup()
         observers: list[tuple[list[Callable[..., Any]], Callable[..., Any]]] = [
                     (runtime.batch_observers, state.metrics.on_batch),
                      (runtime.cache_observers, state.metrics.on_cache_event),
@@ -182,13 +164,11 @@ def _lifecycle(patch_pod: Patch | None, runtime: Runtime):
         await asyncio.gather(prewarm, return_exceptions=True)
         if state.reporter is not None:
             await state.reporter.stop()
-        await state.user.run(state.connections.stop())
         if state.cache is not None:
-            await state.user.run(state.cache.close())
+            await state.cache.close()
         if state.ingress is not None:
-            await state.user.run(state.ingress.shutdown())
-        await state.user.run(close_handles())
-        await state.user.stop()
+            await state.ingress.shutdown()
+        await close_handles()
         for hooks, observer in observers:
             hooks.remove(observer)  # this app's own: another's stay
 
@@ -196,12 +176,12 @@ def _lifecycle(patch_pod: Patch | None, runtime: Runtime):
 
 
 def _cache_changed(state: ReplicaState) -> None:
-    """On the user loop, after a load starts, ends or fails, or a model is evicted."""
+    """After a load starts, ends or fails, or a model is evicted."""
     state.publish()
     if state.cache is not None:  # (cache events come from the cache)
         state.metrics.observe_cache(state.cache)
-    if state.reporter is not None and state.server_loop is not None:
-        state.server_loop.call_soon_threadsafe(state.reporter.changed)
+    if state.reporter is not None:
+        state.reporter.changed()
 
 
 async def _prewarm(state: ReplicaState) -> None:
@@ -210,13 +190,13 @@ async def _prewarm(state: ReplicaState) -> None:
         log.warning("prewarm is set but the handler has no @multiplexed loader; nothing to prewarm")
     elif model_ids and state.cache is not None:
         started = time.monotonic()
-        results = await state.user.run(_load_all(state.cache, model_ids))
+        results = await _load_all(state.cache, model_ids)
         for model_id, result in zip(model_ids, results):
             if isinstance(result, BaseException):
                 state.prewarm_errors[model_id] = str(result)
                 log.error("prewarming model %r failed: %s", model_id, result)
         log.info("prewarm done: %d model(s) in %.3f s", len(model_ids), time.monotonic() - started)
-    await preload_hot_models(state.cache, state.user.run)  # the autoscaler's hot models, room permitting
+    await preload_hot_models(state.cache)  # the autoscaler's hot models, room permitting
     state.ready = True
 
 
@@ -284,20 +264,18 @@ async def invoke(request: web.Request) -> web.StreamResponse:
         state.metrics.observe_request(model_id, 503, 0.0)
         raise Overloaded(f"replica is at maxOngoingRequests ({limit})", retry_after=1)
     started = time.perf_counter()
-    with state.counting:
-        state.active += 1
+    state.active += 1
     in_slot = False
     status = 500
     try:
         if loads:
-            await state.user.run(_load(state, model_id))
+            await _load(state, model_id)
         # Admitted work keeps its place: a request whose load finished takes a slot at once.
-        with state.counting:
-            state.inflight += 1
+        state.inflight += 1
         in_slot = True
         state.metrics.inflight_now.inc()
         if ingress is not None and ingress.app is not None:
-            response = await ingress.respond(request, state.user, model_id, state.models_header)
+            response = await ingress.respond(request, model_id, state.models_header)
             status = 500 if response.get(STREAM_FAILED) else response.status
             return response
         call = await _read_call(request, state.handler, model_id)
@@ -315,11 +293,9 @@ async def invoke(request: web.Request) -> web.StreamResponse:
         status = status_of(error)
         raise
     finally:
-        with state.counting:
-            state.active -= 1
-            if in_slot:
-                state.inflight -= 1
+        state.active -= 1
         if in_slot:
+            state.inflight -= 1
             state.metrics.inflight_now.dec()
         state.metrics.observe_request(model_id, status, time.perf_counter() - started)
 
@@ -332,12 +308,12 @@ def _answer(call: Invocation, payload: bytes, content_type: str, models_header: 
 
 
 def _pinned(state: ReplicaState, model_id: str):
-    """Keep the request's model loaded while it is served (on the user loop, the cache's own)."""
+    """Keep the request's model loaded while it is served."""
     return state.cache.pinned(model_id) if state.cache is not None and model_id else nullcontext()
 
 
 async def _load(state: ReplicaState, model_id: str) -> None:
-    """Wait (on the user loop) until the request's model is loaded; its errors as the handler's."""
+    """Wait until the request's model is loaded; its errors as the handler's."""
     try:
         if state.cache is not None:  # a request loads its model only where there is a cache
             await state.cache.get(model_id)
@@ -352,11 +328,10 @@ def _handler_error(error: Exception) -> ModelplexError:
 
 
 async def _unary(state: ReplicaState, call: Invocation, model_id: str) -> tuple[bytes, str] | Invocation:
-    """The handler's answer, encoded (or the stream it returned); the call and the encoding run
-    off the server loop."""
+    """The handler's answer, encoded (or the stream it returned)."""
     if call.mode == "sync":  # a blocking handler: a worker thread of the user loop, at its priority
-        return await state.user.run(asyncio.to_thread(_call_sync, state, call, model_id))
-    return await state.user.run(_call_async(state, call, model_id))
+        return await asyncio.to_thread(_call_sync, state, call, model_id)
+    return await _call_async(state, call, model_id)
 
 
 async def _call_async(state: ReplicaState, call: Invocation, model_id: str) -> tuple[bytes, str] | Invocation:
@@ -383,7 +358,7 @@ def _call_sync(state: ReplicaState, call: Invocation, model_id: str) -> tuple[by
 
 
 async def _generate(state: ReplicaState, call: Invocation, model_id: str) -> AsyncIterator[Any]:
-    """The handler's stream, as the user loop iterates it (a sync generator's items come from a thread)."""
+    """The handler's stream (a sync generator's items come from a thread)."""
     set_multiplexed_model_id(model_id)
     with _pinned(state, model_id):
         async for chunk in call.items():
@@ -395,7 +370,7 @@ async def _stream(request: web.Request, state: ReplicaState, call: Invocation, m
     after it, the stream ends with an error record and the connection is cut, so a client
     never mistakes a broken stream for a finished one."""
     sse = "text/event-stream" in request.headers.get("Accept", "")
-    chunks = state.user.stream(lambda: _generate(state, call, model_id))
+    chunks = TakingTurns(lambda: _generate(state, call, model_id))
     try:
         try:
             first = await chunks.__anext__()
@@ -439,7 +414,7 @@ async def model_metadata(request: web.Request) -> web.Response:
     """Open Inference Protocol model metadata; the model is loaded if it is not."""
     state = request.app[STATE]
     model_id = _model_id(request.match_info["model_id"])
-    return web.json_response(await state.user.run(oip.model_metadata(state.handler, state.cache, model_id)))
+    return web.json_response(await oip.model_metadata(state.handler, state.cache, model_id))
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -456,14 +431,14 @@ async def load_model(request: web.Request) -> web.Response:
     state = request.app[STATE]
     model_id = _model_id(request.match_info["model_id"])
     started = time.monotonic()
-    await state.user.run(_require_cache(state).get(model_id))
+    await _require_cache(state).get(model_id)
     return web.json_response({"model": model_id, "loaded": True, "seconds": round(time.monotonic() - started, 6)})
 
 
 async def unload_model(request: web.Request) -> web.Response:
     state = request.app[STATE]
     model_id = _model_id(request.match_info["model_id"])
-    if not await state.user.run(_require_cache(state).evict(model_id)):
+    if not await _require_cache(state).evict(model_id):
         raise NotFound(f"model {model_id!r} is not loaded")
     return web.json_response({"model": model_id, "loaded": False})
 
@@ -476,7 +451,7 @@ async def pin_models(request: web.Request) -> web.Response:
         pins = PinRequest.from_dict(from_json(await request.read()))
     except ValueError as error:
         raise BadRequest(str(error)) from None
-    return web.json_response(await state.user.run(pin(_require_cache(state), pins)))
+    return web.json_response(await pin(_require_cache(state), pins))
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -31,7 +31,7 @@ from modelplex.wire.forwarded import ENV_ROUTE_PREFIX, NO_ROUTE, PATH_HEADER, ch
 from modelplex.wire.names import LOADED_MODELS_HEADER
 from modelplex.serve.ingress import asgi_app, current_instance
 from modelplex_replica.streams import cut_stream
-from modelplex_replica.usercode import UserCodeLoop
+from modelplex_replica.usercode import TakingTurns
 
 log = logging.getLogger("modelplex.replica.asgi")
 
@@ -82,15 +82,15 @@ class HttpIngress:
         """Whether the app answers this request (a handle's call goes to the method it names)."""
         return self.app is not None and content_type != call_content_type
 
-    # -- requests, on the server loop ----------------------------------------------------------
+    # -- requests ----------------------------------------------------------------------------------
 
-    async def respond(self, request: web.Request, user: UserCodeLoop, model_id: str,
+    async def respond(self, request: web.Request, model_id: str,
                       loaded_models: Callable[[], str]) -> web.StreamResponse:
         """The app's answer to ``request``, relayed as the app sends it."""
         method, raw_path = original(request.headers, request.method)
         body = await request.read()
         scope = self._scope(request, method, raw_path)
-        messages = user.stream(lambda: self._serve(scope, body, model_id))
+        messages = TakingTurns(lambda: self._serve(scope, body, model_id))
         try:
             start = await _next(messages, "a response")
             if start.get("type") != "http.response.start":
@@ -135,7 +135,7 @@ class HttpIngress:
             "server": tuple(local[:2]) if local else None, "state": dict(self.state),
         }
 
-    # -- the app, on the user loop ---------------------------------------------------------------
+    # -- the app --------------------------------------------------------------------------------------
 
     async def _serve(self, scope: dict[str, Any], body: bytes, model_id: str) -> AsyncIterator[dict[str, Any]]:
         """The app's messages for one request, up to its last body message. Work the app does

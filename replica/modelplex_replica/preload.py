@@ -16,7 +16,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Coroutine, Mapping
+from typing import Any, Mapping
 
 from modelplex.autoscaling import ENV_PRELOAD_FILE, parse_hot_models
 from modelplex.cache import ModelCache
@@ -52,14 +52,13 @@ async def preload(cache: ModelCache, listed: list[str]) -> tuple[list[str], dict
     return models, {m: str(r) for m, r in zip(models, results) if isinstance(r, BaseException)}
 
 
-async def preload_hot_models(cache: ModelCache | None, run: Callable[[Coroutine[Any, Any, Any]], Awaitable[Any]],
-                             env: Mapping[str, str] = os.environ) -> None:
-    """Read the pre-load file and load what fits; ``run`` runs a coroutine on the user loop."""
+async def preload_hot_models(cache: ModelCache | None, env: Mapping[str, str] = os.environ) -> None:
+    """Read the pre-load file and load what fits (on the user loop, the cache's own)."""
     listed = hot_models(env)
     if not listed or cache is None:
         return
     started = time.monotonic()
-    models, errors = await run(preload(cache, listed))
+    models, errors = await preload(cache, listed)
     for model, error in errors.items():
         log.warning("pre-loading hot model %r failed: %s", model, error)
     if models:

@@ -12,6 +12,7 @@ from modelplex.serving import check_credential, check_unguarded_host, serve
 from modelplex.wire.credentials import internal_token_file
 from modelplex.wire.spec import Deployment
 from modelplex_replica.app import STATE, create_app
+from modelplex_replica.control import control_app
 from modelplex_replica.handler import build_handler, runtime_for
 from modelplex_replica.reporter import pod_patcher_from_environment
 
@@ -21,8 +22,10 @@ log = logging.getLogger("modelplex.replica")
 _DRAIN_POLL_S = 0.05
 
 
-def run_replica(deployment: Deployment, *, host: str, port: int) -> int:
-    """Block serving until SIGINT/SIGTERM, then drain within ``spec.gracefulShutdownTimeoutSeconds``."""
+def run_replica(deployment: Deployment, *, host: str, port: int, control_port: int | None = None) -> int:
+    """Block serving (the API on ``port``, probes and metrics also on ``control_port``: see
+    :mod:`modelplex_replica.control`) until SIGINT/SIGTERM, then drain within
+    ``spec.gracefulShutdownTimeoutSeconds``."""
     # The handler is built and served inside the replica's runtime: every task and thread its
     # calls run in (the user loop's included) carries it.
     internal = internal_token_file()
@@ -34,16 +37,19 @@ def run_replica(deployment: Deployment, *, host: str, port: int) -> int:
         handler = build_handler(deployment)
         app = create_app(deployment, handler, patch_pod=pod_patcher_from_environment(), runtime=runtime,
                          internal=internal)
-        log.info("replica of %r serving on http://%s:%d (handler %s)", deployment.name, host, port,
-                 deployment.spec.handler or "built-in TorchScript")
-        serve(app, host=host, port=port, grace_s=deployment.spec.graceful_shutdown_timeout_seconds,
+        log.info("replica of %r serving on http://%s:%d (handler %s)%s", deployment.name, host, port,
+                 deployment.spec.handler or "built-in TorchScript",
+                 f"; probes and metrics on http://{host}:{control_port}" if control_port else "")
+        serve(control_app(app, host=host, port=port), host=host, port=control_port,
+              grace_s=deployment.spec.graceful_shutdown_timeout_seconds,
               drain=lambda deadline: drain(app, deadline), name=f"replica of {deployment.name!r}")
     return 0
 
 
 async def drain(app: web.Application, deadline: float) -> None:
     """Turn not-ready and refuse new work (503: a router sends it elsewhere), still answering
-    polls, until the requests in flight (streams, loads) are done or ``deadline`` passes."""
+    polls, until the requests in flight (streams, loads) are done or ``deadline`` passes (on the
+    server loop, reading what the user loop counts)."""
     state = app[STATE]
     state.draining = True
     loop = asyncio.get_running_loop()

@@ -62,9 +62,13 @@ class Processes:
         self.procs.append(proc)
         return proc
 
-    def replica(self, manifest: Path, port: int | None = None, name: str = "replica", env: dict | None = None) -> Proc:
+    def replica(self, manifest: Path, port: int | None = None, name: str = "replica", env: dict | None = None,
+                control_port: int | None = None) -> Proc:
+        """A replica process; ``control_port``: its probes and metrics there too, as in pods."""
         port = port or free_port()
         argv = [*MODELPLEX, "replica", "--spec", str(manifest), "--host", "127.0.0.1", "--port", str(port)]
+        if control_port is not None:
+            argv += ["--control-port", str(control_port)]
         return self.start(name, argv, env, url=f"http://127.0.0.1:{port}")
 
     def router(self, manifest: Path, port: int, replicas: list[str], env: dict | None = None) -> Proc:

@@ -47,12 +47,16 @@ async def test_the_replicas_user_loop_runs_handler_code_in_the_replicas_runtime(
     async def echo(requests):
         return requests
 
+    async def echo_all():
+        return await asyncio.gather(*(echo(i) for i in range(4)))
+
     user = UserCodeLoop()
     user.start()
     try:
+        # As the replica's server loop starts the data port: inside the replica's runtime.
         with runtime_scope(replica):
-            answers = await asyncio.wait_for(asyncio.gather(*(user.run(echo(i)) for i in range(4))), 30)
-            assert await user.run(asyncio.to_thread(current_runtime)) is replica
+            answers = await asyncio.wait_for(user.submit(echo_all()), 30)
+            assert await user.submit(asyncio.to_thread(current_runtime)) is replica
     finally:
         await user.stop()
     assert answers == [0, 1, 2, 3] and sizes == [2, 2]  # the spec's batch size, and its observer

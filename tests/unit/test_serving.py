@@ -11,15 +11,7 @@ import aiohttp
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from modelplex.serving import HANDOFF, JsonErrorProtocol, JsonErrorRunner
-
-
-class _NoHandoff:
-    def wants(self, first: bytes) -> bool:
-        return False
-
-    def take(self, transport: asyncio.Transport, first: bytes) -> None:
-        raise AssertionError("nothing is handed off")
+from modelplex.serving import JsonErrorProtocol, JsonErrorRunner
 
 
 def test_the_private_aiohttp_methods_and_slots_the_server_overrides_or_sets_are_there():
@@ -34,10 +26,8 @@ def test_the_private_aiohttp_methods_and_slots_the_server_overrides_or_sets_are_
     assert callable(vars(web.Server)["__call__"])
 
 
-async def test_the_servers_loop_and_kwargs_make_the_json_error_protocol_and_the_app_names_its_handoff():
+async def test_the_servers_loop_and_kwargs_make_the_json_error_protocol():
     app = web.Application()
-    handoff = _NoHandoff()
-    app[HANDOFF] = handoff
     runner = JsonErrorRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=7.5)
     await runner.setup()
     try:
@@ -46,7 +36,6 @@ async def test_the_servers_loop_and_kwargs_make_the_json_error_protocol_and_the_
         assert server is not None
         assert server._loop is asyncio.get_running_loop()
         assert isinstance(server._kwargs, dict) and server._kwargs.get("access_log", "unset") is None
-        assert server.handoff is handoff
         protocol = server.protocol()
         assert type(protocol) is JsonErrorProtocol and isinstance(protocol, RequestHandler)
     finally:

@@ -47,9 +47,10 @@ def test_a_pod_that_is_not_a_router_reaches_a_replica_only_when_the_policy_mode_
              what="the outsider pod running")
     (replica,) = pods(api, ns, name)
     probe = f"http://{replica.status.pod_ip}:9000/readyz"
+    control_probe = f"http://{replica.status.pod_ip}:9001/readyz"  # the kubelet's port
 
-    def reach() -> str:
-        return control_plane.kubectl("exec", "-n", ns, "outsider", "--", "python3", "-c", REACH, probe,
+    def reach(url: str = probe) -> str:
+        return control_plane.kubectl("exec", "-n", ns, "outsider", "--", "python3", "-c", REACH, url,
                                      timeout=60).stdout.strip()
 
     def blocked() -> str | None:
@@ -60,6 +61,10 @@ def test_a_pod_that_is_not_a_router_reaches_a_replica_only_when_the_policy_mode_
     answer = wait_for(blocked, timeout=90, what="the outsider blocked from the replica")
     assert answer in ("blocked ConnectionRefusedError", "blocked TimeoutError", "blocked timeout"), answer
     assert http_get(probe)[0] == 200  # the replica does serve: from the node, which every policy lets in
+    # The control port too: open to the node (the kubelet's probes), closed to the outsider (no
+    # scrapers named).
+    assert http_get(control_probe)[0] == 200
+    assert reach(control_probe).startswith("blocked")
     # ... while the router, which the policy lets in, still serves through the replica.
     url = router_url(control_plane, ns, name)
     assert predict(url, "m1", {"x": 1})[0] == 200

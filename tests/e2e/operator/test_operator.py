@@ -57,7 +57,9 @@ def test_deploy_serve_and_report(control_plane, modelplex_operator, kube_namespa
         assert (ref.kind, ref.name, ref.uid, ref.controller) == ("MultiplexedDeployment", name, uid, True)
         assert dep.metadata.labels["app.kubernetes.io/managed-by"] == "modelplex-operator"
     replica_pod = pods(api, ns, name)[0]
-    assert replica_pod.spec.containers[0].command == ["modelplex", "replica"]
+    assert replica_pod.spec.containers[0].command == ["modelplex", "replica", "--control-port", "9001"]
+    # Ready through probes on the control port (below: every pod is ready).
+    assert replica_pod.spec.containers[0].readiness_probe.http_get.port == "control"
     assert replica_pod.spec.service_account_name == f"{name}-replica"
     # Every pod is a container of the node's containerd, the operator's included.
     every_pod = pods(api, ns, name) + pods(api, ns, name, role="router") + [modelplex_operator.pod(api)]

@@ -51,3 +51,28 @@ class FailsMidStream:
     async def __call__(self, body):
         yield {"chunk": 1}
         raise RuntimeError("stage exploded")
+
+
+class Computes:
+    """Synchronous torch work inside ``async def``, as users write it: forward passes that hold
+    the loop they run on for ``body["seconds"]``."""
+
+    def __init__(self):
+        import torch
+
+        torch.manual_seed(0)
+        self.layer = torch.nn.Linear(256, 256)
+
+    async def __call__(self, body: dict) -> dict:
+        import time
+
+        import torch
+
+        passes = 0
+        until = time.monotonic() + float(body["seconds"])
+        with torch.no_grad():
+            x = torch.randn(64, 256)
+            while time.monotonic() < until:
+                x = torch.tanh(self.layer(x))
+                passes += 1
+        return {"passes": passes}

@@ -7,7 +7,7 @@ import aiohttp
 
 from modelplex.wire.names import MODEL_ID_HEADER
 
-from support.servers import metric, wait_ready, wait_until
+from support.servers import free_port, metric, wait_ready, wait_until
 
 TIMEOUT = aiohttp.ClientTimeout(total=60)
 
@@ -176,3 +176,29 @@ async def test_load_and_unload_endpoints_and_prewarm(processes, manifest):
     log = replica.log.read_text()
     assert "Loading model 'extra'." in log and "Unloading model 'warm-1'." in log
     assert "Loaded model 'extra' in" in log
+
+
+async def test_the_control_port_answers_at_once_while_user_code_holds_the_data_port(processes, manifest):
+    control_port = free_port()
+    replica = processes.replica(manifest(handler="probe:Computes"), control_port=control_port)
+    control = f"http://127.0.0.1:{control_port}"
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        await wait_ready(session, replica)
+        computing = asyncio.create_task(invoke(session, replica.url, "", {"seconds": 8}))
+
+        async def holding() -> bool:
+            return await metric(session, control, "modelplex_replica_inflight_requests") == 1
+
+        await wait_until(holding, what="the forward passes to start")
+        # The kubelet's probes and Prometheus get their answers while the passes hold the user loop.
+        for path in ("/readyz", "/healthz", "/metrics"):
+            async with session.get(control + path) as response:
+                assert response.status == 200, path
+        assert not computing.done()
+        # Only those: the API is the data port's (served where user code runs, one way).
+        for method, path in (("POST", "/v1/invoke"), ("GET", "/v1/models"), ("POST", "/v1/pins")):
+            async with session.request(method, control + path) as response:
+                assert response.status == 404 and (await response.json())["error"]["code"] == "not_found", path
+        assert not computing.done()
+        status, body, _ = await computing
+        assert status == 200 and body["passes"] > 0

@@ -49,6 +49,7 @@ class Cluster:
     manifest: Path
     router_url: str
     replica_urls: dict[str, str]  # name -> url
+    control_urls: dict[str, str]  # name -> its control port's url (probes and metrics, as in pods)
     replica_procs: dict[str, Proc]
     router_proc: Proc
     processes: Processes
@@ -63,15 +64,17 @@ async def table(session: aiohttp.ClientSession, router_url: str) -> dict[str, di
 async def start_cluster(processes: Processes, *, replicas: int = 2, router_env: dict | None = None,
                         replica_env: dict | None = None, **manifest_args) -> Cluster:
     manifest = write_manifest(processes.folder, replicas=replicas, **manifest_args)
-    urls, procs = {}, {}
+    urls, controls, procs = {}, {}, {}
     for i in range(replicas):
-        port = free_port()
+        port, control_port = free_port(), free_port()
         name = f"r{i}"
         urls[name] = f"http://127.0.0.1:{port}"
-        procs[name] = processes.replica(manifest, port, name=f"replica-{name}", env=replica_env)
+        controls[name] = f"http://127.0.0.1:{control_port}"
+        procs[name] = processes.replica(manifest, port, name=f"replica-{name}", env=replica_env,
+                                        control_port=control_port)
     router_port = free_port()
     router = processes.router(manifest, router_port, [f"{n}={u}" for n, u in urls.items()], env=router_env)
-    cluster = Cluster(manifest, f"http://127.0.0.1:{router_port}", urls, procs, router, processes)
+    cluster = Cluster(manifest, f"http://127.0.0.1:{router_port}", urls, controls, procs, router, processes)
     async with aiohttp.ClientSession() as session:
         async def ready():
             for proc in processes.procs:

@@ -41,8 +41,9 @@ async def _closed_loop(session, url: str, body: dict, *, stream: bool, until: fl
 
 
 def _probe_readyz(replica_url: str, until: float) -> list[float]:
-    """How long the replica's /readyz takes, every 50 ms, from a client of its own: a thread with
-    one kept-alive connection, so the test's own busy event loop is not in the measurement."""
+    """How long the replica's /readyz on its control port (the kubelet's) takes, every 50 ms, from
+    a client of its own: a thread with one kept-alive connection, so the test's own busy event
+    loop is not in the measurement."""
     parts = urlsplit(replica_url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
     latencies = []
@@ -67,7 +68,7 @@ def _p99(values: list[float]) -> float:
 
 async def _hold_load(plex, handler: str, body: dict, *, stream: bool) -> None:
     cluster = await plex.start(replicas=1, handler=handler, max_ongoing=32)
-    replica_url = next(iter(cluster.replica_urls.values()))
+    replica_url = next(iter(cluster.control_urls.values()))
     until = time.monotonic() + LOAD_S
     async with aiohttp.ClientSession(timeout=TIMEOUT) as clients:
         probe = asyncio.create_task(asyncio.to_thread(_probe_readyz, replica_url, until))

@@ -128,11 +128,7 @@ async def test_a_replica_preloads_the_listed_models_it_has_room_for(tmp_path):
     listed.write_text("prewarmed\nbroken\nhot-1\nhot-2\nhot-3\n")
     env = {ENV_PRELOAD_FILE: str(listed)}
     assert hot_models(env) == ["prewarmed", "broken", "hot-1", "hot-2", "hot-3"]
-
-    async def here(coroutine):
-        return await coroutine
-
-    await preload_hot_models(cache, here, env)
+    await preload_hot_models(cache, env)
     # Room for two more: the first two listed that are not held yet (a failure only logs).
     assert loads == ["prewarmed", "broken", "hot-1"]
     assert sorted(cache.loaded) == ["hot-1", "prewarmed"]
@@ -142,5 +138,5 @@ async def test_no_preload_file_or_a_missing_one_loads_nothing(tmp_path):
     cache = ModelCache(lambda model_id: asyncio.sleep(0, model_id), capacity=2)
     assert hot_models({}) == []
     assert hot_models({ENV_PRELOAD_FILE: str(tmp_path / "absent")}) == []
-    await preload_hot_models(cache, lambda c: c, {ENV_PRELOAD_FILE: str(tmp_path / "absent")})
+    await preload_hot_models(cache, {ENV_PRELOAD_FILE: str(tmp_path / "absent")})
     assert cache.loaded == []

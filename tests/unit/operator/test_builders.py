@@ -13,6 +13,7 @@ from modelplex.wire.names import (
     ENV_SPEC,
     LABEL_DEPLOYMENT,
     LABEL_ROLE,
+    REPLICA_CONTROL_PORT,
     REPLICA_PORT,
 )
 from modelplex.wire.spec import load_manifest, to_manifest
@@ -112,9 +113,10 @@ def test_replica_deployment_runs_modelplex_replica():
     assert template["metadata"]["labels"][LABEL_ROLE] == "replica"
     assert template["metadata"]["labels"][LABEL_DEPLOYMENT] == "recs"
     c = container(dep)
-    assert c["command"] == ["modelplex", "replica"]
+    assert c["command"] == ["modelplex", "replica", "--control-port", str(REPLICA_CONTROL_PORT)]
     assert c["image"] == "registry.example.com/recs:1.4"
-    assert c["ports"] == [{"name": "http", "containerPort": REPLICA_PORT, "protocol": "TCP"}]
+    assert c["ports"] == [{"name": "http", "containerPort": REPLICA_PORT, "protocol": "TCP"},
+                          {"name": "control", "containerPort": REPLICA_CONTROL_PORT, "protocol": "TCP"}]
     env = env_of(c)
     assert env[ENV_SPEC] == {"name": ENV_SPEC, "value": "/etc/modelplex/spec.yaml"}
     assert env[ENV_POD_NAME]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
@@ -124,8 +126,9 @@ def test_replica_deployment_runs_modelplex_replica():
     assert c["env"][-1] == {"name": "LOG_LEVEL", "value": "info"}
     assert c["envFrom"] == [{"secretRef": {"name": "s3-credentials"}}]
     assert c["resources"] == {"limits": {"nvidia.com/gpu": 1}}
-    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
-    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    # Probes go to the control port, answered by a loop that never runs user code.
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "control"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "control"}
     # a replica whose models saturate the node stays in its Service: slow answers are tolerated
     assert c["readinessProbe"]["timeoutSeconds"] >= 5 and c["readinessProbe"]["failureThreshold"] >= 3
     assert c["livenessProbe"]["timeoutSeconds"] >= 30
@@ -260,20 +263,23 @@ def policies_of(doc: dict, settings: BuildSettings = SETTINGS) -> dict[str, dict
     return {o["metadata"]["name"]: o["spec"] for o in build(doc, settings) if o["kind"] == "NetworkPolicy"}
 
 
-def test_by_default_a_replica_accepts_its_port_only_from_its_routers_the_operator_and_named_scrapers():
+def test_by_default_a_replica_accepts_its_api_port_only_from_its_routers_and_the_operator_and_its_control_port_from_named_scrapers():
     scraper = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
     policies = policies_of(body(), BuildSettings(operator_namespace="modelplex-system", metrics_from=(scraper,)))
     replica = policies["recs-replica"]
     assert replica["podSelector"] == {"matchLabels": {LABEL_DEPLOYMENT: "recs", LABEL_ROLE: "replica"}}
     assert replica["policyTypes"] == ["Ingress"]  # egress open: the apiserver and model stores
-    (rule,) = replica["ingress"]
-    assert rule["ports"] == [{"port": REPLICA_PORT, "protocol": "TCP"}]
-    assert rule["from"] == [
+    api, control = replica["ingress"]
+    assert api["ports"] == [{"port": REPLICA_PORT, "protocol": "TCP"}]
+    assert api["from"] == [
         {"podSelector": {"matchLabels": {LABEL_DEPLOYMENT: "recs", LABEL_ROLE: "router"}}},
         {"podSelector": {"matchLabels": {"app.kubernetes.io/component": "operator",
                                          "app.kubernetes.io/part-of": "modelplex"}},
-         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "modelplex-system"}}},
-        scraper]
+         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "modelplex-system"}}}]
+    assert control == {"from": [scraper], "ports": [{"port": REPLICA_CONTROL_PORT, "protocol": "TCP"}]}
+    # No scrapers named: the API rule alone (the kubelet's probes come from the node, which policies let in).
+    (only,) = policies_of(body(), BuildSettings(operator_namespace="modelplex-system"))["recs-replica"]["ingress"]
+    assert only["ports"] == [{"port": REPLICA_PORT, "protocol": "TCP"}]
     assert policies["recs-router"]["ingress"] == [{}]  # the router is the Service: open
 
 
