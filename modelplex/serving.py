@@ -39,7 +39,7 @@ _CANCEL_MARGIN_S = 2.0
 
 Drain = Callable[[float], Awaitable[None]]
 
-#: Open connections one server (a router, a replica's server loop, its user loop) keeps at once;
+#: Open connections one server (a router, a replica's API port, its control port) keeps at once;
 #: a connection over it gets a 503 and is closed, so idle or trickling clients cannot take every
 #: file descriptor.
 DEFAULT_MAX_CONNECTIONS = 1024

@@ -1,4 +1,4 @@
-"""The replica's internal HTTP API (the data port, 9000), as an aiohttp app factory.
+"""The replica's internal HTTP API (the API port, 9000), as an aiohttp app factory.
 
 The app runs where user code runs: its handlers call the handler, its ``@multiplexed`` loader
 and ``@batch`` queues directly, in the request's own task. In a replica process that is the

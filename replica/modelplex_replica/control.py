@@ -1,14 +1,14 @@
 """The control port: health, readiness and metrics on the server loop, which never runs user
-code; and the user loop, started and stopped with it, serving the data port.
+code; and the user loop, started and stopped with it, serving the API port.
 
-A replica process (``modelplex replica``) listens twice. The data port (``--port``, 9000)
+A replica process (``modelplex replica``) listens twice. The API port (``--port``, 9000)
 serves the replica's whole API (:func:`modelplex_replica.app.create_app`) on the user loop
 (:mod:`modelplex_replica.usercode`): every request runs user code in its own task, with no hop
 between threads, and its answers wait while a handler computes (the routers' polls allow for
 that: ``router/.../discovery/health.py``). The control port (``--control-port``; 9001 in pods)
 answers ``/healthz``, ``/readyz`` and ``/metrics`` only, on the main thread's loop, at once
 whatever user code does: the kubelet probes it and Prometheus scrapes it. Its paths are open,
-as on the data port (a NetworkPolicy says who reaches the port).
+as on the API port (a NetworkPolicy says who reaches the port).
 """
 
 from __future__ import annotations
@@ -22,28 +22,28 @@ from modelplex.serving import JsonErrorRunner
 from modelplex_replica.app import STATE, healthz, metrics_endpoint, readyz
 from modelplex_replica.usercode import UserCodeLoop
 
-#: After the drain, how long the data port's connections get to finish before they are closed.
+#: After the drain, how long the API port's connections get to finish before they are closed.
 CLOSE_TIMEOUT_S = 2.0
 
 
-def control_app(data: web.Application, *, host: str, port: int) -> web.Application:
-    """The server loop's app: the control routes over ``data``'s state. Its startup starts the
-    user loop serving ``data`` on ``host:port`` (an ``OSError`` when the port is taken, a failed
+def control_app(api: web.Application, *, host: str, port: int) -> web.Application:
+    """The server loop's app: the control routes over ``api``'s state. Its startup starts the
+    user loop serving ``api`` on ``host:port`` (an ``OSError`` when the port is taken, a failed
     ingress startup as it is); its cleanup closes that port and ends the user loop."""
     app = web.Application(middlewares=[error_middleware])
-    app[STATE] = data[STATE]
+    app[STATE] = api[STATE]
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)
-    app.cleanup_ctx.append(_data_port(data, host, port))
+    app.cleanup_ctx.append(_api_port(api, host, port))
     return app
 
 
-def _data_port(data: web.Application, host: str, port: int) -> Callable[[web.Application], AsyncIterator[None]]:
-    async def serve_data(app: web.Application) -> AsyncIterator[None]:
+def _api_port(api: web.Application, host: str, port: int) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def serve_api(app: web.Application) -> AsyncIterator[None]:
         user = UserCodeLoop()
         user.start()
-        runner = JsonErrorRunner(data, access_log=None, handler_cancellation=True, shutdown_timeout=CLOSE_TIMEOUT_S)
+        runner = JsonErrorRunner(api, access_log=None, handler_cancellation=True, shutdown_timeout=CLOSE_TIMEOUT_S)
         try:
             await user.submit(_listen(runner, host, port))
         except BaseException:
@@ -54,9 +54,9 @@ def _data_port(data: web.Application, host: str, port: int) -> Callable[[web.App
         await user.submit(runner.cleanup())
         await user.stop()
 
-    return serve_data
+    return serve_api
 
 
 async def _listen(runner: web.AppRunner, host: str, port: int) -> None:
-    await runner.setup()  # the data app's own startup (its cleanup_ctx) runs here, on the user loop
+    await runner.setup()  # the API app's own startup (its cleanup_ctx) runs here, on the user loop
     await web.TCPSite(runner, host, port).start()

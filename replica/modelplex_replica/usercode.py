@@ -1,9 +1,9 @@
-"""The user-code event loop: the replica's data port, its handlers, model loaders and batchers run here.
+"""The user-code event loop: the replica's API port, its handlers, model loaders and batchers run here.
 
 An ``async def`` handler that computes (a torch forward pass, as users write them) holds the
 loop it runs on. So a replica process has two: the server loop (the main thread) answers the
 control port (health, readiness, metrics: :mod:`modelplex_replica.control`) and never runs user
-code; the user loop (this module's thread) serves the data port, where every request runs user
+code; the user loop (this module's thread) serves the API port, where every request runs user
 code in its own task, without a hop between threads. A replica computing for its users still
 answers its kubelet at once, and its requests cost no thread hand-over (a hop each way cost
 ~10% of batched throughput: bench/results/house-2026-11-27.md).
@@ -66,7 +66,7 @@ class UserCodeLoop:
     async def submit(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """The result of ``coroutine``, run on the user loop (awaited from another loop), in the
         caller's context: started inside the replica's runtime (``modelplex.runtime``), what it
-        starts there (the data port's server, every request's task) carries that runtime."""
+        starts there (the API port's server, every request's task) carries that runtime."""
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, self.loop))
 
     async def stop(self, timeout: float = 10.0) -> None:

@@ -53,7 +53,7 @@ async def test_the_replicas_user_loop_runs_handler_code_in_the_replicas_runtime(
     user = UserCodeLoop()
     user.start()
     try:
-        # As the replica's server loop starts the data port: inside the replica's runtime.
+        # As the replica's server loop starts the API port: inside the replica's runtime.
         with runtime_scope(replica):
             answers = await asyncio.wait_for(user.submit(echo_all()), 30)
             assert await user.submit(asyncio.to_thread(current_runtime)) is replica

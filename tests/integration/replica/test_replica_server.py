@@ -178,7 +178,7 @@ async def test_load_and_unload_endpoints_and_prewarm(processes, manifest):
     assert "Loaded model 'extra' in" in log
 
 
-async def test_the_control_port_answers_at_once_while_user_code_holds_the_data_port(processes, manifest):
+async def test_the_control_port_answers_at_once_while_user_code_holds_the_api_port(processes, manifest):
     control_port = free_port()
     replica = processes.replica(manifest(handler="probe:Computes"), control_port=control_port)
     control = f"http://127.0.0.1:{control_port}"
@@ -195,7 +195,7 @@ async def test_the_control_port_answers_at_once_while_user_code_holds_the_data_p
             async with session.get(control + path) as response:
                 assert response.status == 200, path
         assert not computing.done()
-        # Only those: the API is the data port's (served where user code runs, one way).
+        # Only those: the API is the API port's (served where user code runs, one way).
         for method, path in (("POST", "/v1/invoke"), ("GET", "/v1/models"), ("POST", "/v1/pins")):
             async with session.request(method, control + path) as response:
                 assert response.status == 404 and (await response.json())["error"]["code"] == "not_found", path
