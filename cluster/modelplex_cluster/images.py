@@ -529,8 +529,15 @@ def _remove_superseded(env: Mapping[str, str], tag: str) -> None:
     stale = [f"{repository}:{t}" for t in listed
              if t != current and t.startswith(flavour) and re.fullmatch(r"[0-9a-f]{12}", t[len(flavour):])]
     if stale:
-        _docker(env, "rmi", *stale, check=False)
-        say(f"removed earlier builds: {' '.join(stale)}")
+        # --force: a container still using an earlier build (a killed test run's, say) keeps the
+        # image, and its tag goes all the same.
+        _docker(env, "rmi", "--force", *stale, check=False)
+        left = set(_docker(env, "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", repository).stdout.split())
+        removed = [t for t in stale if t not in left]
+        if removed:
+            say(f"removed earlier builds: {' '.join(removed)}")
+        if len(removed) < len(stale):
+            say(f"could not remove earlier builds: {' '.join(t for t in stale if t in left)}")
 
 
 def version_tag(tag: str) -> str:
