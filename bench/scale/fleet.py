@@ -93,8 +93,7 @@ class SimReplica:
     models: OrderedDict[str, None]
     version: int = 1
     read_version: int = 0  # the newest version a GET /v1/models served
-    #: (version, monotonic time) of changes not yet read by a router, and not yet in the annotation
-    unread: list[tuple[int, float]] = field(default_factory=list)
+    #: (version, monotonic time) of changes not yet in the annotation
     unpatched: list[tuple[int, float]] = field(default_factory=list)
     changes: list[Change] = field(default_factory=list)  # not yet read by a router
     reporter: AnnotationReporter | None = None
@@ -124,7 +123,6 @@ class SimReplica:
         self.models[model] = None
         self.version += 1
         now = time.monotonic()
-        self.unread.append((self.version, now))
         self.unpatched.append((self.version, now))
         self.changes.append(Change(self.version, now))
         if self.reporter is not None:
@@ -165,10 +163,8 @@ class Fleet:
     async def models(self, request: web.Request) -> web.Response:
         replica = self._replica(request)
         now = time.monotonic()
-        if replica.unread:
-            self.discovery_ms += [(now - t) * 1000 for v, t in replica.unread if v <= replica.version]
-            replica.unread.clear()
         for change in replica.changes:
+            self.discovery_ms.append((now - change.loaded) * 1000)
             stages = change.stages_ms(now)
             if stages is None or stages["router"] < 0:
                 self.read_before_watch += 1
@@ -213,7 +209,7 @@ class Fleet:
             "stages_ms": self.stages_ms, "read_before_watch": self.read_before_watch,
             "loads": self.loads, "requests": self.requests,
             "patches": sum(r.reporter.patches for r in self.replicas if r.reporter is not None),
-            "unread": sum(len(r.unread) for r in self.replicas),
+            "unread": sum(len(r.changes) for r in self.replicas),
         })
 
     async def reset(self, request: web.Request) -> web.Response:
@@ -222,7 +218,6 @@ class Fleet:
         self.stages_ms = {stage: [] for stage in STAGES}
         self.read_before_watch = 0
         for replica in self.replicas:
-            replica.unread.clear()
             replica.unpatched.clear()
             replica.changes.clear()
         return web.json_response({"ok": True})
