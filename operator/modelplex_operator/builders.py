@@ -73,6 +73,8 @@ PRE_STOP_S = 5
 #: Past the drain, for the process to cancel what is left and exit before the kubelet's SIGKILL.
 EXIT_MARGIN_S = 5
 COMPONENT_SPEC = "spec"
+#: How long the kubelet waits for a replica's /readyz: a loaded node's margin (see its probe).
+REPLICA_READINESS_TIMEOUT_S = 5
 #: The CPU warm tier's disk copies of fetched models (``spec.multiplexing.hostCacheBytes``).
 WARM_VOLUME = "warm-models"
 WARM_MOUNT = "/var/cache/modelplex/warm"
@@ -432,7 +434,8 @@ def replica_deployment(
         # The control port is answered by a loop that never runs user code, so a busy replica
         # answers at once; the margins are for a node whose CPUs the models saturate: a loaded
         # replica must not leave its Service.
-        "readinessProbe": _probe("/readyz", period=2, failures=3, timeout=5, port=CONTROL_PORT_NAME),
+        "readinessProbe": _probe("/readyz", period=2, failures=3, timeout=REPLICA_READINESS_TIMEOUT_S,
+                                 port=CONTROL_PORT_NAME),
         # Generous: a replica busy loading big models must not be killed for a slow answer
         # (30 s, as Ray Serve's health check).
         "livenessProbe": _probe("/healthz", period=10, failures=6, timeout=30, initial_delay=30,

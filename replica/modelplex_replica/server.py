@@ -25,7 +25,8 @@ _DRAIN_POLL_S = 0.05
 def run_replica(deployment: Deployment, *, host: str, port: int, control_port: int | None = None) -> int:
     """Block serving (the API on ``port``, probes and metrics also on ``control_port``: see
     :mod:`modelplex_replica.control`) until SIGINT/SIGTERM, then drain within
-    ``spec.gracefulShutdownTimeoutSeconds``."""
+    ``spec.gracefulShutdownTimeoutSeconds``. Returns the exit code: 1 when a port cannot be
+    bound (logged, naming it)."""
     # The handler is built and served inside the replica's runtime: every task and thread its
     # calls run in (the user loop's included) carries it.
     internal = internal_token_file()
@@ -40,9 +41,14 @@ def run_replica(deployment: Deployment, *, host: str, port: int, control_port: i
         log.info("replica of %r serving on http://%s:%d (handler %s)%s", deployment.name, host, port,
                  deployment.spec.handler or "built-in TorchScript",
                  f"; probes and metrics on http://{host}:{control_port}" if control_port else "")
-        serve(control_app(app, host=host, port=port), host=host, port=control_port,
-              grace_s=deployment.spec.graceful_shutdown_timeout_seconds,
-              drain=lambda deadline: drain(app, deadline), name=f"replica of {deployment.name!r}")
+        try:
+            serve(control_app(app, host=host, port=port), host=host, port=control_port,
+                  grace_s=deployment.spec.graceful_shutdown_timeout_seconds,
+                  drain=lambda deadline: drain(app, deadline), name=f"replica of {deployment.name!r}")
+        except OSError as error:
+            log.error("cannot serve on %s (API port %d, control port %s): %s", host, port,
+                      control_port if control_port is not None else "none", error)
+            return 1
     return 0
 
 

@@ -2,12 +2,13 @@
 
 import asyncio
 import json
+import socket
 
 import aiohttp
 
 from modelplex.wire.names import MODEL_ID_HEADER
 
-from support.servers import free_port, metric, wait_ready, wait_until
+from support.servers import START_TIMEOUT_S, free_port, metric, wait_ready, wait_until
 
 TIMEOUT = aiohttp.ClientTimeout(total=60)
 
@@ -202,3 +203,15 @@ async def test_the_control_port_answers_at_once_while_user_code_holds_the_api_po
         assert not computing.done()
         status, body, _ = await computing
         assert status == 200 and body["passes"] > 0
+
+
+async def test_a_replica_whose_port_is_taken_exits_1_naming_the_address(processes, manifest):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        replica = processes.replica(manifest(), port=port)
+        assert replica.popen.wait(timeout=START_TIMEOUT_S) == 1
+    log = replica.log.read_text()
+    assert f"cannot serve on 127.0.0.1 (API port {port}, control port none)" in log, log
+    assert "Traceback" not in log, log

