@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cgroups  # noqa: E402
 import loadgen  # noqa: E402
 import run  # noqa: E402
-from handlers import MLP_SIZES  # noqa: E402
+from handlers import GPU_MLP_SIZES, MLP_SIZES  # noqa: E402
 
 
 def commit(tree: Path) -> str:
@@ -80,7 +80,7 @@ def one_run(tree: Path, workdir: Path, name: str, args: argparse.Namespace, moni
     if args.workload == "multiplexing":
         return one_multiplexing_run(workdir, name, args, monitor)
     spec = {"replicas": 1, "handler": f"mp_handlers:{args.handler}", "maxOngoingRequests": args.max_ongoing}
-    body = run.mlp_body(MLP_SIZES[0])
+    body = run.mlp_body((GPU_MLP_SIZES if args.handler == "GPUBatchedMLP" else MLP_SIZES)[0])
     with monitor.phase(name), run.ModelplexStack(workdir, name, spec, run.bench_env()) as stack:
         asyncio.run(loadgen.unary(stack.url, body, args.concurrency, args.warmup, warmup_s=0))
         pids = stack.pids()
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-ongoing", type=int, default=128, help="as workload 1 sets it")
     parser.add_argument("--workload", default="batched", choices=["batched", "multiplexing"])
     parser.add_argument("--requests", type=int, default=400, help="multiplexing: requests in the trace")
-    parser.add_argument("--handler", default="BatchedMLP", choices=["BatchedMLP", "BatchedEcho"],
+    parser.add_argument("--handler", default="BatchedMLP", choices=["BatchedMLP", "BatchedEcho", "GPUBatchedMLP"],
                         help="BatchedEcho: the same batching with no model, to see the per-request cost alone")
     parser.add_argument("--cpus", type=float, default=0.0,
                         help="run the stacks in a cgroup with this CPU quota and a weight above other sessions' "
