@@ -43,6 +43,25 @@ SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 TOOLS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy", "kubectl", "helm",
          "coredns")
 POLICY_AGENT = "kube-router"
+#: The users the node's agents act as: each reads what it serves from and may change nothing
+#: (``AGENT_ROLES``), where the admin credential would let a compromised agent do anything.
+POLICY_AGENT_USER = "modelplex:policy-agent"
+DNS_USER = "modelplex:coredns"
+_READ = ["get", "list", "watch"]
+#: What each agent reads: kube-router's firewall (its informers: pods, namespaces, nodes,
+#: services, endpoints, endpoint slices, NetworkPolicies) and CoreDNS's kubernetes plugin
+#: (services, endpoint slices, namespaces; "pods insecure" never lists pods).
+AGENT_ROLES = {
+    POLICY_AGENT_USER: [
+        {"apiGroups": [""], "resources": ["pods", "namespaces", "nodes", "services", "endpoints"], "verbs": _READ},
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": _READ},
+        {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": _READ},
+    ],
+    DNS_USER: [
+        {"apiGroups": [""], "resources": ["services", "endpoints", "namespaces"], "verbs": ["list", "watch"]},
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
+    ],
+}
 #: The chain the policy agent adds once it has synced its rules (the jump from FORWARD to it).
 POLICY_AGENT_CHAIN = "KUBE-ROUTER-FORWARD"
 
@@ -327,6 +346,7 @@ class ControlPlane:
             self._start_controller_manager()
             self._start_scheduler()
             if self.node:
+                self._grant_node_agents()
                 self._start_containerd(deadline)
                 self._start_kubelet()
                 self._start_kube_proxy()
@@ -655,6 +675,19 @@ class ControlPlane:
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         self._launch("kube-proxy", [str(self.bin_dir / "kube-proxy"), f"--config={path}", "--v=1"])
 
+    def _grant_node_agents(self) -> None:
+        """Each node agent's ClusterRole and binding (``AGENT_ROLES``), before the agent starts."""
+        documents = []
+        for user, rules in AGENT_ROLES.items():
+            name = user.replace(":", "-")
+            documents.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                              "metadata": {"name": name}, "rules": rules})
+            documents.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                              "metadata": {"name": name},
+                              "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+                              "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]})
+        self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(documents))
+
     def _start_coredns(self) -> None:
         self._dns_ready_port = free_port()
         corefile = self.state_dir / "Corefile"
@@ -666,7 +699,7 @@ class ControlPlane:
     errors
     ready 127.0.0.1:{self._dns_ready_port}
     kubernetes {node.CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
-        kubeconfig {self.kubeconfig}
+        kubeconfig {self._client_kubeconfig("coredns", DNS_USER)}
         pods insecure
         fallthrough in-addr.arpa ip6.arpa
         ttl 5
@@ -683,7 +716,7 @@ class ControlPlane:
         kube-router's own ``--cleanup-config`` (it fails on a kernel without IPVS)."""
         comp = self._launch(POLICY_AGENT, [
             str(self.policy_agent),
-            f"--kubeconfig={self.kubeconfig}",
+            f"--kubeconfig={self._client_kubeconfig('policy-agent', POLICY_AGENT_USER)}",
             f"--hostname-override={self.node_name}",
             "--run-firewall=true",
             "--run-router=false",

@@ -11,6 +11,7 @@ from kubernetes import client
 
 from e2e.busybox import BUSYBOX
 from modelplex_cluster import node
+from modelplex_cluster.controlplane import POLICY_AGENT
 from modelplex_cluster.testing import http_get, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -56,6 +57,29 @@ def test_the_node_runs_containerd_and_is_ready(control_plane):
     assert any(c["type"] == "Ready" and c["status"] == "True" for c in item["status"]["conditions"])
     wide = control_plane.kubectl("get", "nodes", "-o", "wide").stdout
     assert "containerd://" in wide
+
+
+def test_the_node_agents_read_what_they_serve_from_and_change_nothing(control_plane, kube_namespace):
+    """kube-router's firewall and CoreDNS act with credentials of their own, not the admin's."""
+    def as_agent(stem: str, *args: str):
+        return control_plane.kubectl(*args, kubeconfig=control_plane.pki_dir / f"{stem}.kubeconfig", check=False)
+
+    running = {c.name: " ".join(c.argv) for c in control_plane.components if c.running()}
+    assert "policy-agent.kubeconfig" in running[POLICY_AGENT]
+    assert "coredns.kubeconfig" in (control_plane.state_dir / "Corefile").read_text()
+    for stem, reads in (("policy-agent", ["networkpolicies", "pods", "namespaces", "nodes", "endpointslices"]),
+                        ("coredns", ["services", "endpointslices", "namespaces"])):
+        for resource in reads:
+            listed = as_agent(stem, "get", resource, "--all-namespaces", "-o", "name")
+            assert listed.returncode == 0, (stem, resource, listed.stderr)
+        for denied in (["get", "secrets", "-n", kube_namespace],
+                       ["get", "configmaps", "-n", kube_namespace],
+                       ["create", "configmap", "agent-wrote-this", "-n", kube_namespace],
+                       ["delete", "namespace", kube_namespace, "--wait=false"]):
+            answer = as_agent(stem, *denied)
+            assert answer.returncode != 0 and "forbidden" in answer.stderr.lower(), (stem, denied, answer.stderr)
+    assert control_plane.kubectl("get", "configmap", "agent-wrote-this", "-n", kube_namespace,
+                                 check=False).returncode != 0
 
 
 def test_a_deployment_behind_a_service_with_dns(control_plane, kube_namespace):
