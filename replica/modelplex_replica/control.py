@@ -46,13 +46,10 @@ def _api_port(api: web.Application, host: str, port: int) -> Callable[[web.Appli
         runner = JsonErrorRunner(api, access_log=None, handler_cancellation=True, shutdown_timeout=CLOSE_TIMEOUT_S)
         try:
             await user.submit(_listen(runner, host, port))
-        except BaseException:
+            yield
+        finally:
             await user.submit(runner.cleanup())
             await user.stop()
-            raise
-        yield
-        await user.submit(runner.cleanup())
-        await user.stop()
 
     return serve_api
 
