@@ -584,14 +584,20 @@ async def test_lfu_evicts_the_least_requested_model():
     assert sorted(cache.loaded) == ["a", "c"]
 
 
-async def test_lfu_ages_counts_so_a_once_hot_model_goes():
-    from modelplex.cache import LFU_HALF_LIFE_S
-
+async def _lfu_cache_with_a_once_hot_model() -> tuple[Clock, Store, ModelCache]:
+    """Two slots under LFU; ``once-hot`` asked for 16 times."""
     clock = Clock()
     store = Store()
     cache = ModelCache(store.load, 2, policy="lfu", listener=store.listener, clock=clock)
     for _ in range(16):
         await cache.get("once-hot")
+    return clock, store, cache
+
+
+async def test_lfu_ages_counts_so_a_once_hot_model_goes():
+    from modelplex.cache import LFU_HALF_LIFE_S
+
+    clock, store, cache = await _lfu_cache_with_a_once_hot_model()
     clock.now += 5 * LFU_HALF_LIFE_S  # 16 requests are worth 0.5 now
     await cache.get("b")
     await cache.get("c")  # b (1 request) outweighs once-hot (16 halved five times)
@@ -600,11 +606,7 @@ async def test_lfu_ages_counts_so_a_once_hot_model_goes():
 
 
 async def test_lfu_without_ageing_would_keep_the_once_hot_model():
-    clock = Clock()
-    store = Store()
-    cache = ModelCache(store.load, 2, policy="lfu", listener=store.listener, clock=clock)
-    for _ in range(16):
-        await cache.get("once-hot")
+    clock, store, cache = await _lfu_cache_with_a_once_hot_model()
     clock.now += 1.0  # little time: the counts hold
     await cache.get("b")
     await cache.get("c")
