@@ -22,6 +22,7 @@ import ipaddress
 import logging
 import signal
 import typing
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Awaitable, Callable
 
@@ -31,6 +32,8 @@ from aiohttp.web_protocol import RequestHandler
 
 from modelplex.http import to_json
 from modelplex.wire.credentials import ENV_INTERNAL_TOKEN_FILE, TokenFile
+from modelplex.wire.errors import error_document
+from modelplex.wire.spec import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS, RouterSpec
 
 log = logging.getLogger("modelplex.serving")
 
@@ -39,14 +42,29 @@ _CANCEL_MARGIN_S = 2.0
 
 Drain = Callable[[float], Awaitable[None]]
 
-#: Open connections one server (a router, a replica's API port, its control port) keeps at once;
-#: a connection over it gets a 503 and is closed, so idle or trickling clients cannot take every
-#: file descriptor.
-DEFAULT_MAX_CONNECTIONS = 1024
-_OVER_CAP_BODY = b'{"error": {"code": "overloaded", "message": "too many open connections; retry"}}'
+_OVER_CAP_BODY = to_json(error_document("overloaded", "too many open connections; retry"))
 _OVER_CAP = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
              b"Connection: close\r\nContent-Length: " + str(len(_OVER_CAP_BODY)).encode() + b"\r\n\r\n"
              + _OVER_CAP_BODY)
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """What one server allows a connection (``spec.router``'s bounds, the replica's too).
+
+    - ``header_timeout_s``: a connection that has not sent a whole request head this long after
+      it opened (or after the first byte of its next request) is closed without an answer;
+    - ``idle_timeout_s``: a keep-alive connection with no request this long is closed;
+    - ``max_connections``: one more connection gets a 503 JSON and is closed (None: no cap).
+    """
+
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    max_connections: int | None = DEFAULT_MAX_CONNECTIONS
+
+    @classmethod
+    def of(cls, router: RouterSpec) -> ConnectionLimits:
+        return cls(router.header_timeout_seconds, router.idle_timeout_seconds, router.max_connections)
 
 
 class UnguardedHost(ValueError):
@@ -76,7 +94,47 @@ def check_credential(token: TokenFile, what: str) -> None:
 
 
 class JsonErrorProtocol(RequestHandler):
-    """aiohttp's connection protocol, answering its own (parser-level) errors in JSON."""
+    """aiohttp's connection protocol, answering its own (parser-level) errors in JSON, and closing
+    a connection whose request head does not arrive in time (aiohttp has no header timeout: a
+    silent socket or half a request line would otherwise hold a slot until keep-alive ends)."""
+
+    #: Closes the connection unless a whole request head arrives first; None while none is awaited.
+    _head_timer: asyncio.TimerHandle | None = None
+    #: Request heads parsed when the timer was last settled (aiohttp counts them as they come).
+    _heads_seen = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._await_head()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._request_count != self._heads_seen:  # a whole head arrived
+            self._heads_seen = self._request_count
+            self._settle_head()
+        elif data and self._head_timer is None and self._waiter is not None and not self._waiter.done():
+            self._await_head()  # the first bytes of an idle keep-alive connection's next request
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._settle_head()
+        super().connection_lost(exc)
+
+    def _await_head(self) -> None:
+        timeout = getattr(self._manager, "header_timeout_s", None)
+        if timeout is not None:
+            self._head_timer = self._loop.call_later(timeout, self._head_overdue)
+
+    def _settle_head(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_overdue(self) -> None:
+        self._head_timer = None
+        if self._request_count == self._heads_seen and self.transport is not None:
+            peer = self.transport.get_extra_info("peername")
+            log.debug("closed a connection from %s: no whole request head in time", peer[0] if peer else "?")
+            self.force_close()
 
     #: While answering a client's malformed request, what was wrong with it: aiohttp's ERROR with a
     #: traceback becomes one WARNING line (the client's mistake, not the server's).
@@ -99,7 +157,7 @@ class JsonErrorProtocol(RequestHandler):
         else:
             detail = (message or "").strip().splitlines()
             text = f"malformed HTTP request: {detail[0]}" if detail else "malformed HTTP request"
-        body = {"error": {"code": reason.lower().replace(" ", "_"), "message": text}}
+        body = error_document(reason.lower().replace(" ", "_"), text)
         response = web.Response(status=plain.status, body=to_json(body), content_type="application/json")
         response.force_close()
         return response
@@ -126,6 +184,7 @@ class _OverCap(asyncio.Protocol):
 
 class _JsonErrorServer(web.Server):
     max_connections: int | None = DEFAULT_MAX_CONNECTIONS
+    header_timeout_s: float | None = DEFAULT_HEADER_TIMEOUT_S
 
     # The loop takes any protocol from a server's factory; aiohttp's annotation names its own.
     def __call__(self) -> asyncio.Protocol:  # type: ignore[override]
@@ -139,24 +198,26 @@ class _JsonErrorServer(web.Server):
 
 class JsonErrorRunner(web.AppRunner):
     """An ``AppRunner`` whose connections answer parser errors with :class:`JsonErrorProtocol`
-    and are at most ``max_connections`` open at once (:data:`DEFAULT_MAX_CONNECTIONS`; None: no cap)."""
+    and keep to ``limits`` (:class:`ConnectionLimits`: header and idle timeouts, a cap on open
+    connections)."""
 
-    def __init__(self, app: web.Application, *, max_connections: int | None = DEFAULT_MAX_CONNECTIONS,
+    def __init__(self, app: web.Application, *, limits: ConnectionLimits = ConnectionLimits(),
                  **kwargs: Any) -> None:
-        super().__init__(app, **kwargs)
-        self._max_connections = max_connections
+        super().__init__(app, keepalive_timeout=limits.idle_timeout_s, **kwargs)
+        self._limits = limits
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
         # The app's own Server, built by aiohttp as usual; only the protocol it makes differs.
         server.__class__ = _JsonErrorServer
         ours = typing.cast(_JsonErrorServer, server)
-        ours.max_connections = self._max_connections
+        ours.max_connections = self._limits.max_connections
+        ours.header_timeout_s = self._limits.header_timeout_s
         return ours
 
 
 def serve(app: web.Application, *, host: str, port: int | None, grace_s: float, drain: Drain | None = None,
-          name: str = "server") -> None:
+          name: str = "server", limits: ConnectionLimits = ConnectionLimits()) -> None:
     """Serve ``app`` on ``host:port`` until SIGTERM/SIGINT, then drain within ``grace_s``.
 
     ``drain(deadline)`` (a loop time) is awaited first: it turns the app not-ready and may wait
@@ -166,17 +227,17 @@ def serve(app: web.Application, *, host: str, port: int | None, grace_s: float, 
     by its user loop's own listener, and no control port).
     """
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(_serve(app, host, port, grace_s, drain, name))
+        runner.run(_serve(app, host, port, grace_s, drain, name, limits))
 
 
 async def _serve(app: web.Application, host: str, port: int | None, grace_s: float, drain: Drain | None,
-                 name: str) -> None:
+                 name: str, limits: ConnectionLimits) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     # handler_cancellation: a client that goes away cancels its request's work.
-    runner = JsonErrorRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=grace_s)
+    runner = JsonErrorRunner(app, limits=limits, access_log=None, handler_cancellation=True, shutdown_timeout=grace_s)
     await runner.setup()
     started = loop.time()
     try:

@@ -49,6 +49,15 @@ DEFAULT_NOT_FOUND_CACHE_S = 5.0
 DEFAULT_GRACEFUL_SHUTDOWN_S = 20.0
 #: How long a request's body may take to arrive, at the router and at the replica.
 DEFAULT_BODY_TIMEOUT_S = 30.0
+#: A connection that has not sent a whole request head within this is closed without an answer
+#: (nginx's ``client_header_timeout``): idle or trickling sockets cannot hold a server's slots.
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+#: A keep-alive connection idle this long is closed; the router's pool to its replicas idles
+#: out sooner (after 30 s), so it never takes a stale connection for a dead replica.
+DEFAULT_IDLE_TIMEOUT_S = 60.0
+#: Open connections one server (a router, a replica's API port, a control port) keeps at once;
+#: one more gets a 503 and is closed, so idle clients cannot take every file descriptor.
+DEFAULT_MAX_CONNECTIONS = 1024
 #: Routers per deployment (pods): one can restart or move while the other serves.
 DEFAULT_ROUTER_REPLICAS = 2
 DEFAULT_ROUTER_PORT = 8000
@@ -247,6 +256,11 @@ class RouterSpec(_Model):
     # A request's whole body must arrive within this (router and replica), else 408: a client
     # trickling its body never holds a slot for long.
     body_timeout_seconds: float = Field(default=DEFAULT_BODY_TIMEOUT_S, gt=0, alias="bodyTimeoutSeconds")
+    # Connection bounds, at the router and at the replica: a whole request head within
+    # headerTimeoutSeconds, keep-alive idle up to idleTimeoutSeconds, at most maxConnections open.
+    header_timeout_seconds: float = Field(default=DEFAULT_HEADER_TIMEOUT_S, gt=0, alias="headerTimeoutSeconds")
+    idle_timeout_seconds: float = Field(default=DEFAULT_IDLE_TIMEOUT_S, gt=0, alias="idleTimeoutSeconds")
+    max_connections: int = Field(default=DEFAULT_MAX_CONNECTIONS, ge=1, alias="maxConnections")
     # Loading and unloading models through the router is arbitrary code execution on the
     # replicas (TorchScript is code): off unless asked for, as in Triton.
     model_control: bool = Field(default=False, alias="modelControl")

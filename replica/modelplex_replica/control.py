@@ -18,7 +18,7 @@ from typing import AsyncIterator, Callable
 from aiohttp import web
 
 from modelplex.http import error_middleware
-from modelplex.serving import JsonErrorRunner
+from modelplex.serving import ConnectionLimits, JsonErrorRunner
 from modelplex_replica.app import STATE, healthz, metrics_endpoint, readyz
 from modelplex_replica.usercode import UserCodeLoop
 
@@ -43,7 +43,11 @@ def _api_port(api: web.Application, host: str, port: int) -> Callable[[web.Appli
     async def serve_api(app: web.Application) -> AsyncIterator[None]:
         user = UserCodeLoop()
         user.start()
-        runner = JsonErrorRunner(api, access_log=None, handler_cancellation=True, shutdown_timeout=CLOSE_TIMEOUT_S)
+        # The API port keeps the router's connection bounds (spec.router): its clients are routers
+        # and handles, whose pools idle out before idleTimeoutSeconds.
+        limits = ConnectionLimits.of(api[STATE].deployment.spec.router)
+        runner = JsonErrorRunner(api, limits=limits, access_log=None, handler_cancellation=True,
+                                 shutdown_timeout=CLOSE_TIMEOUT_S)
         try:
             await user.submit(_listen(runner, host, port))
             yield

@@ -8,7 +8,7 @@ import logging
 from aiohttp import web
 
 from modelplex.runtime import runtime_scope
-from modelplex.serving import check_credential, check_unguarded_host, serve
+from modelplex.serving import ConnectionLimits, check_credential, check_unguarded_host, serve
 from modelplex.wire.credentials import internal_token_file
 from modelplex.wire.spec import Deployment
 from modelplex_replica.app import STATE, create_app
@@ -44,7 +44,8 @@ def run_replica(deployment: Deployment, *, host: str, port: int, control_port: i
         try:
             serve(control_app(app, host=host, port=port), host=host, port=control_port,
                   grace_s=deployment.spec.graceful_shutdown_timeout_seconds,
-                  drain=lambda deadline: drain(app, deadline), name=f"replica of {deployment.name!r}")
+                  drain=lambda deadline: drain(app, deadline), name=f"replica of {deployment.name!r}",
+                  limits=ConnectionLimits.of(deployment.spec.router))
         except OSError as error:
             log.error("cannot serve on %s (API port %d, control port %s): %s", host, port,
                       control_port if control_port is not None else "none", error)

@@ -8,7 +8,7 @@ import json
 
 from aiohttp import web
 
-from modelplex.serving import DEFAULT_MAX_CONNECTIONS, JsonErrorRunner
+from modelplex.serving import DEFAULT_MAX_CONNECTIONS, ConnectionLimits, JsonErrorRunner
 from support.servers import free_port
 
 
@@ -33,7 +33,7 @@ async def test_connections_over_the_cap_get_a_503_and_a_freed_one_is_taken_again
     assert DEFAULT_MAX_CONNECTIONS == 1024
     app = web.Application()
     app.router.add_get("/", hello)
-    runner = JsonErrorRunner(app, max_connections=3)
+    runner = JsonErrorRunner(app, limits=ConnectionLimits(max_connections=3))
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -59,4 +59,81 @@ async def test_connections_over_the_cap_get_a_503_and_a_freed_one_is_taken_again
     finally:
         for writer in opened:
             writer.close()
+        await runner.cleanup()
+
+
+async def _serving(limits: ConnectionLimits) -> tuple[web.AppRunner, int]:
+    app = web.Application()
+    app.router.add_get("/", hello)
+
+    async def upload(request: web.Request) -> web.Response:
+        return web.json_response({"bytes": len(await request.read())})
+
+    app.router.add_post("/", upload)
+    runner = JsonErrorRunner(app, limits=limits)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, port
+
+
+async def closed_within(reader: asyncio.StreamReader, seconds: float) -> bool:
+    """The server closed the connection (EOF, no answer) within ``seconds``."""
+    try:
+        return await asyncio.wait_for(reader.read(), seconds) == b""
+    except TimeoutError:
+        return False
+
+
+async def test_a_connection_without_a_whole_request_head_is_closed_unanswered_after_the_header_timeout():
+    runner, port = await _serving(ConnectionLimits(header_timeout_s=0.5, idle_timeout_s=60))
+    try:
+        silent_reader, silent = await asyncio.open_connection("127.0.0.1", port)
+        half_reader, half = await asyncio.open_connection("127.0.0.1", port)
+        half.write(b"GET / HT")
+        await half.drain()
+        assert not await closed_within(silent_reader, 0.2)  # not before the timeout
+        assert await closed_within(silent_reader, 0.5 + 2)
+        assert await closed_within(half_reader, 2)
+        reader, writer = await get(port)  # others are served
+        assert await answer(reader) == (200, {"ok": True})
+        writer.close()
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_slow_body_is_not_cut_by_the_header_timeout():
+    runner, port = await _serving(ConnectionLimits(header_timeout_s=0.3, idle_timeout_s=60))
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nab")
+        await writer.drain()
+        await asyncio.sleep(0.8)  # the head arrived whole: only the body timeout applies now
+        writer.write(b"cd")
+        assert await answer(reader) == (200, {"bytes": 4})
+        writer.close()
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_keep_alive_connection_is_closed_when_idle():
+    runner, port = await _serving(ConnectionLimits(header_timeout_s=0.5, idle_timeout_s=1.0))
+    try:
+        reader, writer = await get(port)
+        assert await answer(reader) == (200, {"ok": True})
+        assert not await closed_within(reader, 0.7)  # idle past the header timeout, under the idle one: kept
+        assert await closed_within(reader, 1.0 + 2)
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_keep_alive_connection_whose_next_head_stalls_is_closed_after_the_header_timeout():
+    runner, port = await _serving(ConnectionLimits(header_timeout_s=0.5, idle_timeout_s=60))
+    try:
+        reader, writer = await get(port)
+        assert await answer(reader) == (200, {"ok": True})
+        writer.write(b"GET / HTTP/1.1\r\nHo")
+        await writer.drain()
+        assert await closed_within(reader, 0.5 + 2)
+    finally:
         await runner.cleanup()
