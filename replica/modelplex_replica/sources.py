@@ -6,6 +6,7 @@ and ``s3://bucket/key``. S3 credentials and endpoint come from the standard AWS 
 which the operator fills from ``modelSource.secretRef``. http(s) credentials come from the
 same Secret: each ``MODELPLEX_SOURCE_HEADER_<NAME>`` variable is sent as the header ``<NAME>``
 (``MODELPLEX_SOURCE_HEADER_AUTHORIZATION`` → ``Authorization``); see :func:`source_headers`.
+They go to the source's own origin only: a redirect elsewhere is followed without them.
 
 No id leaves its source: ids with ``.``/``..`` segments are refused before any fetch
 (:func:`~modelplex.wire.ids.validate_model_id`), and the URL is sent exactly as built
@@ -31,6 +32,9 @@ from modelplex.wire.redact import redact_text, redact_url
 
 #: Environment variables (from ``modelSource.secretRef`` in pods) sent as HTTP headers.
 HEADER_ENV_PREFIX = "MODELPLEX_SOURCE_HEADER_"
+#: Redirects an http(s) source follows (aiohttp's own default).
+MAX_REDIRECTS = 10
+_REDIRECTS = (301, 302, 303, 307, 308)
 
 
 def source_headers(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -92,13 +96,22 @@ class ModelSource:
             # encoded=True: sent byte for byte as built; yarl would otherwise decode %2E and
             # resolve the dot segments (an id's escapes must reach the store as escapes).
             url = URL(location, encoded=True)
+            origin = url.origin()
             async with aiohttp.ClientSession(timeout=timeout) as session:
-                async with session.get(url, headers=self.headers) as response:
-                    if response.status == 404:
-                        raise ModelNotFound(f"model {model_id!r} not found at {shown}")
-                    if response.status != 200:
-                        raise ModelLoadError(f"fetching model {model_id!r} from {shown}: HTTP {response.status}")
-                    return await response.read()
+                for _ in range(MAX_REDIRECTS + 1):
+                    # The source's secret headers go to its own origin only: a redirect to
+                    # another host (a CDN, a signed-URL store) gets none of them.
+                    headers = self.headers if url.origin() == origin else {}
+                    async with session.get(url, headers=headers, allow_redirects=False) as response:
+                        if response.status in _REDIRECTS and "Location" in response.headers:
+                            url = url.join(URL(response.headers["Location"], encoded=True))
+                            continue
+                        if response.status == 404:
+                            raise ModelNotFound(f"model {model_id!r} not found at {shown}")
+                        if response.status != 200:
+                            raise ModelLoadError(f"fetching model {model_id!r} from {shown}: HTTP {response.status}")
+                        return await response.read()
+                raise ModelLoadError(f"fetching model {model_id!r} from {shown}: more than {MAX_REDIRECTS} redirects")
         except (aiohttp.ClientError, TimeoutError, ValueError) as error:
             raise ModelLoadError(f"fetching model {model_id!r} from {shown} failed: "
                                  f"{redact_text(_describe(error))}") from None

@@ -177,3 +177,58 @@ async def test_modelplex_local_sends_the_source_secret_as_a_header_and_shows_it_
     log = stack.proc.log.read_text(errors="replace")
     for text in [*(body for _, body in answers), metrics, log]:
         assert PASSWORD not in text and TOKEN not in text
+
+
+async def _recording_server(host: str, routes) -> tuple[aiohttp.web.AppRunner, str, list[dict[str, str]]]:
+    """A real HTTP server on ``host`` that records each request's headers."""
+    from aiohttp import web
+
+    from support.servers import free_port
+
+    seen: list[dict[str, str]] = []
+
+    @web.middleware
+    async def record(request, handler):
+        seen.append(dict(request.headers))
+        return await handler(request)
+
+    app = web.Application(middlewares=[record])
+    for path, handler in routes.items():
+        app.router.add_get(path, handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, host, port).start()
+    return runner, f"http://{host}:{port}", seen
+
+
+async def test_source_secret_headers_never_follow_a_redirect_to_another_origin():
+    from aiohttp import web
+
+    async def model(request):
+        return web.Response(body=b"model bytes")
+
+    elsewhere, elsewhere_url, elsewhere_seen = await _recording_server("127.0.0.2", {"/blob/m.pt": model})
+
+    async def moved_away(request):
+        raise web.HTTPFound(f"{elsewhere_url}/blob/m.pt")
+
+    async def moved_here(request):
+        raise web.HTTPTemporaryRedirect("/models/m.pt")
+
+    store, store_url, store_seen = await _recording_server(
+        "127.0.0.1", {"/away/m.pt": moved_away, "/here/m.pt": moved_here, "/models/m.pt": model})
+    headers = {"Authorization": f"Bearer {TOKEN}", "X-Api-Key": PASSWORD}
+    try:
+        away = ModelSource(store_url + "/away/{model_id}.pt", headers=headers)
+        assert await away.fetch("m") == b"model bytes"
+        assert store_seen[-1]["Authorization"] == f"Bearer {TOKEN}"  # the source itself gets them
+        leaked = [value for sent in elsewhere_seen for value in sent.values() if TOKEN in value or PASSWORD in value]
+        assert len(elsewhere_seen) == 1 and leaked == []
+
+        here = ModelSource(store_url + "/here/{model_id}.pt", headers=headers)
+        assert await here.fetch("m") == b"model bytes"
+        assert store_seen[-1]["X-Api-Key"] == PASSWORD  # a redirect within the origin keeps them
+    finally:
+        await store.cleanup()
+        await elsewhere.cleanup()
