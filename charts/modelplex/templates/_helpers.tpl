@@ -122,3 +122,10 @@ install and the Role of each watched namespace.
   resources: ["events"]
   verbs: ["create"]
 {{- end }}
+
+{{/*
+"true" where the server serves ValidatingAdmissionPolicy v1 (Kubernetes 1.30 and later), else empty.
+*/}}
+{{- define "modelplex.hasAdmissionPolicies" -}}
+{{- if semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version }}true{{ end }}
+{{- end }}

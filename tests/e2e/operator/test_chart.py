@@ -6,6 +6,7 @@ Uses the helm the control-plane script builds (no cluster needed for these).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 
 import pytest
@@ -183,3 +184,29 @@ def test_bad_values_are_refused_by_the_values_schema(helm_bin):
         [str(helm_bin), "template", "mx", str(CHART), "--kube-version", KUBE_VERSION, "--set", "replicaCount=2"],
         capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "replicaCount" in proc.stderr
+
+
+def test_on_a_server_older_than_1_30_the_replica_pod_policy_is_skipped_and_the_notes_say_so(helm_bin, tmp_path):
+    args = ["template", "mx", str(CHART), "--namespace", "ops", "--kube-version", "1.29.4"]
+    docs = [doc for doc in yaml.safe_load_all(helm(helm_bin, *args).stdout) if doc]
+    assert not by_kind(docs, "ValidatingAdmissionPolicy") and not by_kind(docs, "ValidatingAdmissionPolicyBinding")
+    assert by_kind(docs, "Deployment")  # the rest installs
+    old = notes(helm_bin, tmp_path, "1.29.4")
+    assert "NOT INSTALLED: the replica pod policy" in old and "v1.29.4" in old
+    assert "NOT INSTALLED" not in notes(helm_bin, tmp_path, KUBE_VERSION)
+
+
+def notes(helm_bin, tmp_path, kube_version: str) -> str:
+    """NOTES.txt as ``helm install`` prints it for a server of ``kube_version``: ``helm template``
+    skips NOTES.txt and an install needs a server of that version, so a copy of the chart renders
+    the same text into a YAML document."""
+    chart = tmp_path / f"chart-{kube_version}"
+    shutil.copytree(CHART, chart)
+    templates = chart / "templates"
+    text = (templates / "NOTES.txt").read_text()
+    (templates / "NOTES.txt").unlink()
+    (templates / "_notes.tpl").write_text('{{- define "notes" -}}\n' + text + "{{- end }}\n")
+    (templates / "notes.yaml").write_text('notes: |\n{{ include "notes" . | indent 2 }}\n')
+    out = helm(helm_bin, "template", "mx", str(chart), "--namespace", "ops", "--kube-version", kube_version,
+               "--show-only", "templates/notes.yaml").stdout
+    return yaml.safe_load(out)["notes"]
