@@ -10,14 +10,15 @@ go as OIP answers, one a frame, when the router asks for them with ``Accept:``
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
-from modelplex.calls import Invocation, invocation
+from modelplex.calls import Invocation, invocation, returns_stream
 from modelplex.http import to_json
-from modelplex.wire.errors import HandlerError, ModelplexError
+from modelplex.wire.errors import BadRequest, HandlerError, ModelplexError
 from modelplex.wire.oip import (HEADER_LENGTH, PROTOCOL, PROTOCOL_HEADER, STREAM_CONTENT_TYPE, VERSION_HEADER,
                                 InferRequest, as_outputs, decode_request, encode_response, stream_frame)
 
@@ -35,6 +36,15 @@ class OipInvocation(Invocation):
     header_length: int | None = None
     #: The router asked for a stream's chunks as OIP answers (:data:`STREAM_CONTENT_TYPE`).
     framed: bool = False
+
+    def outcome(self, value: Any) -> tuple[bytes, str] | Invocation:
+        """A one-shot infer's answer; a stream the handler returned is refused before its first
+        item (an OIP client reads one answer, never NDJSON), the stream closed unread."""
+        if not self.framed and returns_stream(value):
+            if inspect.isgenerator(value):
+                value.close()  # an async generator is closed by the loop's finalizer
+            raise one_shot_stream(self.infer.model_name)
+        return super().outcome(value)
 
     def encode(self, value: Any) -> tuple[bytes, str]:
         try:
@@ -71,8 +81,17 @@ def oip_invocation(request: web.Request, handler: Any, body: bytes, model_id: st
     infer.model_version = request.headers.get(VERSION_HEADER) or None
     plain = invocation(handler, "", infer)
     framed = STREAM_CONTENT_TYPE in request.headers.get("Accept", "")
+    if plain.streams and not framed:  # a generator handler: refused before it runs
+        raise one_shot_stream(model_id)
     return OipInvocation(plain.target, plain.args, plain.kwargs, plain.mode, name=plain.name, infer=infer,
                          framed=framed)
+
+
+def one_shot_stream(model_id: str | None) -> BadRequest:
+    """A generator handler called through one-shot infer (REST ``/infer``, gRPC ``ModelInfer``)."""
+    return BadRequest(f"model {model_id!r} streams its answers (a generator handler): one-shot infer carries "
+                      "one answer; call ModelStreamInfer over gRPC, or POST /v1/models/{id}/predict for an "
+                      "HTTP stream")
 
 
 def finish(call: Invocation, response: web.StreamResponse) -> None:

@@ -85,7 +85,7 @@ def deploy(processes: Processes, name: str, spec: dict) -> Deployment:
 
 @pytest.fixture(scope="package")
 def stack(tmp_path_factory) -> Iterator[dict[str, Deployment]]:
-    """The package's deployments, started once: zoo (built-in handler), tensors, events, hello."""
+    """The package's deployments, started once: zoo (built-in handler), tensors, events, hello, half-stream."""
     processes = Processes(tmp_path_factory.mktemp("oip"))
     try:
         build_models(processes.folder / "models")
@@ -99,6 +99,7 @@ def stack(tmp_path_factory) -> Iterator[dict[str, Deployment]]:
             "tensors": deploy(processes, "tensors", {"handler": "handlers:Tensors"}),
             "events": deploy(processes, "events", {"handler": "handlers:Events"}),
             "hello": deploy(processes, "hello", {"handler": "handlers:Hello"}),
+            "half-stream": deploy(processes, "half-stream", {"handler": "handlers:HalfStream"}),
         }
     except BaseException:
         print(processes.report())

@@ -3,9 +3,13 @@
 ``Tensors`` takes tensors by either protocol: an OIP request's arrays, or a native
 ``{"inputs": [...]}`` body; it answers arrays (OIP) or ``{"outputs": ...}`` (native).
 ``Events`` streams a few computed chunks; ``Hello`` answers a body-less GET, as Ray's docs call it.
+``HalfStream`` returns a generator of FP16 tensors (a plain method that streams), counting its
+calls in ``half-stream-calls`` beside this file, so a test sees whether it ran again.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 
@@ -35,3 +39,14 @@ class Events:
 class Hello:
     async def __call__(self, body):
         return {"hello": "world", "body_bytes": len(body) if isinstance(body, (bytes, bytearray)) else None}
+
+
+class HalfStream:
+    def __call__(self, body):
+        with open(Path(__file__).with_name("half-stream-calls"), "a") as calls:
+            calls.write("called\n")
+        return self._chunks(body)
+
+    def _chunks(self, body):
+        for step in range(3):
+            yield {"half": np.full(4, step, dtype=np.float16)}  # computed per chunk

@@ -10,6 +10,7 @@ import aiohttp
 import numpy as np
 
 from modelplex.wire.names import MODEL_ID_HEADER
+
 from support.servers import metric_value
 
 TIMEOUT = aiohttp.ClientTimeout(total=60)
@@ -108,3 +109,29 @@ async def test_server_sent_events_carry_anti_buffering_headers_and_stream_to_a_g
             assert resp.headers["Content-Type"].startswith("application/x-ndjson")
             assert "X-Accel-Buffering" not in resp.headers
             await resp.read()
+
+
+ONE_SHOT = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1.0]}]}
+
+
+async def test_a_generator_handler_through_one_shot_infer_is_a_400_before_it_runs(stack):
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        async with session.post(stack["events"].router_url + "/v2/models/m/infer", json=ONE_SHOT) as resp:
+            assert resp.status == 400
+            assert resp.headers["Content-Type"].startswith("application/json")
+            assert "ModelStreamInfer" in (await resp.json())["error"]
+
+
+async def test_a_handler_returning_a_stream_through_one_shot_infer_runs_once_and_answers_one_400(stack):
+    deployment = stack["half-stream"]
+    calls = deployment.folder / "half-stream-calls"
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        async with session.post(deployment.router_url + "/v2/models/m/infer", json=ONE_SHOT) as resp:
+            assert resp.status == 400  # never NDJSON to an OIP client, never a 502 after a retry
+            assert "ModelStreamInfer" in (await resp.json())["error"]
+        assert calls.read_text().splitlines() == ["called"]  # not retried on another try
+        # The same handler streams its FP16 chunks where a stream is asked for (native HTTP).
+        async with session.post(deployment.router_url + "/", json={}, headers={MODEL_ID_HEADER: "m"}) as resp:
+            assert resp.status == 200
+            records = [json.loads(line) for line in (await resp.text()).splitlines()]
+    assert len(records) == 3
