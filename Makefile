@@ -61,7 +61,10 @@ images: venv node-packages
 cluster-prereqs:
 	$(MAKE) --no-print-directory -j2 control-plane images
 
+# ruff and isort first (seconds: pyflakes' checks, import order), then the layers between components.
 lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/isort --check-only --quiet .
 	$(VENV)/bin/lint-imports
 
 # mypy over the product packages, strict on modelplex/wire (configured in pyproject.toml).

@@ -1,155 +1,70 @@
-"""Autoscaling that knows the cache: the routers' load report, the scaling decision, and the
+"""Autoscaling that knows the cache: the scaling decision, and the
 cache-aware choices (which replica leaves first, which models a new one pre-loads).
 
 Pure: no I/O, and no clock of its own (the :class:`Autoscaler` is given one), so the operator,
 local mode and the tests drive it alike. How the pieces fit:
 
-1. Every router serves a :class:`LoadReport` at ``GET /v1/load`` (:data:`LOAD_PATH`): the
-   requests it has at each replica, the requests it holds in its queue (at zero replicas,
-   every request is there), and the request rate of each model over the last
-   :data:`RATE_WINDOW_S`. Read it with :meth:`LoadReport.from_json`.
+1. Every router serves a :class:`~modelplex.wire.load.LoadReport` at ``GET /v1/load`` (the
+   contract is :mod:`modelplex.wire.load`): the requests it has at each replica, the requests
+   it holds in its queue (at zero replicas, every request is there), and the request rate of
+   each model over the last minute.
 2. The scaler reads every router of the deployment each tick (about every
-   :data:`DEFAULT_TICK_S`), adds their reports up with :func:`merge`, and feeds the sum to its
+   :data:`TICK_S`), adds their reports up with :func:`merge`, and feeds the sum to its
    :class:`Autoscaler` (``observe``), one per deployment, kept across ticks. ``decide(current)``
    gives the replica count to ask for and why (:class:`ScaleDecision`): ``current`` is the
    count the scaler asked for last (the replica Deployment's ``spec.replicas``), not how
    many are ready.
 3. Scale-down keeps the cache: :func:`deletion_costs` gives each replica its
    ``controller.kubernetes.io/pod-deletion-cost`` (:data:`DELETION_COST_ANNOTATION`), so the
-   ReplicaSet removes the coldest first; :func:`coldest_first` is the same order, for local
-   mode. :func:`rehome` says which hot models live only on a leaving replica and where to load
-   them first.
-4. A new replica pre-loads the hottest models (:func:`hottest_models`): the scaler writes them
-   with :func:`format_hot_models` to a file the replica reads at start, named by
-   :data:`ENV_PRELOAD_FILE` (in pods, a ConfigMap key mounted as a file; in local mode a file
-   local mode writes). The replica loads them, up to its capacity, before it reports ready.
+   ReplicaSet removes the coldest first (:func:`leaving_replicas` is the same order, which
+   local mode follows itself). :func:`cheap_moves` says which hot models live only on the
+   leaving replicas and where to load them first; declared copies are pinned on the staying
+   ones first.
+4. A new replica pre-loads the hottest models (:func:`hottest_models`, as many as
+   :func:`preload_count` says): the scaler writes them with
+   :func:`modelplex.wire.load.format_hot_models` to a file the replica reads at start.
+
+:func:`plan_round` is all of that for one round: both drivers (local mode,
+``modelplex_launcher.local``; the operator, ``modelplex_operator.handlers.autoscale``) observe,
+call it every :data:`TICK_S`, and carry out its :class:`RoundPlan`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter, deque
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterable, Mapping, Sequence
 
-from modelplex.wire.spec import Autoscaling
+from modelplex.wire.load import LoadReport, ReplicaLoad
+from modelplex.wire.pins import place_pins
+from modelplex.wire.spec import DEFAULT_MAX_MODELS_PER_REPLICA, Autoscaling
 
-#: The router's endpoint serving its :class:`LoadReport` (JSON).
-LOAD_PATH = "/v1/load"
-#: The replica reads the models to pre-load (:func:`parse_hot_models`) from the file this names.
-ENV_PRELOAD_FILE = "MODELPLEX_PRELOAD_FILE"
-#: The key (and file name) of the hot-models list in its ConfigMap.
-HOT_MODELS_KEY = "hot-models"
 #: Kubernetes removes the pod with the lowest cost first when a ReplicaSet scales down.
 DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
-#: The routers count each model's requests over this window (``model_rates`` are per second).
-RATE_WINDOW_S = 60.0
-#: How often a scaler should read the routers and decide.
-DEFAULT_TICK_S = 1.0
-#: Ray Serve's default bound on waiting for a replica at zero is far shorter; cold starts here
-#: (a pod scheduled, the image's Python started, a model loaded) take up to ~15 s.
-DEFAULT_HOLD_AT_ZERO_S = 60.0
 _INT32_MAX = 2**31 - 1
+
+# -- the drivers' common settings: local mode and the operator run the same rounds ------------
+
+#: Seconds between rounds, in both drivers. The decision's own windows (lookBack, delays) are in
+#: seconds, so this sets only how soon a change is seen: a request held at zero waits this at
+#: most before its replica starts. 2 s: each round of the operator lists a deployment's pods.
+TICK_S = 2.0
+#: A router's load report is read within this (all routers at once): a report is a small JSON
+#: document, and a round never runs past its tick for a router that does not answer.
+READ_TIMEOUT_S = 1.0
+#: At most this many hot models are loaded elsewhere before a scale-down (each is one model load).
+MAX_MOVES = 2
+#: Each of those loads is waited for this long at most.
+MOVE_TIMEOUT_S = 30.0
+#: Declared copies pinned before a scale-down are waited for ``loadTimeoutSeconds`` + this.
+PIN_MARGIN_S = 5.0
+#: A new replica pre-loads at most this many hot models: each one delays its readiness (a
+#: replica started for a request held at zero answers it only after them).
+MAX_PRELOAD_MODELS = 4
 
 
 # -- the report -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ReplicaLoad:
-    """One replica as one router sees it.
-
-    ``ongoing``: the router's requests at the replica now (in its slots, or waiting there for a
-    model's load). ``models``: the models it holds (loaded, as the router last learned).
-    ``capacity``: how many models it holds at most (0: unknown)."""
-
-    name: str
-    ongoing: int = 0
-    ready: bool = True
-    models: tuple[str, ...] = ()
-    capacity: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "ongoing": self.ongoing, "ready": self.ready,
-                "models": list(self.models), "capacity": self.capacity}
-
-
-@dataclass(frozen=True)
-class LoadReport:
-    """What a router (or, merged, all of a deployment's routers) has to say about load.
-
-    ``at``: wall-clock time (Unix seconds) the report was taken, to tell a stale one.
-    ``queued``: requests waiting in the router for a replica slot: every replica full, or none
-    ready (at zero replicas every request waits here: a scaler seeing ``queued > 0`` at zero
-    starts a replica). ``model_rates``: requests per second per model over ``window_s``.
-    """
-
-    deployment: str
-    at: float
-    queued: int = 0
-    replicas: tuple[ReplicaLoad, ...] = ()
-    model_rates: Mapping[str, float] = field(default_factory=dict)
-    window_s: float = RATE_WINDOW_S
-    router: str = ""
-
-    @property
-    def ongoing(self) -> int:
-        """All the requests the scaler counts: at the replicas and queued in the router."""
-        return sum(r.ongoing for r in self.replicas) + self.queued
-
-    def replica(self, name: str) -> ReplicaLoad | None:
-        return next((r for r in self.replicas if r.name == name), None)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "deployment": self.deployment,
-            "router": self.router,
-            "at": self.at,
-            "queued": self.queued,
-            "ongoing": self.ongoing,
-            "window_s": self.window_s,
-            "replicas": [r.to_dict() for r in self.replicas],
-            "model_rates": dict(sorted(self.model_rates.items())),
-        }
-
-    def to_json(self) -> bytes:
-        return json.dumps(self.to_dict(), separators=(",", ":")).encode()
-
-    @classmethod
-    def from_dict(cls, data: Any) -> LoadReport:
-        """Raises ValueError naming the field when ``data`` is not a report."""
-        if not isinstance(data, dict):
-            raise ValueError(f"load report: must be an object (got {type(data).__name__})")
-        try:
-            replicas = tuple(
-                ReplicaLoad(name=str(r["name"]), ongoing=_count(r.get("ongoing", 0), "ongoing"),
-                            ready=bool(r.get("ready", True)), models=tuple(str(m) for m in r.get("models", ())),
-                            capacity=_count(r.get("capacity", 0), "capacity"))
-                for r in data.get("replicas", ())
-            )
-            rates = {str(model): float(rate) for model, rate in (data.get("model_rates") or {}).items()}
-            return cls(deployment=str(data["deployment"]), at=float(data["at"]),
-                       queued=_count(data.get("queued", 0), "queued"), replicas=replicas, model_rates=rates,
-                       window_s=float(data.get("window_s", RATE_WINDOW_S)), router=str(data.get("router", "")))
-        except KeyError as error:
-            raise ValueError(f"load report: {error.args[0]}: required") from None
-        except (TypeError, AttributeError) as error:
-            raise ValueError(f"load report: malformed ({error})") from None
-
-    @classmethod
-    def from_json(cls, body: bytes | str) -> LoadReport:
-        try:
-            data = json.loads(body)
-        except ValueError as error:
-            raise ValueError(f"load report: not JSON ({error})") from None
-        return cls.from_dict(data)
-
-
-def _count(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise ValueError(f"load report: {name}: must be a count >= 0 (got {value!r})")
-    return int(value)
 
 
 def merge(reports: Iterable[LoadReport]) -> LoadReport:
@@ -236,7 +151,7 @@ class Autoscaler:
     load wants), and the bounds apply at once.
 
     ``clock`` is monotonic seconds (the scaler's own); call :meth:`observe` with each (merged)
-    report and :meth:`decide` after it, both at about :data:`DEFAULT_TICK_S`.
+    report and :meth:`decide` after it, both at about :data:`TICK_S`.
     """
 
     def __init__(self, config: Autoscaling, clock: Callable[[], float]):
@@ -354,20 +269,6 @@ def deletion_costs(report: LoadReport) -> dict[str, int]:
     return {name: min(_INT32_MAX, round(heat * 60)) for name, heat in replica_heat(report).items()}
 
 
-def coldest_first(report: LoadReport, candidates: Iterable[str] | None = None) -> list[str]:
-    """Replica names, the one to remove first first: the coldest cache, then the fewest
-    ongoing requests, then the name (later names first: the newest, in local mode).
-    ``candidates`` limits the answer to those names (replicas the report lacks count as cold)."""
-    heat = replica_heat(report)
-    names = list(heat) if candidates is None else list(candidates)
-
-    def key(name: str) -> tuple:
-        replica = report.replica(name)
-        return (heat.get(name, 0.0), replica.ongoing if replica else 0, [-ord(c) for c in name])
-
-    return sorted(names, key=key)
-
-
 def hottest_models(report: LoadReport, limit: int | None = None) -> list[str]:
     """The models a new replica should pre-load, hottest first: the most requests per second
     per copy (a model held nowhere counts as one copy). Models with no requests are left out."""
@@ -401,12 +302,143 @@ def rehome(report: LoadReport, leaving: str, *, min_rate: float = 0.0) -> list[t
     return moves
 
 
-def format_hot_models(models: Iterable[str]) -> str:
-    """The pre-load file's text: one model id a line, hottest first."""
-    return "".join(f"{model}\n" for model in models)
+def cheap_moves(report: LoadReport, leaving: Iterable[str], limit: int = MAX_MOVES, *,
+                targets: Iterable[str] | None = None, skip: Iterable[str] = ()) -> list[tuple[str, str]]:
+    """``(model, replica)``: the hot models only leaving replicas hold, each to load on a staying
+    replica with room for it (never one that would evict to take it), hottest first, at most
+    ``limit``. What is not cheap is left to the router: it loads a model where it lands.
+    ``targets``: the replicas that may take one (default: every staying one); ``skip``: models
+    taken care of otherwise (declared copies, pinned)."""
+    gone = set(leaving)
+    allowed = None if targets is None else set(targets)
+    skipped = set(skip)
+    room = {r.name: (r.capacity - len(set(r.models)) if r.capacity else 1)
+            for r in report.replicas if r.name not in gone and (allowed is None or r.name in allowed)}
+    candidates: list[tuple[str, str]] = []
+    for name in sorted(gone):
+        # Copies on the other leaving replicas go too: they count for nothing.
+        view = replace(report, replicas=tuple(r for r in report.replicas if r.name == name or r.name not in gone))
+        candidates.extend(move for move in rehome(view, name) if move[0] not in skipped)
+    # The hottest first, whichever replica leaves with it: the room goes to them.
+    candidates.sort(key=lambda move: (-report.model_rates.get(move[0], 0.0), move[0]))
+    moves: list[tuple[str, str]] = []
+    for model, target in candidates:
+        if len(moves) < limit and room.get(target, 0) > 0:
+            room[target] -= 1
+            moves.append((model, target))
+    return moves
 
 
-def parse_hot_models(text: str) -> list[str]:
-    """The model ids of a pre-load file (blank lines and ``#`` comments skipped, duplicates once)."""
-    models = (line.strip() for line in text.splitlines())
-    return list(dict.fromkeys(m for m in models if m and not m.startswith("#")))
+def preload_count(report: LoadReport | None, max_models_per_replica: int | None) -> int:
+    """How many hot models a new replica pre-loads, the one rule of both drivers:
+    ``min(capacity, MAX_PRELOAD_MODELS)``, the capacity being a replica's model capacity as the
+    routers report it (the handler's ``@multiplexed`` or the spec's), else the spec's
+    ``maxModelsPerReplica``, else Ray's default (:data:`DEFAULT_MAX_MODELS_PER_REPLICA`)."""
+    reported = max((r.capacity for r in report.replicas), default=0) if report is not None else 0
+    capacity = reported or max_models_per_replica or DEFAULT_MAX_MODELS_PER_REPLICA
+    return max(0, min(capacity, MAX_PRELOAD_MODELS))
+
+
+# -- one round --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReplicaState:
+    """A live replica as its driver sees it: a pod (``cost``: its pod-deletion-cost now, if
+    any), or a local process."""
+
+    name: str
+    ready: bool = False
+    cost: int | None = None
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What a driver saw at the start of a round.
+
+    ``reports``: the load reports of the routers that answered, of ``routers`` asked.
+    ``current``: the replica count asked for last. ``replicas``: the live replicas.
+    ``declared``: ``spec.models`` ``minCopies`` (model id -> copies to keep).
+    ``max_models_per_replica``: the spec's, if set. ``hot``: the pre-load list written last
+    (None: not known, e.g. after a restart)."""
+
+    reports: Sequence[LoadReport]
+    routers: int
+    current: int
+    replicas: Sequence[ReplicaState] = ()
+    declared: Mapping[str, int] = field(default_factory=dict)
+    max_models_per_replica: int | None = None
+    hot: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """What a round decided; the driver carries it out in this order: write ``costs`` (pods),
+    before a scale-down load ``moves`` and pin ``pins`` (and wait for them), change the count
+    to ``decision.desired`` (removing ``leaving``), write ``hot_models`` when not None.
+
+    ``decision`` is None when no router answered: nothing changes (``message`` says why)."""
+
+    decision: ScaleDecision | None
+    report: LoadReport | None
+    heard: str
+    message: str
+    #: Each live replica's pod-deletion-cost: its cache's heat (0: no router knows it yet).
+    costs: dict[str, int] = field(default_factory=dict)
+    #: On a scale-down: the replicas that go (not ready first, then the coldest).
+    leaving: tuple[str, ...] = ()
+    #: On a scale-down: ``(model, replica)`` hot models only leaving replicas hold, to load first.
+    moves: tuple[tuple[str, str], ...] = ()
+    #: On a scale-down: declared models to pin on each staying replica first (``{replica: ids}``).
+    pins: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: How many hot models a new replica pre-loads (:func:`preload_count`).
+    preload: int = 0
+    #: The pre-load list to write now; None: keep what is written (unchanged, or nothing hot:
+    #: an idle pool keeps the models that were hot last).
+    hot_models: tuple[str, ...] | None = None
+
+
+def leaving_replicas(replicas: Iterable[ReplicaState], costs: Mapping[str, int], count: int,
+                     report: LoadReport | None = None) -> list[str]:
+    """The ``count`` replicas a scale-down removes, in the ReplicaSet's order: not ready first,
+    then the lowest cost, then the fewest ongoing requests, then the last name (the newest, in
+    local mode; a pod's ReplicaSet breaks that tie its own way)."""
+    def ongoing(name: str) -> int:
+        replica = report.replica(name) if report is not None else None
+        return replica.ongoing if replica is not None else 0
+
+    ranked = sorted(replicas, key=lambda r: (r.ready, costs.get(r.name, 0), ongoing(r.name),
+                                             [-ord(c) for c in r.name]))
+    return [replica.name for replica in ranked[:max(count, 0)]]
+
+
+def plan_round(autoscaler: Autoscaler, observed: Observed) -> RoundPlan:
+    """One autoscaling round, for local mode and the operator alike: the reports added up and
+    fed to ``autoscaler`` (its state across rounds, and its clock), the count to ask for, the
+    deletion costs, what to load and pin before a scale-down, and the hot models to list."""
+    heard = f"{len(observed.reports)}/{observed.routers}"
+    current = observed.current
+    if not observed.reports:
+        why = (f"no load report from the routers ({heard} answered): keeping {current} replicas"
+               if observed.routers else f"no router runs yet: keeping {current} replicas")
+        return RoundPlan(None, None, heard, why)
+    report = merge(observed.reports)
+    autoscaler.observe_report(report)
+    decision = autoscaler.decide(current)
+    heat = deletion_costs(report)
+    costs = {replica.name: int(heat.get(replica.name, 0)) for replica in observed.replicas}
+    leaving: list[str] = []
+    moves: list[tuple[str, str]] = []
+    pins: dict[str, tuple[str, ...]] = {}
+    if decision.direction == "down":
+        leaving = leaving_replicas(observed.replicas, costs, current - decision.desired, report)
+        staying = {r.name for r in observed.replicas if r.ready and r.name not in leaving}
+        if observed.declared and staying:
+            capacity = {r.name: r.capacity for r in report.replicas}
+            placement = place_pins(observed.declared, {name: capacity.get(name, 0) for name in sorted(staying)})
+            pins = {name: models for name, models in placement.replicas.items() if models}
+        moves = cheap_moves(report, leaving, targets=staying, skip=observed.declared)
+    count = preload_count(report, observed.max_models_per_replica)
+    hot = tuple(hottest_models(report, count))
+    return RoundPlan(decision, report, heard, decision.reason, costs, tuple(leaving), tuple(moves), pins, count,
+                     hot if hot and hot != observed.hot else None)

@@ -38,8 +38,8 @@ from numbers import Real
 from typing import Any, Callable, cast
 
 from modelplex.context import get_multiplexed_model_id
-from modelplex.wire.errors import BatchItemTooLarge, HandlerError
 from modelplex.runtime import current_runtime
+from modelplex.wire.errors import BatchItemTooLarge, HandlerError
 from modelplex.wire.spec import DEFAULT_BATCH_WAIT_TIMEOUT_S, DEFAULT_MAX_BATCH_SIZE
 
 log = logging.getLogger("modelplex.batching")

@@ -60,6 +60,7 @@ from modelplex.wire.errors import (ModelLoadError, ModelLoadTimeout, ModelNotFou
                                    Overloaded)
 from modelplex.wire.loaded import MAX_ERROR_CHARS, MAX_FAILURES, LoadFailure
 from modelplex.wire.redact import redact_text
+from modelplex.wire.spec import DEFAULT_EVICTION_POLICY, DEFAULT_NOT_FOUND_CACHE_S, EVICTION_POLICIES
 
 log = logging.getLogger("modelplex.cache")
 
@@ -74,13 +75,13 @@ LoadStarted = Callable[[str], None]
 """Called as a load begins (a CUDA sizer notes the allocator's count there)."""
 Policy = Literal["lru", "lfu"]
 
-POLICIES = ("lru", "lfu")
+POLICIES = EVICTION_POLICIES
 #: How fast ``lfu`` forgets: a request counts half as much this many seconds later.
 LFU_HALF_LIFE_S = 600.0
 #: Ids whose size and request rate are remembered after they leave the cache.
 REMEMBERED_IDS = 10_000
 #: How long an id whose source said "no such model" is answered 404 without a load.
-DEFAULT_NOT_FOUND_TTL_S = 5.0
+DEFAULT_NOT_FOUND_TTL_S = DEFAULT_NOT_FOUND_CACHE_S
 #: Failed loads move ``version`` at most once this often (a document read and a pod patch each).
 FAILURE_VERSION_INTERVAL_S = 10.0
 
@@ -217,7 +218,7 @@ class ModelCache:
         max_concurrent_loads: int | None = None,
         load_timeout_s: float | None = None,
         max_waiting: int | None = None,
-        policy: Policy | str = "lru",  # checked against POLICIES below: a spec's value is a str
+        policy: Policy | str = DEFAULT_EVICTION_POLICY,  # checked against POLICIES below: a spec's value is a str
         size_of: SizeOf | None = None,
         load_started: LoadStarted | None = None,
         warm: WarmTier | None = None,

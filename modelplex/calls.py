@@ -16,12 +16,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Callable, Generator
 
 from modelplex.batching import STREAMING_ATTR
-from modelplex.wire.codec import (
-    CALL_CONTENT_TYPE, STREAM_CONTENT_TYPE, VALUE_CONTENT_TYPE, decode_call, encode_stream_error,
-    encode_stream_item, encode_value,
-)
-from modelplex.wire.errors import HandlerError, ModelplexError, NotFound, remote_error_class
 from modelplex.http import encode_body, to_json
+from modelplex.wire.codec import (CALL_CONTENT_TYPE, STREAM_CONTENT_TYPE, VALUE_CONTENT_TYPE, decode_call,
+                                  encode_stream_error, encode_stream_item, encode_value)
+from modelplex.wire.errors import HandlerError, ModelplexError, NotFound, remote_error_class
+from modelplex.wire.streams import ndjson_error_frame, sse_error_frame
+
 
 def call_mode(target: Callable) -> str:
     """How ``target`` (a function, a bound method or a callable instance) runs: "async" (a
@@ -212,12 +212,12 @@ class Invocation:
         """The record that ends a stream that failed part way; none for raw text or bytes, where
         it would read as data (the cut connection is the signal there)."""
         if sse:
-            return b"event: error\ndata: " + to_json(error.to_dict()) + b"\n\n"
+            return sse_error_frame(error)
         if self.typed:
             return encode_stream_error(error)
         if self.framing == "raw":
             return b""
-        return to_json(error.to_dict()) + b"\n"
+        return ndjson_error_frame(error)
 
 
 def returns_stream(value: Any) -> bool:

@@ -46,14 +46,13 @@ from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Coroutine
 import aiohttp
 import orjson
 
-from modelplex.wire.codec import (
-    CALL_CONTENT_TYPE, STREAM_CONTENT_TYPE, VALUE_CONTENT_TYPE, Call, RemoteStreamError, decode_value, encode_call,
-    from_plain,
-)
-from modelplex.wire.errors import BadRequest, ModelplexError, ReplicaFailed, UpstreamTimeout, error_for_status
 from modelplex.http import from_json, internal_session, is_json
+from modelplex.wire.codec import (CALL_CONTENT_TYPE, STREAM_CONTENT_TYPE, VALUE_CONTENT_TYPE, Call, RemoteStreamError,
+                                  decode_value, encode_call, from_plain)
+from modelplex.wire.errors import BadRequest, ModelplexError, ReplicaFailed, UpstreamTimeout, error_for_status
 from modelplex.wire.ids import InvalidModelId, validate_model_id
-from modelplex.wire.names import ENV_POD_NAMESPACE, MODEL_ID_HEADER, ROUTER_PORT, dns_label, router_env_name
+from modelplex.wire.names import ENV_POD_NAMESPACE, MODEL_ID_HEADER, dns_label, router_env_name
+from modelplex.wire.spec import DEFAULT_ROUTER_PORT
 
 log = logging.getLogger("modelplex.handles")
 
@@ -259,7 +258,7 @@ def resolve(deployment: str) -> str:
         return url.rstrip("/")
     namespace = os.environ.get(ENV_POD_NAMESPACE)
     if namespace:
-        return f"http://{label}.{namespace}.svc:{ROUTER_PORT}"
+        return f"http://{label}.{namespace}.svc:{DEFAULT_ROUTER_PORT}"
     raise LookupError(
         f"cannot find deployment {deployment!r}: set {router_env_name(deployment)} to its router's URL, "
         "run it with `modelplex local`, or run in a cluster (POD_NAMESPACE)"

@@ -1,26 +1,41 @@
-"""aiohttp pieces shared by the replica and the router: the error middleware and JSON bodies."""
+"""aiohttp pieces shared by the replica and the router: the error middleware, JSON bodies, and
+the small rules of the request path (the model-id header, hop-by-hop headers), each written once."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import aiohttp
 import orjson
 from aiohttp import web
 
 from modelplex.wire.credentials import INTERNAL_TOKEN_HEADER, internal_token_file
-from modelplex.wire.errors import ModelplexError, RequestTimeout
+from modelplex.wire.errors import ModelplexError, RequestTimeout, error_document
+from modelplex.wire.names import DASHED_MODEL_ID_HEADER, MODEL_ID_HEADER
 
 log = logging.getLogger(__name__)
 
 JSON_CONTENT_TYPES = ("application/json",)
 
+#: Headers that describe one hop of a connection, not the message (RFC 9110 7.6.1, and the
+#: framing of the body): a proxy never passes them on. Lower case; each relay adds what it
+#: sets itself (``Content-Length``, ``Host``, ...).
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
+                        "te", "trailer", "transfer-encoding", "upgrade"})
+
+
+def model_id_of(headers: Mapping[str, str]) -> str:
+    """The model a request names in its headers: Ray Serve's ``serve_multiplexed_model_id``, or
+    its dashed spelling (which proxies that drop underscores keep); "" for none."""
+    return headers.get(MODEL_ID_HEADER) or headers.get(DASHED_MODEL_ID_HEADER) or ""
+
 
 def error_response(status: int, code: str, message: str, *, retry_after: float | None = None) -> web.Response:
+    """The JSON error (:func:`~modelplex.wire.errors.error_document`) as an answer."""
     headers = {"Retry-After": str(max(1, round(retry_after)))} if retry_after is not None else None
-    return web.json_response({"error": {"code": code, "message": message}}, status=status, headers=headers)
+    return web.json_response(error_document(code, message), status=status, headers=headers)
 
 
 @web.middleware

@@ -10,16 +10,13 @@ Every way a read can fail comes back as one :class:`DocumentUnavailable` that sa
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import asyncio
+from collections.abc import Mapping
 
 import aiohttp
 
-from modelplex.wire.loaded import MAX_DOCUMENT_BYTES, LoadedModels, read_document
+from modelplex.wire.loaded import LOADED_MODELS_PATH, MAX_DOCUMENT_BYTES, LoadedModels, read_document
 
-#: The replica's endpoint.
-LOADED_MODELS_PATH = "/v1/models"
 #: How long one read may take, body included.
 FETCH_TIMEOUT_S = 3.0
 _CHUNK = 1 << 16

@@ -7,9 +7,9 @@ import inspect
 from typing import Any, Callable
 
 from modelplex.cache import ModelCache
+from modelplex.runtime import Runtime, current_runtime
 from modelplex.wire.errors import BadRequest
 from modelplex.wire.ids import InvalidModelId, validate_model_id
-from modelplex.runtime import Runtime, current_runtime
 from modelplex.wire.spec import DEFAULT_MAX_MODELS_PER_REPLICA
 
 _CACHES_ATTR = "__modelplex_caches__"

@@ -16,6 +16,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from modelplex.wire.spec import DEFAULT_EVICTION_POLICY, DEFAULT_NOT_FOUND_CACHE_S
+
 BatchObserver = Callable[[str, int, float], None]
 """(model id, batch size, seconds the first request waited) for every batch."""
 
@@ -37,9 +39,9 @@ class Runtime:
     max_model_bytes: int | None = None
     max_concurrent_loads: int | None = None
     load_timeout_s: float | None = None
-    not_found_ttl_s: float = 5.0  # spec.multiplexing.notFoundCacheSeconds
+    not_found_ttl_s: float = DEFAULT_NOT_FOUND_CACHE_S  # spec.multiplexing.notFoundCacheSeconds
     max_waiting_per_model: int | None = None
-    eviction_policy: str = "lru"
+    eviction_policy: str = DEFAULT_EVICTION_POLICY
     #: sizes of loaded models and the warm tier, from the replica (modelplex_replica.sizes/warm):
     #: ``model_size(model_id, model) -> bytes | None``, ``load_started(model_id)``.
     model_size: Callable[[str, Any], int | None] | None = None

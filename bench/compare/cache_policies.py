@@ -29,11 +29,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import aiohttp  # noqa: E402
-from aiohttp import web  # noqa: E402
-
 import belady  # noqa: E402
 import loadgen  # noqa: E402
 import run  # noqa: E402
+from aiohttp import web  # noqa: E402
 from handlers import MUX_SLOTS  # noqa: E402
 
 CONFIGS = {

@@ -25,6 +25,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))
 
 import belady  # noqa: E402
+
 from modelplex.cache import ModelCache  # noqa: E402
 
 CONFIGS = [("lru", None), ("lru", 1), ("lru", 2), ("lru", 4), ("lfu", None), ("lfu", 1), ("lfu", 2), ("lfu", 4)]

@@ -233,6 +233,7 @@ async def unary_grpc(address: str, model: str, row: list[float], concurrency: in
     ``address``): ``row`` as one FP32 tensor of raw contents, as tritonclient sends it."""
     import grpc
     import numpy as np
+
     from modelplex_router.grpc import messages
 
     request = messages.ModelInferRequest(model_name=model)

@@ -4,9 +4,9 @@ Manifests name them as ``handler: "mp_handlers:BatchedMLP"`` (this folder is on 
 replicas' import path).
 """
 
-import modelplex
-
 from handlers import build
+
+import modelplex
 
 _classes = build(modelplex)
 MLP = _classes.MLP

@@ -58,9 +58,8 @@ def adapt(cls, *, streaming: bool):
 
 
 def deployment(workload: str, options: dict):
-    from ray import serve
-
     from handlers import build
+    from ray import serve
 
     cls = getattr(build(serve), workload)
     return serve.deployment(name=workload, **options)(adapt(cls, streaming=workload in STREAMING))

@@ -52,15 +52,14 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
 import aiohttp  # noqa: E402
-
-from modelplex.processes import free_port  # noqa: E402
-
 import belady  # noqa: E402
 import cgroups  # noqa: E402
 import loadgen  # noqa: E402
 import report  # noqa: E402
 from handlers import (BATCH_MAX, BATCH_WAIT_S, BUSY_CHUNKS, BUSY_ROWS, GPU_BATCH_MAX, GPU_MLP_SIZES,  # noqa: E402
                       MLP_SIZES, MUX_SIZES, MUX_SLOTS, STREAM_CHUNKS, make_mlp)
+
+from modelplex.processes import free_port  # noqa: E402
 
 RAY = "Ray Serve"
 MPX = "Modelplex"

@@ -28,9 +28,10 @@ old = importlib.util.module_from_spec(spec)
 sys.modules["old_handles"] = old  # dataclasses look their module up
 spec.loader.exec_module(old)
 
+import modelplex.handles as new  # noqa: E402
+
 from support.servers import Processes  # noqa: E402
 from support.stacks import manifest, start_local, write_documents  # noqa: E402
-import modelplex.handles as new  # noqa: E402
 
 
 async def sequential(h, n=400):

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -37,6 +36,7 @@ import aiohttp
 import yaml
 
 from modelplex.processes import consecutive_free_ports, descendants, running, spawn, stop, wait_for
+from modelplex.wire.ready import READY_FILE_OPTION, read_ready_file
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "pipeline"
@@ -93,13 +93,15 @@ class LocalStack:
         deployments = sum(1 for doc in yaml.safe_load_all(manifest.read_text()) if doc)
         port = consecutive_free_ports(deployments)
         self.log.write_bytes(b"")
+        ready_file = self.folder / "local.ready.json"
+        ready_file.unlink(missing_ok=True)
         self.proc = spawn([sys.executable, "-m", "modelplex_launcher.cli", "--log-level", "warning", "local", str(manifest),
-                           "--port", str(port)], log=self.log, env=self.env)
+                           "--port", str(port), READY_FILE_OPTION, str(ready_file)], log=self.log, env=self.env)
         try:
-            output = wait_for(lambda: "Press Ctrl-C" in (text := self.log.read_text(errors="replace")) and text,
-                              self.timeout_s, 0.2, f"modelplex local ready (see {self.log})",
-                              guard=lambda: running(self.proc, "modelplex local", self.log))
-            self.urls = dict(re.findall(r"^(\S+) is ready at (http://\S+)", output, flags=re.M))
+            ready = wait_for(lambda: read_ready_file(ready_file), self.timeout_s, 0.2,
+                             f"modelplex local ready (see {self.log})",
+                             guard=lambda: running(self.proc, "modelplex local", self.log))
+            self.urls = ready.urls
             return self
         except BaseException:
             self.__exit__()

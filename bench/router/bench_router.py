@@ -31,6 +31,7 @@ from modelplex.processes import free_port, signal_group, spawn, stop, wait_for_a
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "compare"))
 import belady  # noqa: E402  (the trace, shared with the cache simulation)
+
 MODEL_ID_HEADER = "serve_multiplexed_model_id"
 
 

@@ -25,8 +25,8 @@ there now), ``GET /read?replica=I`` (the newest version a router read) and
 from __future__ import annotations
 
 import argparse
-import bisect
 import asyncio
+import bisect
 import concurrent.futures
 import json
 import random

@@ -53,8 +53,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
 import aiohttp
@@ -66,10 +66,11 @@ sys.path.insert(0, str(HERE.parent / "router"))
 
 import bench_decisions  # noqa: E402
 import fleet as sim  # noqa: E402
+
 from modelplex.processes import free_port, spawn, stop, wait_for  # noqa: E402
 from modelplex.wire.loaded import summary_annotations  # noqa: E402
-from modelplex.wire.names import (API_GROUP, API_VERSION, KIND, LABEL_DEPLOYMENT, LABEL_ROLE, MODEL_ID_HEADER,  # noqa: E402
-                                  PLURAL, ROLE_REPLICA)
+from modelplex.wire.names import (API_GROUP, API_VERSION, KIND, LABEL_DEPLOYMENT, LABEL_ROLE,  # noqa: E402
+                                  MODEL_ID_HEADER, PLURAL, ROLE_REPLICA)
 from modelplex_cluster.controlplane import ControlPlane, build_binaries  # noqa: E402
 
 NAMESPACE = "scale"

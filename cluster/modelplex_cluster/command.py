@@ -75,8 +75,8 @@ def _api_ready(state: Path) -> bool:
         info = json.loads((state / "ready").read_text())
     except (OSError, ValueError):
         return False
-    import ssl
     import http.client
+    import ssl
     import urllib.parse
 
     url = urllib.parse.urlsplit(info["server"])

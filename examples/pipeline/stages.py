@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-
 from frames import check_frames, cost_s, pack, unpack
+
 from modelplex import get_multiplexed_model_id, multiplexed
 from modelplex.wire.errors import BadRequest
 

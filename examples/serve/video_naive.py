@@ -10,15 +10,13 @@ as the seed's would, and checks the video it gets back (``serve_and_check`` in
 ``video_stages.py``, shared with the streaming example).
 """
 
-import asyncio
 from typing import List
 
 from fastapi import FastAPI
+from video_stages import FusedDetectEncode, local_path, read_frames, serve_and_check, video_shape
 
 from modelplex import serve
 from modelplex.serve.handle import DeploymentHandle
-
-from video_stages import FusedDetectEncode, local_path, read_frames, serve_and_check, video_shape
 
 
 @serve.deployment

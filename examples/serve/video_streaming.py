@@ -11,15 +11,13 @@ the orchestrator). The stages are in ``video_stages.py``; ``DecodeVideo`` here i
 that reads one batch of frames from the file each time the orchestrator asks for the next.
 """
 
-import asyncio
 from typing import List
 
 from fastapi import FastAPI
+from video_stages import ConcatVideo, FusedDetectEncode, local_path, read_frames, serve_and_check, video_shape
 
 from modelplex import serve
 from modelplex.serve.handle import DeploymentHandle
-
-from video_stages import ConcatVideo, FusedDetectEncode, local_path, read_frames, serve_and_check, video_shape
 
 
 @serve.deployment

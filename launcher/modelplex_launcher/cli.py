@@ -7,8 +7,9 @@ import logging
 import os
 import sys
 
-from modelplex.wire.names import ENV_SPEC, REPLICA_CONTROL_PORT, REPLICA_PORT, ROUTER_PORT
-from modelplex.wire.spec import Deployment, SpecError, load_manifest
+from modelplex.wire.names import ENV_SPEC, REPLICA_CONTROL_PORT, REPLICA_PORT
+from modelplex.wire.ready import ENV_READY_FILE, READY_FILE_OPTION
+from modelplex.wire.spec import DEFAULT_ROUTER_PORT, Deployment, SpecError, load_manifest
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -18,8 +19,11 @@ def _parser() -> argparse.ArgumentParser:
 
     local = commands.add_parser("local", help="run whole deployments (router + replicas) on this machine")
     local.add_argument("manifests", nargs="+", metavar="MANIFEST", help="a manifest, or a Ray Serve app: app.py:app")
-    local.add_argument("--port", type=int, default=ROUTER_PORT, help="the first router's port (default %(default)s)")
+    local.add_argument("--port", type=int, default=DEFAULT_ROUTER_PORT, help="the first router's port (default %(default)s)")
     local.add_argument("--host", default="127.0.0.1")
+    local.add_argument(READY_FILE_OPTION, metavar="PATH", default=os.environ.get(ENV_READY_FILE),
+                       help="once ready, write where each deployment answers to PATH as JSON (removed at exit; "
+                            f"default: ${ENV_READY_FILE})")
 
     build = commands.add_parser("build", help="write a Ray Serve application's deployments as manifests")
     build.add_argument("app", metavar="APP", help="app.py:app or package.module:app (an application, X.bind(...))")
@@ -42,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     router.add_argument("--spec", default=os.environ.get(ENV_SPEC), help=f"manifest file (default: ${ENV_SPEC})")
     router.add_argument("--name", help="which deployment of a multi-document manifest")
     router.add_argument("--host", default=os.environ.get("POD_IP", "127.0.0.1"))
-    router.add_argument("--port", type=int, default=ROUTER_PORT)
+    router.add_argument("--port", type=int, default=DEFAULT_ROUTER_PORT)
     router.add_argument("--grpc-port", type=int, default=None,
                         help="the Open Inference Protocol's gRPC port (default: spec.router.grpcPort, else a free one)")
     router.add_argument("--replica", action="append", default=[], metavar="URL", help="static replica URL (repeat)")
@@ -85,11 +89,11 @@ def main(argv: list[str] | None = None) -> int:
             return run_router(deployment, host=args.host, port=args.port, replica_urls=args.replica,
                               grpc_port=grpc_port)
         if args.command == "local":
-            from modelplex_launcher.local import run_local
             from modelplex.serve.build import local_manifests
+            from modelplex_launcher.local import run_local
 
             with local_manifests(args.manifests) as manifests:
-                return run_local(manifests, host=args.host, port=args.port)
+                return run_local(manifests, host=args.host, port=args.port, ready_file=args.ready_file)
         if args.command == "build":
             from modelplex.serve.build import build
 

@@ -17,11 +17,15 @@ to finish what they serve, as a pod's termination grace would.
 
 A deployment with ``spec.autoscaling`` gets a port for each of its ``maxReplicas`` replicas
 (its router polls them all; those not running are out of rotation) and starts
-``initialReplicas`` (else ``minReplicas``) of them. Every second the supervisor reads the
-router's load report (``GET /v1/load``), asks its :class:`~modelplex.autoscaling.Autoscaler`,
-and starts replicas (after writing the hottest models to the file the new replicas pre-load)
-or stops them, the coldest cache first, as the operator does with pods. At ``minReplicas: 0``
-the router runs alone while idle and holds the first request until a replica is ready.
+``initialReplicas`` (else ``minReplicas``) of them. The supervisor is the deployment's
+autoscaling driver, as the operator is in a cluster: every
+:data:`~modelplex.autoscaling.TICK_S` it reads the router's load report (``GET /v1/load``),
+runs the same round (:func:`modelplex.autoscaling.plan_round`) and carries it out: it keeps
+the file the new replicas pre-load (the hottest models) current, starts replicas, or, before
+stopping the coldest ones, loads the hot models only they hold and pins the declared copies
+(``spec.models`` ``minCopies``) on the replicas that stay, in a worker thread, waiting for
+them. At ``minReplicas: 0`` the router runs alone while idle and holds the first request until
+a replica is ready.
 """
 
 from __future__ import annotations
@@ -38,17 +42,22 @@ import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from modelplex.autoscaling import (DEFAULT_TICK_S, ENV_PRELOAD_FILE, LOAD_PATH, Autoscaler, LoadReport, coldest_first,
-                                   format_hot_models, hottest_models)
-from modelplex.wire.names import MODEL_ID_HEADER, ROUTER_PORT, router_env_name
+from modelplex.autoscaling import (MOVE_TIMEOUT_S, PIN_MARGIN_S, READ_TIMEOUT_S, TICK_S, Autoscaler, Observed,
+                                   ReplicaState, RoundPlan, plan_round)
 from modelplex.processes import free_port, free_ports, port_free, signal_group, spawn
 from modelplex.wire.credentials import (ENV_CLIENT_TOKENS_DIR, ENV_INTERNAL_TOKEN_FILE, INTERNAL_TOKEN_HEADER,
                                         TokenFile, new_token, write_token_file)
-from modelplex.wire.spec import (DEFAULT_GRACEFUL_SHUTDOWN_S, DEFAULT_MAX_MODELS_PER_REPLICA, Deployment, SecretDocument,
+from modelplex.wire.load import ENV_PRELOAD_FILE, LOAD_PATH, LoadReport, format_hot_models
+from modelplex.wire.names import MODEL_ID_HEADER, router_env_name
+from modelplex.wire.pins import LEASE_S, PINS_PATH, PinRequest
+from modelplex.wire.ready import ENV_READY_FILE, ReadyDeployment, ReadyFile, write_ready_file
+from modelplex.wire.spec import (DEFAULT_GRACEFUL_SHUTDOWN_S, DEFAULT_ROUTER_PORT, Deployment, SecretDocument,
                                  SpecError, load_manifest_documents)
 
 #: Past a child's own grace (``spec.gracefulShutdownTimeoutSeconds``), before SIGKILL.
@@ -138,6 +147,16 @@ class Scaler:
     hot_models_file: Path
     next_tick: float = 0.0
     unreadable: bool = False  # the router's report could not be read last time (said once)
+    #: The pre-load list written last (None: none yet).
+    hot: tuple[str, ...] | None = None
+    #: A scale-down's loads and pins before its replicas stop (the rounds wait for it, as the
+    #: operator's round awaits them): its result is the replicas to stop then.
+    preparing: Future | None = None
+
+    @property
+    def urls(self) -> dict[str, str]:
+        """Each replica's URL, by name."""
+        return {self.plan.replica_name(i): self.plan.replica_url(i) for i in range(len(self.plan.replica_ports))}
 
     @property
     def current(self) -> int:
@@ -233,18 +252,23 @@ def _connect_host(host: str) -> str:
 class LocalRun:
     """Starts, watches and stops the children of a set of :class:`Plan` s."""
 
-    def __init__(self, plans: list[Plan], *, out=None, log_level: str | None = None):
+    def __init__(self, plans: list[Plan], *, out=None, log_level: str | None = None, ready_file: Path | None = None):
         self.plans = plans
         self.out = out or sys.stdout
+        #: Where the run says, for programs, where each deployment answers (:mod:`modelplex.wire.ready`).
+        self.ready_file = ready_file
         self.stop = threading.Event()
         self.log_level = log_level or logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
         self.env = dict(os.environ)
         self.env["PYTHONUNBUFFERED"] = "1"
+        self.env.pop(ENV_READY_FILE, None)  # the run's own: a child starting a run of its own must not overwrite it
         for p in plans:
             self.env[router_env_name(p.deployment.name)] = p.router_url
         self.replicas: list[Child] = []
         self.routers: list[Child] = []
         self.scalers: list[Scaler] = []
+        #: Runs the scale-downs' loads and pins, so the supervisor goes on watching its children.
+        self._workers = ThreadPoolExecutor(1, thread_name_prefix="modelplex-scale-down")
         #: Local mode's own files (the hot-models lists, credentials), removed at shutdown.
         self.state_dir = Path(tempfile.mkdtemp(prefix="modelplex-local-"))
         self.internal_token = _internal_token_file(self.env, self.state_dir)
@@ -323,6 +347,7 @@ class LocalRun:
                     self._start(child)
             if not self._wait_ready():
                 return 0 if self.stop.is_set() else 1
+            self._write_ready_file()
             self._print_ready()
             self._supervise()
             return 0
@@ -385,6 +410,16 @@ class LocalRun:
         except ValueError:
             return False
 
+    def ready(self) -> ReadyFile:
+        """Where each started deployment answers: what the ready file holds (the printed lines say it to people)."""
+        return ReadyFile(tuple(ReadyDeployment(name=p.deployment.name, url=p.router_url, grpc=p.grpc_address)
+                               for p in self.plans if p.replica_ports))
+
+    def _write_ready_file(self) -> None:
+        # Before the lines are printed: whoever waits for "Press Ctrl-C" finds the file too.
+        if self.ready_file is not None:
+            write_ready_file(self.ready_file, self.ready())
+
     def _print_ready(self) -> None:
         self.say("")
         self.say(f"internal credential: {self.internal_token.path}  (set {ENV_INTERNAL_TOKEN_FILE} to it in scripts "
@@ -393,6 +428,7 @@ class LocalRun:
             if not p.replica_ports:
                 continue
             spec = p.deployment.spec
+            # For people; programs read the ready file (--ready-file), not these lines.
             self.say(f"{p.deployment.name} is ready at {p.router_url}  gRPC {p.grpc_address}  "
                      f"({router_env_name(p.deployment.name)})")
             if p.deployment.spec.autoscaling is not None and not p.starting_replicas:
@@ -411,7 +447,7 @@ class LocalRun:
             now = time.monotonic()
             for scaler in self.scalers:
                 if now >= scaler.next_tick:
-                    scaler.next_tick = now + DEFAULT_TICK_S
+                    scaler.next_tick = now + TICK_S
                     self._scale(scaler)
             now = time.monotonic()
             for child in self.children:
@@ -437,24 +473,38 @@ class LocalRun:
     # -- autoscaling -------------------------------------------------------------------------
 
     def _scale(self, scaler: Scaler) -> None:
-        """One round: the router's report, the decision, and replicas started or stopped."""
+        """One round: observe (the router's report, the replicas), plan, carry it out."""
         name = scaler.plan.deployment.name
+        if scaler.preparing is not None:
+            if not scaler.preparing.done():
+                return  # the scale-down's loads and pins: the next round comes after them
+            leaving, scaler.preparing = scaler.preparing.result(), None
+            self._stop_replicas(scaler, leaving)
+            return
         report = self._read_load(scaler.plan)
-        if report is None:
+        spec = scaler.plan.deployment.spec
+        running = [c for c in scaler.slots if c.wanted]
+        seen = {r.name: r for r in report.replicas} if report is not None else {}
+        plan = plan_round(scaler.autoscaler, Observed(
+            reports=[report] if report is not None else [], routers=1, current=scaler.current,
+            replicas=[ReplicaState(c.name, ready=c.name in seen and seen[c.name].ready) for c in running],
+            declared=spec.pinned_models, max_models_per_replica=spec.multiplexing.max_models_per_replica,
+            hot=scaler.hot))
+        decision = plan.decision
+        if decision is None:
             if not scaler.unreadable:
                 self.say(f"modelplex local: {name}: cannot read the router's load report; not scaling")
             scaler.unreadable = True
             return
         scaler.unreadable = False
-        scaler.autoscaler.observe_report(report)
+        if plan.hot_models is not None:  # before any replica starts: it reads the file at start
+            self._write_hot_models(scaler, plan.hot_models)
         current = scaler.current
-        decision = scaler.autoscaler.decide(current)
         if decision.desired > current:
             free = [c for c in scaler.slots if not c.wanted and not c.running]
             starting = free[:decision.desired - current]
             if not starting:
                 return  # every other slot is still stopping: next round
-            self._write_hot_models(scaler, report)
             self.say(f"modelplex local: {name}: {current} -> {current + len(starting)} replica(s) "
                      f"({decision.reason}): starting {', '.join(c.name for c in starting)}")
             for child in starting:
@@ -462,37 +512,67 @@ class LocalRun:
                 child.restarts = 0
                 self._start(child)
         elif decision.desired < current:
-            running = [c.name for c in scaler.slots if c.wanted]
-            leaving = set(coldest_first(report, running)[:current - decision.desired])
             self.say(f"modelplex local: {name}: {current} -> {decision.desired} replica(s) ({decision.reason}): "
-                     f"stopping {', '.join(sorted(leaving))} (coldest cache first)")
-            now = time.monotonic()
-            for child in scaler.slots:
-                if child.name in leaving:
-                    child.wanted = False
-                    child.ready = False
-                    child.restart_at = None
-                    if child.running:
-                        child.signal_group(signal.SIGTERM)  # it drains, as a pod would
-                        child.kill_at = now + child.stop_grace_s
+                     f"stopping {', '.join(sorted(plan.leaving))} (coldest cache first)")
+            if plan.moves or plan.pins:
+                scaler.preparing = self._workers.submit(self._before_scale_down, scaler, plan)
+            else:
+                self._stop_replicas(scaler, plan.leaving)
+
+    def _stop_replicas(self, scaler: Scaler, leaving: tuple[str, ...]) -> None:
+        now = time.monotonic()
+        for child in scaler.slots:
+            if child.name in leaving:
+                child.wanted = False
+                child.ready = False
+                child.restart_at = None
+                if child.running:
+                    child.signal_group(signal.SIGTERM)  # it drains, as a pod would
+                    child.kill_at = now + child.stop_grace_s
+
+    def _before_scale_down(self, scaler: Scaler, plan: RoundPlan) -> tuple[str, ...]:
+        """In a worker thread: the round's moves and pins on the staying replicas, all at once,
+        waited for (as the operator does); the replicas to stop then."""
+        urls = scaler.urls
+        token = self.internal_token.token() or ""
+        timeout = scaler.plan.deployment.spec.multiplexing.load_timeout_seconds + PIN_MARGIN_S
+        calls: list[tuple[str, str, dict | None, float]] = [
+            (f"{model} -> {target}", urls[target] + f"/v1/models/{urllib.parse.quote(model, safe='')}/load", None,
+             MOVE_TIMEOUT_S) for model, target in plan.moves]
+        calls += [(f"{replica}: pinned {', '.join(models)}", urls[replica] + PINS_PATH,
+                   PinRequest(models, LEASE_S, wait=True).to_dict(), timeout) for replica, models in plan.pins.items()]
+
+        def call(what: str, url: str, body: dict | None, timeout_s: float) -> str:
+            request = urllib.request.Request(url, method="POST", data=json.dumps(body or {}).encode(),
+                                             headers={INTERNAL_TOKEN_HEADER: token, "Content-Type": "application/json"})
+            try:
+                with _DIRECT.open(request, timeout=timeout_s) as answer:
+                    answer.read()
+                return what
+            except (OSError, urllib.error.URLError, http.client.HTTPException) as error:
+                return f"{what} (failed: {error})"
+
+        with ThreadPoolExecutor(max(1, len(calls))) as pool:
+            done = list(pool.map(lambda c: call(*c), calls))
+        self.say(f"modelplex local: {scaler.plan.deployment.name}: before stopping {', '.join(plan.leaving)}: "
+                 + "; ".join(done))
+        return plan.leaving
 
     def _read_load(self, plan: Plan) -> LoadReport | None:
         try:
             request = urllib.request.Request(plan.router_url + LOAD_PATH,
                                              headers={INTERNAL_TOKEN_HEADER: self.internal_token.token() or ""})
-            with urllib.request.urlopen(request, timeout=1.0) as response:
+            with _DIRECT.open(request, timeout=READ_TIMEOUT_S) as response:
                 return LoadReport.from_json(response.read())
-        except (OSError, urllib.error.URLError, ValueError):
+        except (OSError, urllib.error.URLError, http.client.HTTPException, ValueError):
             return None
 
-    def _write_hot_models(self, scaler: Scaler, report: LoadReport) -> None:
-        """The models a new replica pre-loads: the hottest ones, as many as a replica holds."""
-        capacity = max((r.capacity for r in report.replicas), default=0) or (
-            scaler.plan.deployment.spec.multiplexing.max_models_per_replica or DEFAULT_MAX_MODELS_PER_REPLICA)
-        text = format_hot_models(hottest_models(report, limit=capacity))
+    def _write_hot_models(self, scaler: Scaler, models: tuple[str, ...]) -> None:
+        """The models a new replica pre-loads, as the round listed them."""
         partial = scaler.hot_models_file.with_suffix(".partial")
-        partial.write_text(text)
+        partial.write_text(format_hot_models(models))
         partial.replace(scaler.hot_models_file)  # a replica starting now reads all of it or none
+        scaler.hot = models
 
     def shutdown(self) -> None:
         """Stop the routers, then the replicas: SIGTERM each process group, wait for it within its
@@ -518,7 +598,14 @@ class LocalRun:
                     child.proc.wait(timeout=5)
                 except subprocess.TimeoutExpired:
                     pass
+        self._workers.shutdown(wait=False, cancel_futures=True)
         shutil.rmtree(self.state_dir, ignore_errors=True)
+        if self.ready_file is not None:  # the file exists while the run serves
+            Path(self.ready_file).unlink(missing_ok=True)
+
+
+#: Straight to the local processes, whatever proxy the environment names.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def _internal_token_file(env: dict[str, str], state_dir: Path) -> TokenFile:
@@ -542,11 +629,14 @@ def _spec_env(deployment: Deployment, say) -> dict[str, str]:
     return env
 
 
-def run_local(manifest_paths: list[str], *, host: str = "127.0.0.1", port: int = ROUTER_PORT) -> int:
-    """Run the deployments of ``manifest_paths`` here until Ctrl-C / SIGTERM; the exit code."""
+def run_local(manifest_paths: list[str], *, host: str = "127.0.0.1", port: int = DEFAULT_ROUTER_PORT,
+              ready_file: str | Path | None = None) -> int:
+    """Run the deployments of ``manifest_paths`` here until Ctrl-C / SIGTERM; the exit code.
+    Once ready, the run writes where each deployment answers to ``ready_file`` (the CLI's
+    ``--ready-file``, else ``$MODELPLEX_READY_FILE``) and removes it when it stops."""
     try:
         plans = plan(list(manifest_paths), host=host, port=port)
     except SpecError as error:
         print(f"modelplex local: {error}", file=sys.stderr)
         return 2
-    return LocalRun(plans).run()
+    return LocalRun(plans, ready_file=Path(ready_file) if ready_file else None).run()

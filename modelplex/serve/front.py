@@ -18,14 +18,13 @@ from typing import Mapping
 import aiohttp
 from aiohttp import web
 
-from modelplex.http import error_response
+from modelplex.http import HOP_BY_HOP, error_response
 from modelplex.wire.forwarded import under_prefix
 
 log = logging.getLogger("modelplex.serve")
 
 #: Headers that describe one hop (or a body the front does not decode), not the message.
-_HOP_BY_HOP = frozenset(("connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding",
-                         "upgrade", "host"))
+_HOP_BY_HOP = HOP_BY_HOP | {"host"}
 START_TIMEOUT_S = 30.0
 #: How long requests still open may go on once the port closes (their applications stop too).
 STOP_GRACE_S = 5.0

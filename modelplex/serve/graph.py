@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from modelplex.wire.names import API_GROUP, API_VERSION, KIND, dns_label
 from modelplex.serve.deployment import Application, DeploymentOptions
+from modelplex.wire.names import API_GROUP, API_VERSION, KIND, dns_label
 
 #: The annotation that lists a deployment's edges: the deployments its handles call.
 ANNOTATION_HANDLES = f"{API_GROUP}/handles"

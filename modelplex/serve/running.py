@@ -17,7 +17,6 @@ import collections
 import io
 import logging
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -32,14 +31,15 @@ import yaml
 from modelplex import processes
 from modelplex.handles import DeploymentHandle, forget_routers, handle, router_moved
 from modelplex.processes import consecutive_free_ports, port_free
-from modelplex.wire.credentials import (ENV_INTERNAL_TOKEN_FILE, TokenFile, internal_token_file, new_token,
-                                        use_internal_token, write_token_file)
 from modelplex.serve import graph
 from modelplex.serve.deployment import Application
 from modelplex.serve.front import Front
 from modelplex.serve.hosted import ENV_PAYLOAD, HANDLER
+from modelplex.wire.credentials import (ENV_INTERNAL_TOKEN_FILE, TokenFile, internal_token_file, new_token,
+                                        use_internal_token, write_token_file)
 from modelplex.wire.forwarded import ENV_ROUTE_PREFIX, NO_ROUTE, check_route_prefix
 from modelplex.wire.names import dns_label, router_env_name
+from modelplex.wire.ready import READY_FILE_OPTION, read_ready_file
 
 log = logging.getLogger("modelplex.serve")
 
@@ -50,7 +50,6 @@ HTTP_HOST = "127.0.0.1"
 #: Several torch imports at once on a small machine: generous.
 START_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 60.0
-_READY = re.compile(r"^(\S+) is ready at (http://\S+)")
 
 
 @dataclass(frozen=True)
@@ -85,9 +84,11 @@ class _Running:
         self.folder = folder
         self.urls: dict[str, str] = {}
         self.tail: deque[str] = deque(maxlen=60)
-        self.ready = threading.Event()
+        #: Where the run says its routers' URLs once they are ready (modelplex.wire.ready).
+        self.ready_file = folder / "ready.json"
         # In a group of its own that gets SIGTERM should this process die: nothing outlives it.
-        argv = [sys.executable, "-m", "modelplex_launcher.cli", "local", str(folder / "app.yaml"), "--port", str(port)]
+        argv = [sys.executable, "-m", "modelplex_launcher.cli", "local", str(folder / "app.yaml"), "--port", str(port),
+                READY_FILE_OPTION, str(self.ready_file)]
         env = {**os.environ, "PYTHONPATH": import_path(), ENV_INTERNAL_TOKEN_FILE: str(script_credential().path)}
         self.proc = processes.spawn(argv, pipe=True, env=env)
         self.echo = threading.Thread(target=self._echo, name="modelplex-serve-output", daemon=True)
@@ -98,19 +99,18 @@ class _Running:
             line = raw.decode(errors="replace")
             sys.stderr.write(line)
             self.tail.append(line)
-            if match := _READY.match(line):
-                self.urls[match[1]] = match[2]
-            if line.startswith("Press Ctrl-C"):
-                self.ready.set()
 
     def wait_ready(self, timeout_s: float) -> None:
         try:
-            processes.wait_for(self.ready.is_set, timeout_s, interval=0.1, what="modelplex local", guard=self._alive)
+            ready = processes.wait_for(lambda: read_ready_file(self.ready_file), timeout_s, interval=0.1,
+                                       what="modelplex local", guard=self._alive)
         except processes.WaitTimeout:
             raise TimeoutError(f"serve.run: not ready after {timeout_s:g} s:\n" + "".join(self.tail)) from None
+        assert ready is not None  # (wait_for returns only what is there)
+        self.urls = ready.urls
 
     def _alive(self) -> None:
-        if self.proc.poll() is not None and not self.ready.is_set():
+        if self.proc.poll() is not None:
             self.echo.join(5)
             raise RuntimeError(f"serve.run: modelplex local exited with code {self.proc.returncode}:\n"
                                + "".join(self.tail))

@@ -11,6 +11,17 @@ import functools
 from typing import Any
 
 
+def error_document(code: str, message: str) -> dict[str, dict[str, str]]:
+    """The JSON error every HTTP surface answers with: ``{"error": {"code", "message"}}``."""
+    return {"error": {"code": code, "message": message}}
+
+
+def error_object(document: Any) -> dict[str, Any] | None:
+    """The ``error`` object of a parsed JSON error (:func:`error_document`), else None."""
+    error = document.get("error") if isinstance(document, dict) else None
+    return error if isinstance(error, dict) else None
+
+
 class ModelplexError(Exception):
     """Base of every error that reaches a client."""
 
@@ -35,7 +46,7 @@ class ModelplexError(Exception):
         return self.message  # not KeyError's quoted repr when a remote error is also a KeyError
 
     def to_dict(self) -> dict[str, dict[str, str]]:
-        return {"error": {"code": self.code, "message": self.message}}
+        return error_document(self.code, self.message)
 
     def response_headers(self) -> dict[str, str]:
         """Headers the answer carries beside the JSON body."""

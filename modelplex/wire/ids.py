@@ -13,6 +13,7 @@ instead of refusing it; user loaders join ids into paths with :func:`safe_join`.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import unicodedata
@@ -51,6 +52,18 @@ def validate_model_id(model_id: str) -> str:
         raise InvalidModelId(f"model id {model_id!r} has a '.' or '..' segment (after percent-decoding): "
                              "an id cannot name a path outside its model source")
     return model_id
+
+
+def checked_model_id(model_id: str) -> str:
+    """``model_id`` as a request names it: "" stays "" (no model named), anything else must be
+    a valid id (:class:`InvalidModelId`, a 400, otherwise)."""
+    return _valid_id(model_id) if model_id else model_id
+
+
+#: Valid ids already checked, most recent first: the same few ids come on every request, and
+#: checking one (a pass over its characters, up to five rounds of percent-decoding) costs more
+#: than the rest of a request's bookkeeping. An invalid id raises, so it is never kept.
+_valid_id = functools.lru_cache(maxsize=4096)(validate_model_id)
 
 
 _SEPARATORS = re.compile(r"[/\\]")

@@ -46,6 +46,9 @@ def _ids(raw: Any, name: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+#: The replica's path that answers the full document (``GET``); one model's actions are below it
+#: (``{LOADED_MODELS_PATH}/{model_id}/load``, ``DELETE {LOADED_MODELS_PATH}/{model_id}``).
+LOADED_MODELS_PATH = "/v1/models"
 #: Load failures a document keeps: the latest failure of each of this many model ids.
 MAX_FAILURES = 20
 #: A failure's error message is cut to this many characters.

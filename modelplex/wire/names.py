@@ -42,9 +42,11 @@ ENV_WARM_DIR = "MODELPLEX_WARM_DIR"
 REPLICA_PORT = 9000
 #: A replica pod's probes and metrics (``modelplex replica --control-port``), answered while user code computes.
 REPLICA_CONTROL_PORT = 9001
-ROUTER_PORT = 8000
-#: The router's Open Inference Protocol over gRPC in pods, as Triton's (``spec.router.grpcPort``).
-ROUTER_GRPC_PORT = 8001
+#: The name of a replica or router container's HTTP port (and the router Service's): the
+#: operator names it, the router's Kubernetes discovery finds a replica's port by it.
+PORT_NAME = "http"
+# The router's ports are spec.router.port and grpcPort: their defaults are in modelplex.wire.spec
+# (DEFAULT_ROUTER_PORT, DEFAULT_ROUTER_GRPC_PORT).
 
 #: ``modelplex local`` tells every process where each deployment's router is.
 ENV_ROUTER_PREFIX = "MODELPLEX_ROUTER_"

@@ -13,10 +13,9 @@ use this module; it imports numpy, never torch.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
-
-import struct
 
 import numpy as np
 import orjson

@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import binascii
 import fnmatch
-
 import math
 import re
 from decimal import Decimal
@@ -61,12 +60,16 @@ DEFAULT_MAX_CONNECTIONS = 1024
 #: Routers per deployment (pods): one can restart or move while the other serves.
 DEFAULT_ROUTER_REPLICAS = 2
 DEFAULT_ROUTER_PORT = 8000
+#: ``router.grpcPort`` in pods when unset, as Triton's (local mode takes a free port instead).
+DEFAULT_ROUTER_GRPC_PORT = 8001
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 #: ``router.requestTimeoutSeconds`` when unset: this much past ``loadTimeoutSeconds``, so a slow
 #: load ends with the cache's own 504 (which names the load) and the router's timeout catches
 #: only a replica that stopped answering.
 REQUEST_TIMEOUT_MARGIN_S = 30.0
 EVICTION_POLICIES = ("lru", "lfu")
+#: Ray Serve's multiplexing evicts the least recently used model.
+DEFAULT_EVICTION_POLICY = "lru"
 #: Ray Serve's ``autoscaling_config`` defaults (``ray.serve.config.AutoscalingConfig``).
 DEFAULT_MIN_REPLICAS = 1
 DEFAULT_MAX_REPLICAS = 1
@@ -171,7 +174,7 @@ class Multiplexing(_Model):
     not_found_cache_seconds: float = Field(default=DEFAULT_NOT_FOUND_CACHE_S, ge=0, alias="notFoundCacheSeconds")
     # The warm tier: host memory beside a GPU, a local-disk copy of fetched files on CPU; 0 is off.
     host_cache_bytes: int = Field(default=0, alias="hostCacheBytes", description="Kubernetes quantity, e.g. 8Gi.")
-    eviction_policy: str = Field(default="lru", alias="evictionPolicy")
+    eviction_policy: str = Field(default=DEFAULT_EVICTION_POLICY, alias="evictionPolicy")
 
     @field_validator("max_model_bytes", "host_cache_bytes", mode="before")
     @classmethod
@@ -249,7 +252,7 @@ class LoadQuota(_Model):
 class RouterSpec(_Model):
     replicas: int = Field(default=DEFAULT_ROUTER_REPLICAS, ge=0)
     port: int = Field(default=DEFAULT_ROUTER_PORT, ge=1, le=65535)
-    # The Open Inference Protocol over gRPC; unset: names.ROUTER_GRPC_PORT in pods, a free port locally.
+    # The Open Inference Protocol over gRPC; unset: DEFAULT_ROUTER_GRPC_PORT in pods, a free port locally.
     grpc_port: int | None = Field(default=None, ge=1, le=65535, alias="grpcPort")
     # Until the replica's first byte (a model load included); unset: loadTimeoutSeconds + 30 s.
     request_timeout_seconds: float | None = Field(default=None, gt=0, alias="requestTimeoutSeconds")

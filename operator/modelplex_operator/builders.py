@@ -30,27 +30,13 @@ from typing import Any, Callable, Sequence
 
 import yaml
 
-from modelplex.autoscaling import ENV_PRELOAD_FILE, HOT_MODELS_KEY, format_hot_models
-from modelplex.wire.names import (
-    API_GROUP,
-    API_VERSION,
-    ENV_POD_IP,
-    ENV_POD_NAME,
-    ENV_POD_NAMESPACE,
-    ENV_SPEC,
-    ENV_WARM_DIR,
-    KIND,
-    LABEL_DEPLOYMENT,
-    LABEL_ROLE,
-    REPLICA_CONTROL_PORT,
-    REPLICA_PORT,
-    ROLE_REPLICA,
-    ROLE_ROUTER,
-    ROUTER_GRPC_PORT,
-)
 from modelplex.wire.credentials import (CLIENT_TOKENS_MOUNT, ENV_CLIENT_TOKENS_DIR, ENV_INTERNAL_TOKEN_FILE,
                                         INTERNAL_SECRET_KEY, INTERNAL_SECRET_NAME, INTERNAL_TOKEN_MOUNT)
-from modelplex.wire.spec import Deployment, Multiplexing, to_manifest
+from modelplex.wire.load import ENV_PRELOAD_FILE, HOT_MODELS_KEY, format_hot_models
+from modelplex.wire.names import (API_GROUP, API_VERSION, ENV_POD_IP, ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_SPEC,
+                                  ENV_WARM_DIR, KIND, LABEL_DEPLOYMENT, LABEL_ROLE, PORT_NAME, REPLICA_CONTROL_PORT,
+                                  REPLICA_PORT, ROLE_REPLICA, ROLE_ROUTER)
+from modelplex.wire.spec import DEFAULT_ROUTER_GRPC_PORT, Deployment, Multiplexing, to_manifest
 from modelplex_operator import MANAGED_BY
 from modelplex_operator.config import DEFAULT_ROUTER_IMAGE
 
@@ -60,7 +46,6 @@ SPEC_MOUNT = "/etc/modelplex"
 SPEC_FILE = "spec.yaml"
 SPEC_PATH = f"{SPEC_MOUNT}/{SPEC_FILE}"
 SPEC_VOLUME = "spec"
-PORT_NAME = "http"
 #: A replica's probes and metrics (modelplex_replica.control).
 CONTROL_PORT_NAME = "control"
 #: The router's Open Inference Protocol over gRPC (container and Service port).
@@ -292,7 +277,7 @@ def service(deployment: Deployment, owner: dict[str, Any]) -> dict[str, Any]:
 
 def grpc_port(deployment: Deployment) -> int:
     """The router's gRPC port in pods: ``spec.router.grpcPort``, else 8001 (Triton's)."""
-    return deployment.spec.router.grpc_port or ROUTER_GRPC_PORT
+    return deployment.spec.router.grpc_port or DEFAULT_ROUTER_GRPC_PORT
 
 
 def _downward_env() -> list[dict[str, Any]]:
@@ -538,9 +523,11 @@ def network_policies(deployment: Deployment, owner: dict[str, Any], settings: Bu
     whom they serve only. ``none`` writes an allow-all policy in place of a restrictive one (the
     operator deletes nothing). Egress is never restricted: the apiserver and model stores."""
     mode = deployment.spec.network_policy.mode
-    operator = {"podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)}, "namespaceSelector": (
-        {"matchLabels": {"kubernetes.io/metadata.name": settings.operator_namespace}}
-        if settings.operator_namespace else {})}
+    # The operator's pods in its own namespace. Unknown, a peer without a namespaceSelector: the
+    # deployment's own namespace, never every namespace (anyone could label a pod "operator").
+    operator: dict[str, Any] = {"podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)}}
+    if settings.operator_namespace:
+        operator["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": settings.operator_namespace}}
     api_peers = [{"podSelector": {"matchLabels": selector(deployment.name, ROLE_ROUTER)}}, operator]
     replica_rules = [{"from": api_peers, "ports": [{"port": REPLICA_PORT, "protocol": "TCP"}]}]
     if settings.metrics_from:  # scrapers, on the control port (the kubelet's probes come from the node)

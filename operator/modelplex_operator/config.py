@@ -15,6 +15,8 @@ ENV_RESYNC = "MODELPLEX_OPERATOR_RESYNC_SECONDS"
 ENV_IMAGE_PULL_POLICY = "MODELPLEX_IMAGE_PULL_POLICY"
 #: The operator's own namespace (the chart sets it): replicas accept its reads of /v1/models.
 ENV_OPERATOR_NAMESPACE = "MODELPLEX_OPERATOR_NAMESPACE"
+#: Where a pod's ServiceAccount token names its namespace: the operator's own, when the variable is unset.
+SERVICE_ACCOUNT_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 #: NetworkPolicy peers (a JSON list) that may scrape the replicas' /metrics (the chart's monitoring values).
 ENV_METRICS_FROM = "MODELPLEX_METRICS_FROM"
 
@@ -40,7 +42,8 @@ class OperatorConfig:
     resync_seconds: float = DEFAULT_RESYNC_S
     #: imagePullPolicy of the pods; empty leaves Kubernetes' default.
     image_pull_policy: str = ""
-    #: Where the operator runs; empty: unknown (its pods are then matched in every namespace).
+    #: Where the operator runs: MODELPLEX_OPERATOR_NAMESPACE, else its pod's ServiceAccount
+    #: namespace; empty: unknown (replica policies then admit it from their own namespace only).
     operator_namespace: str = ""
     #: NetworkPolicy peers allowed to scrape the replicas' metrics.
     metrics_from: tuple[dict[str, Any], ...] = ()
@@ -50,7 +53,8 @@ class OperatorConfig:
         return not self.namespaces
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
+    def from_env(cls, env: Mapping[str, str] | None = None,
+                 service_account_namespace: str = SERVICE_ACCOUNT_NAMESPACE_FILE) -> OperatorConfig:
         env = os.environ if env is None else env
         namespaces = tuple(dict.fromkeys(ns.strip() for ns in env.get(ENV_WATCH_NAMESPACES, "").split(",") if ns.strip()))
         level = (env.get(ENV_LOG_LEVEL) or env.get("LOG_LEVEL") or "info").strip().lower()
@@ -73,7 +77,7 @@ class OperatorConfig:
             health_endpoint=env.get(ENV_HEALTH, DEFAULT_HEALTH).strip(),
             resync_seconds=resync,
             image_pull_policy=policy,
-            operator_namespace=env.get(ENV_OPERATOR_NAMESPACE, "").strip(),
+            operator_namespace=env.get(ENV_OPERATOR_NAMESPACE, "").strip() or _read(service_account_namespace),
             metrics_from=_peers(env.get(ENV_METRICS_FROM, "")),
         )
 
@@ -89,3 +93,11 @@ def _peers(raw: str) -> tuple[dict[str, Any], ...]:
     if not isinstance(peers, list) or not all(isinstance(peer, dict) for peer in peers):
         raise ConfigError(f"{ENV_METRICS_FROM}: must be a JSON list of NetworkPolicy peers (got {raw!r})")
     return tuple(peers)
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as file:
+            return file.read().strip()
+    except OSError:
+        return ""

@@ -6,7 +6,8 @@ latest load failures) is the replica's ``GET /v1/models``. :class:`ReplicaDocume
 from a ready pod's IP only when the pod's summary announces a version newer than the one
 last read (or an older one: the replica restarted), so a quiet pool costs no requests.
 
-Bounded: each read has the limits of the one client of the document
+Bounded: each read goes through the operator's client of its pods
+(:mod:`modelplex_operator.pods`) with the limits of the one reader of the document
 (:mod:`modelplex.loaded_client`: a time limit, a size limit), and at most
 :data:`MAX_CONCURRENT_FETCHES` run at once. Failures are tolerated: the pod's last known
 document stays in use, the failure is logged and reported (status condition
@@ -27,12 +28,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-import aiohttp
-
-from modelplex.loaded_client import FETCH_TIMEOUT_S, DocumentUnavailable, fetch_loaded_models
+from modelplex.loaded_client import FETCH_TIMEOUT_S, DocumentUnavailable
 from modelplex.wire.loaded import LoadedModels, LoadFailure
 from modelplex.wire.names import REPLICA_PORT
-from modelplex.wire.credentials import INTERNAL_TOKEN_HEADER
+from modelplex_operator.pods import PodClient
 from modelplex_operator.status import Key, PodView
 
 log = logging.getLogger("modelplex.operator.documents")
@@ -183,8 +182,10 @@ class ReplicaDocuments:
         limiter: EventLimiter | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
-        token_for: Callable[[str], str | None] = lambda namespace: None,
+        pods: PodClient | None = None,
     ):
+        """``pods``: the operator's client of its pods (it sends the credential); without one,
+        a client of its own (no credential), closed with this reader."""
         self.port = port
         self.timeout_s = timeout_s
         self.limiter = limiter or EventLimiter()
@@ -192,9 +193,8 @@ class ReplicaDocuments:
         self._wall_clock = wall_clock
         self._known: dict[Key, dict[str, _Known]] = {}
         self._slots = asyncio.Semaphore(concurrency)
-        self._session: aiohttp.ClientSession | None = None
-        #: The internal credential of a namespace: replicas answer nobody without it.
-        self._token_for = token_for
+        self._owns_pods = pods is None
+        self._pods = pods if pods is not None else PodClient()
 
     async def read(self, key: Key, pods: Iterable[PodView]) -> Reading:
         """Bring the documents of ``key``'s replica pods up to date where their summaries say so."""
@@ -204,8 +204,7 @@ class ReplicaDocuments:
             del known[gone]
         now = self._clock()
         due = [pod for pod in live.values() if wants_read(pod, known.get(pod.name), now)]
-        token = self._token_for(key[0])
-        results = await asyncio.gather(*(self._fetch(pod, token) for pod in due))
+        results = await asyncio.gather(*(self._fetch(key, pod) for pod in due))
         not_before = _utc(self._wall_clock() - self.limiter.interval_s)
         events: list[tuple[str, str, str]] = []
         retry_in: float | None = None
@@ -239,24 +238,13 @@ class ReplicaDocuments:
             return []
         return [("Warning", EVENT_REASON, failure_message(failure, held_back))]
 
-    async def _fetch(self, pod: PodView, token: str | None) -> LoadedModels | str:
+    async def _fetch(self, key: Key, pod: PodView) -> LoadedModels | str:
         """The pod's document, or why it could not be read."""
-        host = f"[{pod.ip}]" if ":" in pod.ip else pod.ip
         async with self._slots:
             try:
-                return await fetch_loaded_models(self._client(), f"http://{host}:{self.port}", timeout_s=self.timeout_s,
-                                                 headers={INTERNAL_TOKEN_HEADER: token} if token else None)
+                return await self._pods.loaded_models(key, pod.ip, port=self.port, timeout_s=self.timeout_s)
             except DocumentUnavailable as error:
                 return str(error)
-
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-                cookie_jar=aiohttp.DummyCookieJar(),
-                trust_env=False,  # straight to the pod, never through a proxy
-            )
-        return self._session
 
     def forget(self, key: Key) -> None:
         """The resource is gone."""
@@ -264,6 +252,5 @@ class ReplicaDocuments:
         self.limiter.forget(key)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._owns_pods:  # the operator's client is closed at the operator's cleanup
+            await self._pods.close()

@@ -31,7 +31,7 @@ import kopf
 
 from modelplex.wire.names import API_GROUP, API_VERSION, LABEL_DEPLOYMENT, PLURAL
 from modelplex_operator import MANAGED_BY
-from modelplex_operator.config import ConfigError, OperatorConfig
+from modelplex_operator.config import ENV_OPERATOR_NAMESPACE, ConfigError, OperatorConfig
 from modelplex_operator.handlers import lifecycle, observe, reconcile
 from modelplex_operator.handlers.lifecycle import Operator, operator_of
 
@@ -157,6 +157,10 @@ def run_operator() -> int:
         quiet += ["kopf.objects", "kopf.activities.probe"]
     for noisy in quiet:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    if not config.operator_namespace:
+        logging.getLogger("modelplex.operator").warning(
+            "the operator's namespace is unknown (set %s): replica NetworkPolicies admit the operator "
+            "from each deployment's own namespace only", ENV_OPERATOR_NAMESPACE)
     memo = kopf.Memo(config=config)
     kopf.run(
         clusterwide=config.clusterwide,

@@ -1,25 +1,24 @@
-"""The operator's side of autoscaling, as pure functions (the decision itself is
-:class:`modelplex.autoscaling.Autoscaler`; the I/O is :mod:`modelplex_operator.handlers.autoscale`).
+"""The operator's own side of autoscaling, as pure functions: what is Kubernetes' alone. The
+round itself (the decision, costs, who leaves, moves, pins, hot models) is
+:func:`modelplex.autoscaling.plan_round`, which local mode runs too; the I/O is
+:mod:`modelplex_operator.handlers.autoscale`.
 
+- :func:`replica_pod`: a replica pod as the round observes it (:meth:`ReplicaPod.state`);
 - :func:`autoscaling_status`: the ``status.autoscaling`` block (the decision and its inputs)
   and the ``Autoscaling`` condition;
 - :func:`cost_patches`: which replica pods need their ``controller.kubernetes.io/pod-deletion-cost``
   rewritten, so the ReplicaSet removes the coldest cache first without a patch per pod per round;
-- :func:`leaving_pods`: the pods a scale-down will remove (the lowest costs, as the ReplicaSet
-  picks them), and :func:`cheap_moves`: the hot models only they hold, to load elsewhere first;
 - :func:`scale_event`: the Event of a change, with its inputs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from modelplex.autoscaling import DELETION_COST_ANNOTATION, LoadReport, ScaleDecision, rehome
+from modelplex.autoscaling import DELETION_COST_ANNOTATION, ReplicaState, ScaleDecision
 
 CONDITION = "Autoscaling"
-#: At most this many models are loaded elsewhere before a scale-down (each is one model load).
-MAX_MOVES = 2
 #: A cost is rewritten when it moved by more than this share (or 5 requests a minute), or the
 #: pods' order changed: the order is what the ReplicaSet reads.
 COST_TOLERANCE = 0.2
@@ -34,6 +33,10 @@ class ReplicaPod:
     ip: str = ""
     ready: bool = False
     cost: int | None = None  # its pod-deletion-cost annotation now, if any
+
+    def state(self) -> ReplicaState:
+        """The pod as :func:`modelplex.autoscaling.plan_round` observes it."""
+        return ReplicaState(self.name, self.ready, self.cost)
 
 
 def parse_cost(raw: str | None) -> int | None:
@@ -51,12 +54,6 @@ def replica_pod(pod: Mapping[str, Any]) -> ReplicaPod:
                       parse_cost((meta.get("annotations") or {}).get(DELETION_COST_ANNOTATION)))
 
 
-def pod_costs(pods: Iterable[ReplicaPod], costs: Mapping[str, int]) -> dict[str, int]:
-    """The cost each live pod should carry: its cache's heat; a pod no router knows yet holds
-    nothing anyone asked for (0)."""
-    return {pod.name: int(costs.get(pod.name, 0)) for pod in pods}
-
-
 def cost_patches(pods: Iterable[ReplicaPod], wanted: Mapping[str, int]) -> dict[str, str]:
     """``{pod: cost}`` for the pods whose annotation must be rewritten: missing, far from the
     wanted cost, or every changed one when the order by cost would differ."""
@@ -72,32 +69,6 @@ def cost_patches(pods: Iterable[ReplicaPod], wanted: Mapping[str, int]) -> dict[
         due = {pod.name for pod in pods
                if pod.cost is None or abs(wanted[pod.name] - pod.cost) > max(_COST_SLACK, COST_TOLERANCE * abs(pod.cost))}
     return {name: str(wanted[name]) for name in sorted(due)}
-
-
-def leaving_pods(pods: Iterable[ReplicaPod], wanted: Mapping[str, int], count: int) -> list[str]:
-    """The ``count`` pods a scale-down removes: the ReplicaSet takes pods not ready first,
-    then the lowest pod-deletion-cost (ties: the name, a stand-in for its own tie-breaks)."""
-    ranked = sorted(pods, key=lambda p: (p.ready, wanted.get(p.name, 0), p.name))
-    return [pod.name for pod in ranked[:max(count, 0)]]
-
-
-def cheap_moves(report: LoadReport, leaving: Iterable[str], limit: int = MAX_MOVES) -> list[tuple[str, str]]:
-    """``(model, replica)``: the hot models only leaving pods hold, each to load on a staying
-    replica with room for it (never one that would evict to take it), hottest first, at most
-    ``limit``. What is not cheap is left to the router: it loads a model where it lands."""
-    gone = set(leaving)
-    room = {r.name: (r.capacity - len(set(r.models)) if r.capacity else 1)
-            for r in report.replicas if r.name not in gone}
-    moves: list[tuple[str, str]] = []
-    for name in sorted(gone):
-        # Copies on the other leaving pods go too: they count for nothing.
-        view = replace(report, replicas=tuple(r for r in report.replicas if r.name == name or r.name not in gone))
-        for model, target in rehome(view, name):
-            if room.get(target, 0) > 0:
-                room[target] -= 1
-                moves.append((model, target))
-    moves.sort(key=lambda move: (-report.model_rates.get(move[0], 0.0), move[0]))
-    return moves[:limit]
 
 
 def scale_event(decision: ScaleDecision, routers: str) -> tuple[str, str, str]:

@@ -27,12 +27,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from modelplex.wire.loaded import LoadedModels, LoadedSummary, annotation_summary
+from modelplex.wire.loaded import LOADED_MODELS_PATH, LoadedModels, LoadedSummary, annotation_summary
 from modelplex.wire.names import LABEL_ROLE, ROLE_REPLICA, ROLE_ROUTER
 from modelplex.wire.pins import place_pins, shortfall_message
-from modelplex.wire.spec import DeploymentSpec, RouterSpec, SpecError, parse_spec
+from modelplex.wire.spec import DEFAULT_ROUTER_PORT, DeploymentSpec
 from modelplex_operator.builders import selector_string
-from modelplex_operator.validation import plain
 
 READY = "Ready"
 PROGRESSING = "Progressing"
@@ -123,7 +122,9 @@ class Resource:
     namespace: str
     uid: str = ""
     generation: int = 1
-    spec: Mapping[str, Any] = field(default_factory=dict)
+    #: The spec, parsed once where the operator read the object
+    #: (:func:`modelplex_operator.handlers.observe.read_spec`); None when it does not parse.
+    spec: DeploymentSpec | None = None
     status: Mapping[str, Any] = field(default_factory=dict)
     deleting: bool = False
     spec_problem: str = ""  # what validation found wrong with the current spec, if anything
@@ -187,7 +188,7 @@ def deployment_view(deployment: Mapping[str, Any]) -> DeploymentView:
     )
 
 
-# --------------------------------------------------------------------------- the status
+# --------------------------------------------------------------------------- the status, in steps
 
 
 def _condition(ctype: str, true: bool, reason: str, message: str, generation: int) -> dict[str, Any]:
@@ -200,16 +201,197 @@ def _condition(ctype: str, true: bool, reason: str, message: str, generation: in
     }
 
 
-def _deployment_problem(view: DeploymentView | None) -> tuple[str, str] | None:
+@dataclass(frozen=True)
+class Problem:
+    """Something a person must look at: the ``Degraded`` condition's reason and message."""
+
+    reason: str
+    message: str
+
+    @property
+    def blocks(self) -> bool:
+        """The operator cannot act on the spec at all (not a failure that a retry or a rollout may end)."""
+        return self.reason in ("InvalidSpec", "ApplyRejected")
+
+
+@dataclass(frozen=True)
+class Owned:
+    """The two Deployments the operator made for a resource (``None``: not there, or not seen yet)."""
+
+    replica: DeploymentView | None = None
+    router: DeploymentView | None = None
+
+
+def owned(deployments: Iterable[DeploymentView]) -> Owned:
+    """The replica and router Deployments among ``deployments``, by their role label."""
+    by_role = {view.role: view for view in deployments}
+    return Owned(by_role.get(ROLE_REPLICA), by_role.get(ROLE_ROUTER))
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """What the spec asks for: replica and router pods, the router's port, the declared copies."""
+
+    replicas: int
+    routers: int
+    port: int
+    #: The autoscaler owns the replica count (and a pool at zero still serves).
+    autoscaled: bool = False
+    #: ``spec.models`` ids with ``minCopies``: id -> copies.
+    pinned: Mapping[str, int] = field(default_factory=dict)
+
+
+def wanted(spec: DeploymentSpec | None, deployments: Owned) -> Wanted:
+    """What ``spec`` asks for; with no usable spec, what the Deployments still ask for (the
+    operator applied nothing since the last valid spec) and the spec module's default port."""
+    replica, router = deployments.replica, deployments.router
+    if spec is None:
+        return Wanted(replica.replicas if replica else 0, router.replicas if router else 0, DEFAULT_ROUTER_PORT)
+    autoscaled = spec.autoscaling is not None
+    replicas = spec.starting_replicas
+    if autoscaled and replica:  # the autoscaler owns the count: the replica Deployment has it
+        replicas = replica.replicas
+    return Wanted(replicas, spec.router.replicas, spec.router.port, autoscaled, spec.pinned_models)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """The replica pods that are not terminating, and what their annotations add up to."""
+
+    pods: tuple[PodView, ...] = ()
+
+    @property
+    def copies(self) -> int:
+        """Models loaded across the pods, a model on two pods counted twice (``loadedModels``)."""
+        return sum(pod.models for pod in self.pods)
+
+    @property
+    def bytes(self) -> int:
+        return sum(pod.summary.bytes for pod in self.pods)
+
+    @property
+    def capacity_bytes(self) -> int:
+        return sum(pod.summary.capacity_bytes for pod in self.pods)
+
+    @property
+    def memory(self) -> str:
+        """For ``kubectl get mxd -o wide``: used / budget of the replicas' model caches."""
+        return quantity(self.bytes) + (f"/{quantity(self.capacity_bytes)}" if self.capacity_bytes else "")
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(pod.name for pod in self.pods)
+
+    @property
+    def ready(self) -> frozenset[str]:
+        return frozenset(pod.name for pod in self.pods if pod.ready)
+
+    @property
+    def ready_capacities(self) -> dict[str, int]:
+        """Ready pod -> its model capacity (0: unknown), what pinned copies are placed on."""
+        return {pod.name: pod.summary.capacity for pod in self.pods if pod.ready}
+
+
+def pool_of(pods: Iterable[PodView]) -> Pool:
+    """The pool of replica pods, those being deleted left out."""
+    return Pool(tuple(pod for pod in pods if not pod.deleting))
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    """Where the operator stands with the resource's current generation."""
+
+    generation: int
+    #: The generation the operator is done with (``status.observedGeneration``); None: none yet.
+    observed: int | None
+    #: The last reconcile of this object (an outcome of an earlier object of the same name is dropped).
+    outcome: Outcome | None
+
+    @property
+    def current(self) -> Outcome | None:
+        """The last reconcile's outcome if it was of the current generation."""
+        return self.outcome if self.outcome is not None and self.outcome.generation == self.generation else None
+
+    @property
+    def caught_up(self) -> bool:
+        return self.observed is not None and self.observed >= self.generation
+
+
+def reconciled(resource: Resource, outcome: Outcome | None) -> Reconciled:
+    """The outcome that belongs to ``resource`` and the generation it makes observed."""
+    if outcome is not None and outcome.uid not in ("", resource.uid):
+        outcome = None  # an outcome of an earlier object of the same name
+    observed = (resource.status or {}).get("observedGeneration")
+    if outcome is not None and outcome.final:
+        observed = outcome.generation
+    return Reconciled(resource.generation, None if observed is None else int(observed), outcome)
+
+
+def replica_counts(deployments: Owned) -> dict[str, int]:
+    """``replicas``, ``readyReplicas``, ``updatedReplicas``: the replica Deployment's pods."""
+    replica = deployments.replica
+    return {
+        "replicas": replica.status_replicas if replica else 0,
+        "readyReplicas": replica.ready if replica else 0,
+        "updatedReplicas": replica.updated if replica else 0,
+    }
+
+
+def _deployment_problem(view: DeploymentView | None) -> Problem | None:
     if view is None:
         return None
     failure = view.condition("ReplicaFailure")
     if failure and failure[1] == "True":
-        return "ReplicaFailure", f"Deployment {view.name}: {failure[3] or failure[2]}"
+        return Problem("ReplicaFailure", f"Deployment {view.name}: {failure[3] or failure[2]}")
     progressing = view.condition("Progressing")
     if progressing and progressing[1] == "False" and progressing[2] == "ProgressDeadlineExceeded":
-        return "ProgressDeadlineExceeded", f"Deployment {view.name}: {progressing[3] or progressing[2]}"
+        return Problem("ProgressDeadlineExceeded", f"Deployment {view.name}: {progressing[3] or progressing[2]}")
     return None
+
+
+def problem_of(resource: Resource, state: Reconciled, deployments: Owned) -> Problem | None:
+    """What ``Degraded`` reports, first found first: the spec, the last reconcile of this
+    generation, what the operator knew before a restart, then the Deployments' own trouble."""
+    if resource.spec_problem:
+        return Problem("InvalidSpec", resource.spec_problem)
+    current = state.current
+    if current is not None and current.state in (INVALID, REJECTED, RETRYING, CONFLICT):
+        return Problem(current.reason or "ReconcileFailed", current.message)
+    if state.outcome is None:
+        previous = _previous_problem(resource.status or {}, state.generation)
+        if previous is not None:  # the operator restarted: keep what it knew
+            return previous
+    return _deployment_problem(deployments.replica) or _deployment_problem(deployments.router)
+
+
+def degraded_condition(problem: Problem | None, generation: int) -> dict[str, Any]:
+    if problem is None:
+        return _condition(DEGRADED, False, "AsExpected", "", generation)
+    return _condition(DEGRADED, True, problem.reason, problem.message, generation)
+
+
+def serving_conditions(
+    want: Wanted, state: Reconciled, deployments: Owned, problem: Problem | None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``Ready`` and ``Progressing`` conditions."""
+    gen = state.generation
+    # A spec problem is always the problem (problem_of puts it first), and it blocks.
+    if problem is not None and problem.blocks:
+        return (_condition(READY, False, problem.reason, problem.message, gen),
+                _condition(PROGRESSING, False, problem.reason, "the operator cannot act on this spec", gen))
+    counts = _counts(want, deployments)
+    progress_reason, progress_message = _progress(state.caught_up, want, deployments)
+    progressing = _condition(PROGRESSING, progress_reason is not None, progress_reason or "RolloutComplete",
+                             progress_message or counts, gen)
+    ready_reason, ready_message = _readiness(state.caught_up, want, deployments, problem)
+    serving = ready_reason == "AllReplicasReady"
+    if want.autoscaled and ready_reason == "ScaledToZero":
+        # An autoscaled pool at zero serves: its routers hold a request while a replica starts.
+        router = deployments.router
+        serving = router is not None and router.ready >= want.routers > 0
+        ready_message = ("the autoscaler scaled the pool to zero: the next request starts a replica"
+                         if serving else counts)
+    return _condition(READY, serving, ready_reason, ready_message, gen), progressing
 
 
 def model_entries(
@@ -257,7 +439,10 @@ def models_pinned(pinned: Mapping[str, int], documents: Mapping[str, LoadedModel
                       generation)
 
 
-def _models_reported(unreported: Mapping[str, str], generation: int) -> dict[str, Any]:
+def models_reported(unreported: Mapping[str, str], pool: Pool, generation: int) -> dict[str, Any]:
+    """The ``ModelsReported`` condition: the ready pods whose ``GET /v1/models`` failed, with why
+    (a pod that is not ready is not read: not hearing from it is no news)."""
+    unreported = {pod: why for pod, why in unreported.items() if pod in pool.ready}
     if not unreported:
         return _condition(MODELS_REPORTED, True, "Reported", "", generation)
     named = sorted(unreported)
@@ -265,7 +450,7 @@ def _models_reported(unreported: Mapping[str, str], generation: int) -> dict[str
     if len(named) > 3:
         message += f"; and {len(named) - 3} more"
     return _condition(MODELS_REPORTED, False, "ReplicaUnreachable",
-                      f"GET /v1/models failed on {message} (their last known models are shown)", generation)
+                      f"GET {LOADED_MODELS_PATH} failed on {message} (their last known models are shown)", generation)
 
 
 def compute_status(
@@ -282,164 +467,89 @@ def compute_status(
     ``documents`` are the last known loaded-models documents by replica pod name, ``unreported``
     the pods whose latest read failed, with why (both from :mod:`modelplex_operator.documents`).
     """
-    current = dict(resource.status or {})
-    by_role = {view.role: view for view in deployments}
-    replica, router = by_role.get(ROLE_REPLICA), by_role.get(ROLE_ROUTER)
-    spec = _spec_of(resource)
-    port = (spec.router if spec else RouterSpec()).port
-    if spec is None:  # not applied: the Deployments keep what the last valid spec asked for
-        want, want_routers = (replica.replicas if replica else 0), (router.replicas if router else 0)
-    else:
-        want, want_routers = spec.starting_replicas, spec.router.replicas
-    autoscaled = spec is not None and spec.autoscaling is not None
-    if autoscaled and replica:  # the autoscaler owns the count: the replica Deployment has it
-        want = replica.replicas
-    live_pods = [pod for pod in pods if not pod.deleting]
-    copies = sum(pod.models for pod in live_pods)
-    pool_bytes = sum(pod.summary.bytes for pod in live_pods)
-    pool_capacity = sum(pod.summary.capacity_bytes for pod in live_pods)
-    live = {pod.name for pod in live_pods}
-    pinned = spec.pinned_models if spec is not None else {}
-    models, omitted = model_entries({pod: doc for pod, doc in (documents or {}).items() if pod in live},
-                                    pinned=pinned)
-    # A pod that is not ready is not read: not hearing from it is no news.
-    ready_pods = {pod.name for pod in live_pods if pod.ready}
-    unreported = {pod: why for pod, why in (unreported or {}).items() if pod in ready_pods}
-
-    if outcome is not None and outcome.uid not in ("", resource.uid):
-        outcome = None  # an outcome of an earlier object of the same name
-    observed = current.get("observedGeneration")
-    if outcome is not None and outcome.final:
-        observed = outcome.generation
+    documents = documents or {}
+    owned_ = owned(deployments)
+    want = wanted(resource.spec, owned_)
+    pool = pool_of(pods)
+    state = reconciled(resource, outcome)
     gen = resource.generation
-    current_outcome = outcome if outcome is not None and outcome.generation == gen else None
-
+    models, omitted = model_entries({pod: doc for pod, doc in documents.items() if pod in pool.names},
+                                    pinned=want.pinned)
     status: dict[str, Any] = {
-        "replicas": replica.status_replicas if replica else 0,
-        "readyReplicas": replica.ready if replica else 0,
-        "updatedReplicas": replica.updated if replica else 0,
-        "loadedModels": copies,
-        "poolBytes": pool_bytes,
-        "poolCapacityBytes": pool_capacity,
-        # For `kubectl get mxd -o wide`: used / budget of the replicas' model caches.
-        "poolMemory": quantity(pool_bytes) + (f"/{quantity(pool_capacity)}" if pool_capacity else ""),
+        **replica_counts(owned_),
+        "loadedModels": pool.copies,
+        "poolBytes": pool.bytes,
+        "poolCapacityBytes": pool.capacity_bytes,
+        "poolMemory": pool.memory,
         "models": models,
         "modelsOmitted": omitted,
-        "routerService": f"{resource.name}.{resource.namespace}.svc:{port}",
+        "routerService": f"{resource.name}.{resource.namespace}.svc:{want.port}",
         "selector": selector_string(resource.name),
     }
-    if observed is not None:
-        status["observedGeneration"] = int(observed)
+    if state.observed is not None:
+        status["observedGeneration"] = state.observed
 
-    # Degraded: something a person must look at.
-    problem: tuple[str, str] | None = None
-    if resource.spec_problem:
-        problem = ("InvalidSpec", resource.spec_problem)
-    elif current_outcome is not None and current_outcome.state in (INVALID, REJECTED, RETRYING, CONFLICT):
-        problem = (current_outcome.reason or "ReconcileFailed", current_outcome.message)
-    elif outcome is None and _previous_problem(current, gen):
-        problem = _previous_problem(current, gen)  # the operator restarted: keep what it knew
-    else:
-        problem = _deployment_problem(replica) or _deployment_problem(router)
-    degraded = _condition(DEGRADED, problem is not None, problem[0] if problem else "AsExpected",
-                          problem[1] if problem else "", gen)
-
-    # Progressing / Ready.
-    caught_up = observed is not None and int(observed) >= gen
-    # (A spec problem is always a problem: the check of problem is for the type checker.)
-    if problem is not None and (resource.spec_problem or problem[0] in ("InvalidSpec", "ApplyRejected")):
-        progressing = _condition(PROGRESSING, False, problem[0], "the operator cannot act on this spec", gen)
-        ready = _condition(READY, False, problem[0], problem[1], gen)
-    else:
-        progress_reason, progress_message = _progress(caught_up, want, want_routers, replica, router)
-        progressing = _condition(PROGRESSING, progress_reason is not None,
-                                 progress_reason or "RolloutComplete",
-                                 progress_message or _counts(want, want_routers, replica, router), gen)
-        ready_reason, ready_message = _readiness(caught_up, want, want_routers, replica, router, problem)
-        serving = ready_reason == "AllReplicasReady"
-        if autoscaled and ready_reason == "ScaledToZero":
-            # An autoscaled pool at zero serves: its routers hold a request while a replica starts.
-            serving = router is not None and router.ready >= want_routers > 0
-            ready_message = ("the autoscaler scaled the pool to zero: the next request starts a replica"
-                             if serving else _counts(want, want_routers, replica, router))
-        ready = _condition(READY, serving, ready_reason, ready_message, gen)
-
-    conditions = [ready, progressing, degraded, _models_reported(unreported, gen)]
-    if pinned:
-        capacities = {pod.name: pod.summary.capacity for pod in live_pods if pod.ready}
-        conditions.append(models_pinned(pinned, documents or {}, capacities, gen))
-    status["conditions"] = merge_conditions(current.get("conditions") or [], conditions, now)
+    problem = problem_of(resource, state, owned_)
+    ready, progressing = serving_conditions(want, state, owned_, problem)
+    conditions = [ready, progressing, degraded_condition(problem, gen), models_reported(unreported or {}, pool, gen)]
+    if want.pinned:
+        conditions.append(models_pinned(want.pinned, documents, pool.ready_capacities, gen))
+    status["conditions"] = merge_conditions((resource.status or {}).get("conditions") or [], conditions, now)
     return status
-
-
-def _spec_of(resource: Resource) -> DeploymentSpec | None:
-    """The resource's spec read by the spec module's model, with its defaults; ``None`` when it
-    does not parse (validation reports that as ``InvalidSpec``)."""
-    try:
-        return parse_spec(plain(resource.spec or {}))
-    except SpecError:
-        return None
 
 
 _OPERATOR_REASONS = ("InvalidSpec", "ApplyRejected", "ApplyFailed", "ObjectConflict")
 
 
-def _previous_problem(current: Mapping[str, Any], generation: int) -> tuple[str, str] | None:
+def _previous_problem(current: Mapping[str, Any], generation: int) -> Problem | None:
     for cond in current.get("conditions") or ():
         if (cond.get("type") == DEGRADED and cond.get("status") == "True"
                 and cond.get("reason") in _OPERATOR_REASONS and cond.get("observedGeneration") == generation):
-            return cond.get("reason", ""), cond.get("message", "")
+            return Problem(cond.get("reason", ""), cond.get("message", ""))
     return None
 
 
-def _counts(want: int, want_routers: int, replica: DeploymentView | None, router: DeploymentView | None) -> str:
-    ready = replica.ready if replica else 0
-    routers = router.ready if router else 0
-    return f"{ready}/{want} replicas and {routers}/{want_routers} routers ready"
+def _counts(want: Wanted, deployments: Owned) -> str:
+    ready = deployments.replica.ready if deployments.replica else 0
+    routers = deployments.router.ready if deployments.router else 0
+    return f"{ready}/{want.replicas} replicas and {routers}/{want.routers} routers ready"
 
 
-def _progress(
-    caught_up: bool, want: int, want_routers: int, replica: DeploymentView | None, router: DeploymentView | None
-) -> tuple[str | None, str | None]:
+def _progress(caught_up: bool, want: Wanted, deployments: Owned) -> tuple[str | None, str | None]:
+    replica, router = deployments.replica, deployments.router
     if not caught_up:
         return "Reconciling", "the operator is applying the latest spec"
     if replica is None or router is None:
         missing = ", ".join(n for n, v in (("replica", replica), ("router", router)) if v is None)
         return "Creating", f"waiting for the {missing} Deployment"
-    for view, wanted, what in ((replica, want, "replica"), (router, want_routers, "router")):
-        if view.replicas != wanted or view.observed_generation < view.generation:
+    for view, wanted_, what in ((replica, want.replicas, "replica"), (router, want.routers, "router")):
+        if view.replicas != wanted_ or view.observed_generation < view.generation:
             return "Reconciling", f"the {what} Deployment has not caught up with the spec yet"
-        if view.updated < wanted:
-            return "RollingOut", f"{view.updated}/{wanted} {what} pods run the latest spec"
-        if view.status_replicas > wanted:
+        if view.updated < wanted_:
+            return "RollingOut", f"{view.updated}/{wanted_} {what} pods run the latest spec"
+        if view.status_replicas > wanted_:
             verb = "RollingOut" if view.updated < view.status_replicas else "ScalingDown"
-            return verb, f"{view.status_replicas - wanted} old {what} pods are still terminating"
+            return verb, f"{view.status_replicas - wanted_} old {what} pods are still terminating"
         # A router is ready only while a replica is: with no replicas wanted, none will be.
-        if view.ready < wanted and not (what == "router" and want == 0):
-            return "ScalingUp", f"{view.ready}/{wanted} {what} pods ready"
+        if view.ready < wanted_ and not (what == "router" and want.replicas == 0):
+            return "ScalingUp", f"{view.ready}/{wanted_} {what} pods ready"
     return None, None
 
 
-def _readiness(
-    caught_up: bool,
-    want: int,
-    want_routers: int,
-    replica: DeploymentView | None,
-    router: DeploymentView | None,
-    problem: tuple[str, str] | None,
-) -> tuple[str, str]:
-    counts = _counts(want, want_routers, replica, router)
+def _readiness(caught_up: bool, want: Wanted, deployments: Owned, problem: Problem | None) -> tuple[str, str]:
+    replica, router = deployments.replica, deployments.router
+    counts = _counts(want, deployments)
     # Ready says whether the pool serves as the spec asks, now: a scale-up is not ready until the
     # new pods are; a spec the operator has not applied yet does not by itself make it unready.
-    if problem is not None and problem[0] in ("ApplyFailed", "ObjectConflict") and not caught_up:
-        return problem[0], problem[1]
-    if want == 0:
+    if problem is not None and problem.reason in ("ApplyFailed", "ObjectConflict") and not caught_up:
+        return problem.reason, problem.message
+    if want.replicas == 0:
         return "ScaledToZero", "spec.replicas is 0: nothing serves"
-    if want_routers == 0:
+    if want.routers == 0:
         return "NoRouter", "spec.router.replicas is 0: nothing routes"
-    if replica is None or replica.ready < want:
+    if replica is None or replica.ready < want.replicas:
         return "ReplicasNotReady", counts
-    if router is None or router.ready < want_routers:
+    if router is None or router.ready < want.routers:
         return "RouterNotReady", counts
     return "AllReplicasReady", counts
 

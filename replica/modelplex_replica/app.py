@@ -22,17 +22,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from modelplex.cache import ModelCache
 from modelplex.calls import CALL_CONTENT_TYPE, Invocation, check_handler, invocation
 from modelplex.context import set_multiplexed_model_id
-from modelplex.wire.errors import (BadRequest, HandlerError, ModelplexError, NotFound, NotReady, Overloaded,
-                                   RequestTimeout)
 from modelplex.handles import close_handles
-from modelplex.http import error_middleware, from_json, is_json, read_body, status_of, to_json
-from modelplex.wire.ids import InvalidModelId, validate_model_id
-from modelplex.wire.loaded import LoadedModels, LoadedSummary
-from modelplex.wire.pins import PINS_PATH, PinRequest
+from modelplex.http import error_middleware, from_json, is_json, model_id_of, read_body, status_of, to_json
 from modelplex.multiplex import find_cache
-from modelplex.wire.names import DASHED_MODEL_ID_HEADER, LOADED_MODELS_HEADER, MODEL_ID_HEADER
 from modelplex.runtime import Runtime, current_runtime
 from modelplex.wire.credentials import TokenFile
+from modelplex.wire.errors import (BadRequest, HandlerError, ModelplexError, NotFound, NotReady, Overloaded,
+                                   RequestTimeout)
+from modelplex.wire.ids import checked_model_id, validate_model_id
+from modelplex.wire.loaded import LOADED_MODELS_PATH, LoadedModels, LoadedSummary
+from modelplex.wire.names import LOADED_MODELS_HEADER
+from modelplex.wire.pins import PINS_PATH, PinRequest
 from modelplex.wire.spec import Deployment, SpecError
 from modelplex_replica import oip
 from modelplex_replica.asgi import HttpIngress, ingress_for
@@ -131,10 +131,10 @@ def create_app(deployment: Deployment, handler: Any, *, patch_pod: Patch | None 
                           client_max_size=state.deployment.spec.max_request_bytes)
     app[STATE] = state
     app.router.add_post("/v1/invoke", invoke)
-    app.router.add_get("/v1/models", list_models)
-    app.router.add_get("/v1/models/{model_id}/metadata", model_metadata)
-    app.router.add_post("/v1/models/{model_id}/load", load_model)
-    app.router.add_delete("/v1/models/{model_id}", unload_model)
+    app.router.add_get(LOADED_MODELS_PATH, list_models)
+    app.router.add_get(LOADED_MODELS_PATH + "/{model_id}/metadata", model_metadata)
+    app.router.add_post(LOADED_MODELS_PATH + "/{model_id}/load", load_model)
+    app.router.add_delete(LOADED_MODELS_PATH + "/{model_id}", unload_model)
     app.router.add_post(PINS_PATH, pin_models)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
@@ -204,13 +204,6 @@ async def _load_all(cache: ModelCache, model_ids: Sequence[str]) -> list[Any]:
     return await asyncio.gather(*(cache.get(m) for m in model_ids), return_exceptions=True)
 
 
-def _model_id(raw: str) -> str:
-    try:
-        return validate_model_id(raw)
-    except InvalidModelId as error:
-        raise BadRequest(str(error)) from None
-
-
 async def _read_call(request: web.Request, handler: Any, model_id: str) -> Invocation:
     """What the request asks for: a handle's call envelope, or ``__call__`` with the body (an
     Open Inference Protocol body as an ``InferRequest``)."""
@@ -244,10 +237,9 @@ async def _read_body(request: web.Request, state: ReplicaState, model_id: str) -
 async def invoke(request: web.Request) -> web.StreamResponse:
     """One request for the handler; the model id is in the ``serve_multiplexed_model_id`` header."""
     state = request.app[STATE]
-    raw_id = request.headers.get(MODEL_ID_HEADER) or request.headers.get(DASHED_MODEL_ID_HEADER, "")
     # No model id: the handler gets an empty one, as in Ray; its @multiplexed loader answers 400
     # naming the header only if it is called without one.
-    model_id = _model_id(raw_id) if raw_id else ""
+    model_id = checked_model_id(model_id_of(request.headers))
     if state.draining:
         state.metrics.observe_request(model_id, 503, 0.0)
         raise NotReady("replica is shutting down", retry_after=1)
@@ -413,7 +405,7 @@ def _charset(content_type: str) -> str | None:
 async def model_metadata(request: web.Request) -> web.Response:
     """Open Inference Protocol model metadata; the model is loaded if it is not."""
     state = request.app[STATE]
-    model_id = _model_id(request.match_info["model_id"])
+    model_id = validate_model_id(request.match_info["model_id"])  # a 400 unless valid
     return web.json_response(await oip.model_metadata(state.handler, state.cache, model_id))
 
 
@@ -429,7 +421,7 @@ def _require_cache(state: ReplicaState) -> ModelCache:
 
 async def load_model(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    model_id = _model_id(request.match_info["model_id"])
+    model_id = validate_model_id(request.match_info["model_id"])  # a 400 unless valid
     started = time.monotonic()
     await _require_cache(state).get(model_id)
     return web.json_response({"model": model_id, "loaded": True, "seconds": round(time.monotonic() - started, 6)})
@@ -437,7 +429,7 @@ async def load_model(request: web.Request) -> web.Response:
 
 async def unload_model(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    model_id = _model_id(request.match_info["model_id"])
+    model_id = validate_model_id(request.match_info["model_id"])  # a 400 unless valid
     if not await _require_cache(state).evict(model_id):
         raise NotFound(f"model {model_id!r} is not loaded")
     return web.json_response({"model": model_id, "loaded": False})

@@ -25,19 +25,19 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from modelplex.context import set_multiplexed_model_id
-from modelplex.wire.errors import HandlerError, ModelplexError, NotFound
-from modelplex.wire.forwarded import ENV_ROUTE_PREFIX, NO_ROUTE, PATH_HEADER, check_route_prefix, is_forwarding_header, \
-    original, under_prefix
-from modelplex.wire.names import LOADED_MODELS_HEADER
+from modelplex.http import HOP_BY_HOP
 from modelplex.serve.ingress import asgi_app, current_instance
+from modelplex.wire.errors import HandlerError, ModelplexError, NotFound
+from modelplex.wire.forwarded import (ENV_ROUTE_PREFIX, NO_ROUTE, PATH_HEADER, check_route_prefix, is_forwarding_header,
+                                      original, under_prefix)
+from modelplex.wire.names import LOADED_MODELS_HEADER
 from modelplex_replica.streams import cut_stream
 from modelplex_replica.usercode import TakingTurns
 
 log = logging.getLogger("modelplex.replica.asgi")
 
-#: The app's response headers that describe one hop; aiohttp sets its own.
-_HOP_BY_HOP = frozenset((b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"upgrade",
-                         b"te", b"trailer"))
+#: The app's response headers that describe one hop, and its length: aiohttp sets its own.
+_HOP_BY_HOP = frozenset(name.encode() for name in HOP_BY_HOP | {"content-length"})
 LIFESPAN_TIMEOUT_S = 60.0
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 _DONE = object()

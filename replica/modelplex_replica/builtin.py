@@ -42,10 +42,10 @@ import torch
 
 from modelplex import batch, get_multiplexed_model_id, multiplexed
 from modelplex.cache import current_load
+from modelplex.runtime import current_runtime
 from modelplex.wire.errors import BadRequest, ModelLoadError
 from modelplex.wire.names import ENV_WARM_DIR
 from modelplex.wire.oip import DTYPES, InferRequest, InferResponse, datatype_of, tensor_metadata
-from modelplex.runtime import current_runtime
 from modelplex_replica.sources import ModelSource
 from modelplex_replica.warm import DiskTier
 

@@ -2,7 +2,7 @@
 
 A replica the autoscaler adds would otherwise answer its first requests for the popular models
 with loads. The scaler keeps a file of the hottest models (one id a line, hottest first:
-:func:`modelplex.autoscaling.format_hot_models`) and names it in ``MODELPLEX_PRELOAD_FILE``: in
+:func:`modelplex.wire.load.format_hot_models`) and names it in ``MODELPLEX_PRELOAD_FILE``: in
 a pod, a ConfigMap key mounted as a file; in local mode, a file local mode writes. At start,
 after ``spec.multiplexing.prewarm``, the replica loads the listed models it has room for (its
 ``maxModelsPerReplica``), then turns ready. A missing or unreadable file, or a failing load,
@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from modelplex.autoscaling import ENV_PRELOAD_FILE, parse_hot_models
 from modelplex.cache import ModelCache
+from modelplex.wire.load import ENV_PRELOAD_FILE, parse_hot_models
 
 log = logging.getLogger("modelplex.replica")
 

@@ -19,7 +19,6 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-
 log = logging.getLogger("modelplex.replica")
 
 #: Loads whose allocator count is remembered at once (a failed load never reports back).

@@ -15,8 +15,8 @@ import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from modelplex.wire.codec import CALL_CONTENT_TYPE
 from modelplex.http import status_of
+from modelplex.wire.codec import CALL_CONTENT_TYPE
 from modelplex_router.auth import CALLER, MODEL_CONTROL, named_model
 
 log = logging.getLogger("modelplex.access")

@@ -22,11 +22,11 @@ from typing import Awaitable, Callable
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from modelplex.autoscaling import LOAD_PATH
+from modelplex.http import model_id_of
 from modelplex.wire.codec import CALL_CONTENT_TYPE
 from modelplex.wire.credentials import ACCESS_TOKEN_PARAM, INTERNAL_TOKEN_HEADER, ClientTokens, TokenFile
 from modelplex.wire.errors import Forbidden, Unauthorized
-from modelplex.wire.names import DASHED_MODEL_ID_HEADER, MODEL_ID_HEADER
+from modelplex.wire.load import LOAD_PATH
 from modelplex.wire.spec import RouterAuth
 
 #: Paths anyone may read: liveness, readiness, metrics.
@@ -103,8 +103,7 @@ def bearer_token(request: web.Request) -> str | None:
 
 def named_model(request: web.Request) -> str:
     """The model a request names: in its path (``{model}``) or its model-id header."""
-    return (request.match_info.get("model")
-            or request.headers.get(MODEL_ID_HEADER) or request.headers.get(DASHED_MODEL_ID_HEADER) or "")
+    return request.match_info.get("model") or model_id_of(request.headers)
 
 
 def asked_of(request: web.Request) -> Asked:

@@ -6,8 +6,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from modelplex.autoscaling import DEFAULT_HOLD_AT_ZERO_S
 from modelplex.wire.credentials import ENV_CLIENT_TOKENS_DIR, ENV_INTERNAL_TOKEN_FILE
+from modelplex.wire.load import DEFAULT_HOLD_AT_ZERO_S
 from modelplex.wire.spec import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_LOAD_TIMEOUT_S, DEFAULT_MAX_REQUEST_BYTES,
                                  REQUEST_TIMEOUT_MARGIN_S, Cors, Deployment, LoadQuota, RouterAuth)
 from modelplex_router.fairness import ORDERS

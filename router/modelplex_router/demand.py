@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections import Counter, deque
 
-from modelplex.autoscaling import RATE_WINDOW_S
+from modelplex.wire.load import RATE_WINDOW_S
 
 
 class RequestRates:

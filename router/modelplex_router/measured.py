@@ -10,28 +10,18 @@ from typing import Awaitable, Callable, TypeVar
 from aiohttp import web
 
 from modelplex.wire.errors import BadRequest, ModelplexError
-from modelplex.wire.ids import InvalidModelId, validate_model_id
-from modelplex_router.keys import METRICS
+from modelplex.wire.ids import checked_model_id
+from modelplex_router.keys import ROUTER
 from modelplex_router.metrics import RouterMetrics
 from modelplex_router.proxy import ABORTED
 
 T = TypeVar("T")
 
 
-def checked_model_id(model: str) -> str:
-    """``model`` if it is a valid id (400 otherwise); "" stays "" (no model named)."""
-    if model:
-        try:
-            validate_model_id(model)
-        except InvalidModelId as error:
-            raise BadRequest(str(error)) from None
-    return model
-
-
 async def measured(request: web.Request, model: str,
                    answer: Callable[[], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
     """Run ``answer()`` counted in the router's metrics: in flight, status and latency."""
-    return await counted(request.app[METRICS], model, answer, protocol="http",
+    return await counted(request.app[ROUTER].metrics, model, answer, protocol="http",
                          status_of=lambda response: response.get(ABORTED, response.status))
 
 

@@ -10,28 +10,26 @@
 
 Every model has one version, ``1``. Errors under ``/v2`` are the protocol's ``{"error": "..."}``.
 
-The protocol's rules (ids and versions, the replica endpoints, readiness, the repository's
-states, unloading) are functions of the app, not of an aiohttp request: the gRPC service
-(:mod:`modelplex_router.grpc`) answers through them too.
+The protocol's rules (ids and versions, the replica requests) are plain functions, and the
+decisions (readiness, the repository's states, unloading) the :class:`~modelplex_router.router.Router`'s:
+the gRPC front (:mod:`modelplex_router.grpc`) answers through the same ones.
 """
 
 from __future__ import annotations
 
-import asyncio
 from importlib import metadata
-from urllib.parse import quote
 
-import aiohttp
 import orjson
 from aiohttp import web
 
-from modelplex.wire.errors import ModelNotFound, ModelplexError, ReplicaFailed
 from modelplex.http import error_response, read_body
+from modelplex.wire.errors import ModelNotFound, ModelplexError, error_object
+from modelplex.wire.ids import checked_model_id
 from modelplex.wire.oip import (HEADER_LENGTH, PROTOCOL, PROTOCOL_HEADER, VERSION_HEADER, error_body, parse_header,
-                           split_body)
-from modelplex_router.events import Unloaded
-from modelplex_router.keys import CLOCK, COLD, CONFIG, PROXY, SESSION, TABLE
-from modelplex_router.measured import checked_model_id, measured
+                                split_body)
+from modelplex_router.endpoints import load_path, metadata_path
+from modelplex_router.keys import ROUTER
+from modelplex_router.measured import measured
 
 SERVER_NAME = "modelplex"
 EXTENSIONS = ("binary_tensor_data", "model_repository")
@@ -101,19 +99,24 @@ def _as_oip(response: web.StreamResponse) -> web.StreamResponse:
     if response.status < 400 or not isinstance(response, web.Response):
         return response
     body = response.body if isinstance(response.body, (bytes, bytearray)) else None  # a buffered answer's bytes
-    oip = _error(response.status, replica_message(body, response.reason))
+    oip = _error(response.status, replica_error(body, response.reason)[0])
     for name in ("Retry-After", "X-Modelplex-Replica"):
         if name in response.headers:
             oip.headers[name] = response.headers[name]
     return oip
 
 
-def replica_message(body: bytes | bytearray | None, reason: str | None) -> str:
-    """The message of a replica's error answer (its JSON error's, else its text or reason)."""
+def replica_error(body: bytes | bytearray | None, reason: str | None) -> tuple[str, str | None]:
+    """The message and code of a replica's error answer: its JSON error's, else its text (or
+    ``reason``) and no code."""
     try:
-        return orjson.loads(body or b"")["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        return (body or b"").decode(errors="replace") or reason or "error"
+        error = error_object(orjson.loads(body or b""))
+    except ValueError:
+        error = None
+    if error is not None and "message" in error:
+        code = error.get("code")
+        return str(error["message"]), code if isinstance(code, str) else None
+    return (body or b"").decode(errors="replace") or reason or "error", None
 
 
 def model_version(model: str, version: str | None) -> tuple[str, str | None]:
@@ -128,16 +131,6 @@ def _model(request: web.Request) -> tuple[str, str | None]:
     return model_version(request.match_info["model"], request.match_info.get("version"))
 
 
-def metadata_path(model: str) -> str:
-    """The replica endpoint of a model's metadata (it loads the model to answer)."""
-    return f"/v1/models/{quote(model, safe='')}/metadata"
-
-
-def load_path(model: str) -> str:
-    """The replica endpoint that loads a model."""
-    return f"/v1/models/{quote(model, safe='')}/load"
-
-
 def infer_headers(header_length: str | None, version: str | None) -> dict[str, str]:
     """What tells a replica that a ``/v1/invoke`` body is an OIP inference request."""
     headers = {PROTOCOL_HEADER: PROTOCOL}
@@ -150,46 +143,6 @@ def infer_headers(header_length: str | None, version: str | None) -> dict[str, s
 
 def server_metadata_document() -> dict:
     return {"name": SERVER_NAME, "version": _server_version(), "extensions": list(EXTENSIONS)}
-
-
-def held(app: web.Application, model: str) -> bool:
-    """Whether a usable replica holds (or loads) the model now."""
-    return any(replica.loaded(model) for replica in app[TABLE].usable(app[CLOCK]()))
-
-
-def repository_states(app: web.Application) -> dict[str, str]:
-    """Every model a replica holds (``READY``) or is loading (``LOADING``)."""
-    states: dict[str, str] = {}
-    for replica in app[TABLE].usable(app[CLOCK]()):
-        for model in replica.all_loading():
-            states.setdefault(model, "LOADING")
-        for model in replica.all_models():
-            states[model] = "READY"
-    return dict(sorted(states.items()))
-
-
-async def unload(app: web.Application, model: str) -> None:
-    """Evict the model from every replica that holds it (502 naming those that failed)."""
-    holders = [r for r in app[TABLE].replicas() if r.holds(model)]
-    path = f"/v1/models/{quote(model, safe='')}"
-
-    async def evict(url: str) -> int:
-        async with app[SESSION].delete(url + path) as response:
-            await response.read()
-            return response.status
-
-    statuses = await asyncio.gather(*(evict(r.url) for r in holders), return_exceptions=True)
-    now = app[CLOCK]()
-    for replica, status in zip(holders, statuses):
-        if status in (200, 404):  # it holds the model no more: the index says so at once
-            app[TABLE].apply(Unloaded(replica, model), now)
-    failed = [f"{r.name}: {s!r}" for r, s in zip(holders, statuses)
-              if isinstance(s, aiohttp.ClientError) or (isinstance(s, int) and s not in (200, 404))]
-    errors = [s for s in statuses if isinstance(s, BaseException) and not isinstance(s, aiohttp.ClientError)]
-    if errors:
-        raise errors[0]
-    if failed:
-        raise ReplicaFailed(f"unloading {model!r} failed on {', '.join(failed)}")
 
 
 # -- server ----------------------------------------------------------------------------------
@@ -208,7 +161,7 @@ async def live(request: web.Request) -> web.Response:
 
 async def _metadata(request: web.Request, model: str) -> web.StreamResponse:
     """The model's metadata from a replica (one that holds it, else one that loads it now)."""
-    response = await request.app[PROXY].forward(
+    response = await request.app[ROUTER].proxy.forward(
         request, model, b"", method="GET", path=metadata_path(model), buffer=True)
     return _as_oip(response)
 
@@ -221,7 +174,7 @@ async def model_metadata(request: web.Request) -> web.StreamResponse:
 async def model_ready(request: web.Request) -> web.StreamResponse:
     """Ready when a replica holds the model, or loads it now (so "ready" means "servable")."""
     model, _ = _model(request)
-    if held(request.app, model):
+    if request.app[ROUTER].held(model):
         return web.json_response({"name": model, "ready": True})
     response = await _metadata(request, model)
     if response.status >= 400:
@@ -233,12 +186,13 @@ async def infer(request: web.Request) -> web.StreamResponse:
     model, version = _model(request)
 
     async def answer() -> web.StreamResponse:
-        request.app[COLD].admit_request(request, model)
-        body = await read_body(request, request.app[CONFIG].body_timeout_s)
+        router = request.app[ROUTER]
+        router.cold.admit_request(request, model)
+        body = await read_body(request, router.config.body_timeout_s)
         header_length = request.headers.get(HEADER_LENGTH)
         parse_header(split_body(body, header_length)[0])  # a malformed request is refused here, not by a replica
         headers = infer_headers(header_length, version)
-        return _as_oip(await request.app[PROXY].forward(request, model, body, headers=headers, buffer=True))
+        return _as_oip(await router.proxy.forward(request, model, body, headers=headers, buffer=True))
 
     return await measured(request, model, answer)
 
@@ -248,7 +202,7 @@ async def infer(request: web.Request) -> web.StreamResponse:
 
 async def repository_index(request: web.Request) -> web.Response:
     """Every model a replica holds (``READY``) or is loading (``LOADING``)."""
-    states = repository_states(request.app)
+    states = request.app[ROUTER].repository_states()
     return web.json_response([{"name": m, "version": VERSION, "state": s} for m, s in states.items()])
 
 
@@ -257,7 +211,8 @@ async def repository_load(request: web.Request) -> web.StreamResponse:
     model, _ = _model(request)
 
     async def answer() -> web.StreamResponse:
-        response = _as_oip(await request.app[PROXY].forward(request, model, b"", path=load_path(model), buffer=True))
+        response = _as_oip(await request.app[ROUTER].proxy.forward(request, model, b"", path=load_path(model),
+                                                                   buffer=True))
         if response.status >= 400:
             return response
         return web.json_response({"name": model, "state": "READY"})
@@ -268,5 +223,5 @@ async def repository_load(request: web.Request) -> web.StreamResponse:
 async def repository_unload(request: web.Request) -> web.Response:
     """Evict the model from every replica that holds it."""
     model, _ = _model(request)
-    await unload(request.app, model)
+    await request.app[ROUTER].unload(model)
     return web.json_response({"name": model, "state": "UNAVAILABLE"})

@@ -159,7 +159,7 @@ SCHEMAS: dict[str, dict] = {
         "deployment": {"type": "string"}, "policy": {"type": "string"}, "queued": {"type": "integer"},
         "replicas": {"type": "array", "items": {"type": "object"}}}},
     "LoadReport": {"type": "object", "required": ["deployment", "at", "queued", "replicas", "model_rates"],
-                   "description": "modelplex.autoscaling.LoadReport: this router's requests at each replica "
+                   "description": "modelplex.wire.load.LoadReport: this router's requests at each replica "
                                   "(in its slots or waiting for a load), its queue (requests held at zero "
                                   "replicas included), and each model's requests per second over window_s.",
                    "properties": {

@@ -18,7 +18,7 @@ from typing import Callable, Mapping
 
 import aiohttp
 
-from modelplex.wire.pins import LEASE_S, PINS_PATH, RENEW_EVERY_S, Placement, PinRequest, place_pins, shortfall_message
+from modelplex.wire.pins import LEASE_S, PINS_PATH, RENEW_EVERY_S, PinRequest, Placement, place_pins, shortfall_message
 from modelplex_router.table import RoutingTable
 
 log = logging.getLogger("modelplex.router.pins")

@@ -41,6 +41,8 @@ import random
 from dataclasses import dataclass
 from typing import Generic, Iterable, Iterator, Protocol, Sequence, TypeVar
 
+from modelplex.wire.spec import DEFAULT_MATCHING_TIMEOUT_S
+
 
 class Kind(enum.Enum):
     """Why a replica was picked; the router counts these as cache hits, misses, fallbacks."""
@@ -97,7 +99,7 @@ class Params:
     ``models[].maxCopies``)."""
 
     max_ongoing: int
-    matching_timeout_s: float = 1.0
+    matching_timeout_s: float = DEFAULT_MATCHING_TIMEOUT_S
     hot_spread: bool = True
     limits: CopyLimits | None = None
 

@@ -21,17 +21,17 @@ from aiohttp import hdrs, web
 from multidict import CIMultiDict
 from yarl import URL
 
+from modelplex.http import HOP_BY_HOP
 from modelplex.wire.errors import ReplicaFailed, UpstreamTimeout
-from modelplex.http import to_json
 from modelplex.wire.names import LOADED_MODELS_HEADER, MODEL_ID_HEADER
+from modelplex.wire.streams import sse_error_frame
+from modelplex_router.endpoints import INVOKE_PATH
 from modelplex_router.events import Answered, ConnectionFailed, SummaryHeard
 from modelplex_router.metrics import RouterMetrics
 from modelplex_router.record import Replica
 from modelplex_router.scheduler import Lease, Scheduler
 
 log = logging.getLogger("modelplex.router.proxy")
-
-INVOKE_PATH = "/v1/invoke"
 
 #: Request headers the replica may use; the rest (cookies, auth, hop-by-hop) stay here.
 #: Not Content-Encoding: aiohttp has already decoded the body (within client_max_size).
@@ -43,15 +43,9 @@ FORWARDED_REQUEST_HEADERS = (
     "traceparent",
     "tracestate",
 )
-#: Response headers that describe one hop, not the answer.
-HOP_BY_HOP = frozenset(
-    h.lower()
-    for h in (
-        hdrs.CONNECTION, hdrs.KEEP_ALIVE, hdrs.TRANSFER_ENCODING, hdrs.TE, hdrs.TRAILER, hdrs.UPGRADE,
-        hdrs.PROXY_AUTHENTICATE, hdrs.PROXY_AUTHORIZATION, hdrs.CONTENT_LENGTH, hdrs.DATE, hdrs.SERVER,
-        LOADED_MODELS_HEADER,
-    )
-)
+#: Replica response headers the client never sees: those of one hop, those aiohttp sets itself
+#: (length, date, server), and the loaded-models summary, which is for this router.
+NOT_RELAYED = HOP_BY_HOP | {h.lower() for h in (hdrs.CONTENT_LENGTH, hdrs.DATE, hdrs.SERVER, LOADED_MODELS_HEADER)}
 REPLICA_HEADER = "X-Modelplex-Replica"
 #: Set on a response cut short after it was committed: the status to count it as.
 ABORTED = "modelplex_aborted"
@@ -281,7 +275,7 @@ def _answer_headers(upstream: aiohttp.ClientResponse, replica: str) -> CIMultiDi
     """The client's response headers: the replica's, less those of one hop, plus which replica."""
     out: CIMultiDict[str] = CIMultiDict()
     for name, value in upstream.headers.items():
-        if name.lower() not in HOP_BY_HOP:
+        if name.lower() not in NOT_RELAYED:
             out.add(name, value)
     out[REPLICA_HEADER] = replica
     if upstream.content_type == "text/event-stream":
@@ -345,7 +339,7 @@ async def _send_error_event(response: web.StreamResponse, error: ReplicaFailed) 
     """``event: error`` with the JSON error, as the replica ends a stream whose handler failed."""
     try:
         # A blank line first ends an event the replica may have left half-sent.
-        await response.write(b"\n\nevent: error\ndata: " + to_json(error.to_dict()) + b"\n\n")
+        await response.write(b"\n\n" + sse_error_frame(error))
     except ConnectionResetError:
         pass
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Callable, Collection, cast
 
 from modelplex.wire.errors import NotReady, Overloaded
+from modelplex_router.config import DEFAULT_POLICY, DEFAULT_QUEUE_TIMEOUT_S
 from modelplex_router.demand import RequestRates
 from modelplex_router.events import RequestFinished, RequestStarted
 from modelplex_router.fairness import FairLine
@@ -101,8 +102,8 @@ class Scheduler:
         *,
         lag_s: float = 0.0,
         quarantine_s: float = QUARANTINE_S,
-        policy: str = "cache-aware",
-        queue_timeout_s: float = 10.0,
+        policy: str = DEFAULT_POLICY,
+        queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S,
         max_queued: int = 1000,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,

@@ -1,5 +1,9 @@
 """``modelplex router``: serve one deployment's router until SIGINT/SIGTERM: its HTTP API and,
-on the same event loop, the Open Inference Protocol over gRPC (:mod:`modelplex_router.grpc`)."""
+on the same event loop, the Open Inference Protocol over gRPC (:mod:`modelplex_router.grpc`).
+
+It composes the parts: the :class:`~modelplex_router.router.Router`, started first and closed
+last; both fronts over it; on SIGTERM both drain (not ready at once, new calls refused, those in
+flight finish within the grace)."""
 
 from __future__ import annotations
 
@@ -7,18 +11,19 @@ import asyncio
 import logging
 import os
 from pathlib import Path
+from typing import AsyncIterator
 
 from aiohttp import web
 
-from modelplex.wire.names import ENV_POD_NAMESPACE
-from modelplex.serving import check_credential, check_unguarded_host, serve
+from modelplex.serving import ConnectionLimits, check_credential, check_unguarded_host, serve
 from modelplex.wire.credentials import TokenFile
+from modelplex.wire.names import ENV_POD_NAMESPACE
 from modelplex.wire.spec import Deployment
 from modelplex_router.app import create_app
 from modelplex_router.config import RouterConfig
 from modelplex_router.discovery.base import Discovery
 from modelplex_router.grpc.server import GrpcServer
-from modelplex_router.keys import DRAINING
+from modelplex_router.router import Router
 
 log = logging.getLogger("modelplex.router")
 
@@ -52,9 +57,17 @@ def run_router(deployment: Deployment, *, host: str, port: int, replica_urls: li
     except ValueError as error:
         log.error("%s", error)
         return 2
-    app = create_app(config, discovery)
-    grpc_server = GrpcServer(app, host, grpc_port)
-    app.cleanup_ctx.append(grpc_server.context)  # after the client session and discovery: they serve it
+    router = Router(config, discovery)
+    app = create_app(router)
+    grpc_server = GrpcServer(router, host, grpc_port)
+
+    async def running(_: web.Application) -> AsyncIterator[None]:
+        # With the HTTP server: the Router first (the fronts serve through it), the gRPC front
+        # inside its lifetime; closed in the reverse order once the HTTP requests are done.
+        async with router, grpc_server:
+            yield
+
+    app.cleanup_ctx.append(running)
     source = f"{len(replica_urls)} static replica(s)" if replica_urls else "the Kubernetes API"
     log.info("router for %s on http://%s:%d (replicas from %s, policy %s)",
              deployment.name, host, port, source, config.policy)
@@ -62,13 +75,16 @@ def run_router(deployment: Deployment, *, host: str, port: int, replica_urls: li
         # Handler cancellation (in serve): a client that hangs up frees its replica slot at once
         # (the proxy then closes the replica's connection, which stops the handler there).
         serve(app, host=host, port=port, grace_s=deployment.spec.graceful_shutdown_timeout_seconds,
-              drain=lambda deadline: _not_ready(app, grpc_server, deadline), name=f"router of {deployment.name!r}")
+              drain=lambda deadline: _drain(router, grpc_server, deadline), name=f"router of {deployment.name!r}",
+              limits=ConnectionLimits.of(deployment.spec.router))
     except OSError as error:
         log.error("cannot serve on %s (HTTP port %d, gRPC port %s): %s", host, port, grpc_port or "any", error)
         return 1
     return 0
 
 
-async def _not_ready(app: web.Application, grpc_server: GrpcServer, deadline: float) -> None:
-    app[DRAINING].set()
+async def _drain(router: Router, grpc_server: GrpcServer, deadline: float) -> None:
+    """Both fronts: not ready now (``/readyz``, gRPC health), the gRPC calls in flight given
+    until ``deadline``; the HTTP server's own drain follows (:func:`modelplex.serving.serve`)."""
+    router.drain()
     grpc_server.drain(max(0.0, deadline - asyncio.get_running_loop().time()))

@@ -23,7 +23,9 @@ Two kinds of reader wait for news, each told its own way:
 
 - the scheduler, through the ``notify`` function it gives the constructor, called after a
   change with a :class:`Change` (synchronously, so a freed slot goes to the oldest waiter
-  before any newcomer can take it). Reads never notify, so a reader that reads the table
+  before any newcomer can take it). The table writes, then tells: every change, the index's
+  included, is in before ``notify`` runs, so a waiter handed a slot from inside it reads the
+  table as it now is. Reads never notify, so a reader that reads the table
   while handling a notification is never re-entered;
 - the document fetcher, through :meth:`RoutingTable.wait_stale`.
 
@@ -238,8 +240,9 @@ class RoutingTable:
             case RequestStarted():
                 self._started(event)
             case RequestFinished():
-                self._finished(event, now)
-                self._index(event.started.replica)
+                change = self._finished(event, now)
+                self._index(event.started.replica)  # written first: a waiter told next sees it
+                self._notify(change)
             case SummaryHeard():
                 self._heard(event.replica, event.header)
             case Answered():
@@ -332,7 +335,8 @@ class RoutingTable:
         else:
             replica.in_slots += 1
 
-    def _finished(self, finished: RequestFinished, now: float) -> None:
+    def _finished(self, finished: RequestFinished, now: float) -> Change:
+        """Update the record; what to tell the waiters once the index is updated too."""
         replica, model = finished.started.replica, finished.started.model
         if not finished.started.for_load:
             replica.in_slots -= 1
@@ -344,12 +348,11 @@ class RoutingTable:
                 replica.pending.pop(model, None)
                 if not finished.ok:
                     # The load it marked failed: requests waiting for it may go elsewhere now.
-                    self._notify(Change.CHANGED)
-                    return
+                    return Change.CHANGED
         if finished.ok and model:
             replica.learned[model] = now
             self._timed.add(replica)
-        self._notify(Change.FREED)
+        return Change.FREED
 
     def _refresh(self, now: float) -> None:
         # Time-based bookkeeping of the table's own records; no notification (reads never

@@ -28,10 +28,10 @@ from pathlib import Path
 
 import pytest
 
-from e2e.busybox import busybox_image
 from modelplex_cluster.controlplane import ControlPlane, build_binaries, clear_abandoned_node
 from modelplex_cluster.testing import wait_for
 
+from e2e.busybox import busybox_image
 
 #: Held while a test session's node runs: two pytest runs on one machine take turns at it (a fixed
 #: path, whatever cache folder each uses: the node's bridges and addresses are the machine's).

@@ -12,6 +12,7 @@ from pathlib import Path
 import aiohttp
 
 from modelplex.processes import wait_for_async
+
 from support.stacks import Stack
 
 MODEL_ID_HEADER = "serve_multiplexed_model_id"

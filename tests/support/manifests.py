@@ -32,3 +32,13 @@ def manifest_writer(folder: Path, module: Path, handler: str) -> Callable[..., P
         return handler_manifest(folder, module, name, **{"handler": handler, **spec})
 
     return write
+
+
+def deployments_file(folder: Path, specs: dict[str, dict]) -> str:
+    """One manifest file of several MultiplexedDeployments (name → spec fields over a handler
+    ``h:C`` that nothing imports): for tests that plan a local run without starting it."""
+    documents = [{"apiVersion": "modelplex.io/v1alpha1", "kind": "MultiplexedDeployment", "metadata": {"name": name},
+                  "spec": {"image": "local", "handler": "h:C", **spec}} for name, spec in specs.items()]
+    path = folder / "deployments.yaml"
+    path.write_text("\n---\n".join(json.dumps(d) for d in documents))
+    return str(path)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from modelplex.processes import consecutive_free_ports, descendants, wait_for
+from modelplex.wire.ready import READY_FILE_OPTION, read_ready_file
+
 from support.servers import MODELPLEX, Proc, Processes
 
 START_TIMEOUT_S = 120.0  # two cores, several torch imports at once: generous
@@ -46,16 +47,17 @@ class Stack:
 
 
 def start_local(processes: Processes, manifest: Path, deployments: int, env: dict | None = None) -> Stack:
-    """Run ``modelplex local manifest`` and wait (bounded) until it says every router is ready."""
+    """Run ``modelplex local manifest`` and wait (bounded) until its ready file says every router is ready."""
     port = consecutive_free_ports(deployments)
-    proc = processes.start(f"local-{manifest.stem}", [*MODELPLEX, "local", str(manifest), "--port", str(port)], env=env)
-    output = wait_for(lambda: "Press Ctrl-C" in (text := proc.log.read_text(errors="replace")) and text,
-                      START_TIMEOUT_S, 0.1, f"modelplex local ready (its output: {proc.log})",
-                      guard=proc.check_running)
-    urls = dict(re.findall(r"^(\S+) is ready at (http://\S+)", output, flags=re.M))
-    assert len(urls) == deployments, output
-    grpc = dict(re.findall(r"^(\S+) is ready at http://\S+  gRPC (\S+)", output, flags=re.M))
-    return Stack(proc, urls, manifest.parent, grpc)
+    ready_file = processes.folder / f"local-{manifest.stem}.ready.json"
+    ready_file.unlink(missing_ok=True)  # a run started again under its name: not the last one's file
+    proc = processes.start(f"local-{manifest.stem}",
+                           [*MODELPLEX, "local", str(manifest), "--port", str(port), READY_FILE_OPTION, str(ready_file)],
+                           env=env)
+    ready = wait_for(lambda: read_ready_file(ready_file), START_TIMEOUT_S, 0.1,
+                     f"modelplex local ready (its output: {proc.log})", guard=proc.check_running)
+    assert len(ready.deployments) == deployments, proc.tail(150)
+    return Stack(proc, ready.urls, manifest.parent, ready.grpc)
 
 
 def manifest(name: str, handler: str, **spec) -> dict:

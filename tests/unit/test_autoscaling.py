@@ -6,18 +6,9 @@ import random
 
 import pytest
 
-from modelplex.autoscaling import (
-    Autoscaler,
-    LoadReport,
-    ReplicaLoad,
-    coldest_first,
-    deletion_costs,
-    format_hot_models,
-    hottest_models,
-    merge,
-    parse_hot_models,
-    rehome,
-)
+from modelplex.autoscaling import (Autoscaler, ReplicaState, deletion_costs, hottest_models, leaving_replicas, merge,
+                                   rehome)
+from modelplex.wire.load import LoadReport, ReplicaLoad, format_hot_models, parse_hot_models
 from modelplex.wire.spec import Autoscaling, parse_spec
 
 
@@ -212,8 +203,12 @@ def test_the_coldest_cache_is_removed_first():
     # popular's 10/s is shared by two copies: 300/min each; rare's 0.2/s by two: 6/min; niche,
     # held by d alone, 180/min: losing d loses its only copy.
     assert deletion_costs(state) == {"a": 300, "b": 306, "c": 6, "d": 180}
-    assert coldest_first(state) == ["c", "d", "a", "b"]
-    assert coldest_first(state, ["a", "b", "gone"]) == ["gone", "a", "b"]
+    costs = deletion_costs(state)
+    ready = [ReplicaState(name, ready=True) for name in "abcd"]
+    assert leaving_replicas(ready, costs, 4, state) == ["c", "d", "a", "b"]
+    # A replica no router knows yet is cold; one not ready goes before any ready one.
+    assert leaving_replicas([*ready[:2], ReplicaState("gone", ready=True)], costs, 3, state) == ["gone", "a", "b"]
+    assert leaving_replicas([*ready, ReplicaState("starting")], costs, 2, state) == ["starting", "c"]
 
 
 def test_the_hottest_models_per_copy_are_preloaded():

@@ -7,20 +7,18 @@ import random
 
 import pytest
 
-from modelplex.autoscaling import LoadReport
 from modelplex.wire.errors import NotReady, Overloaded
+from modelplex.wire.load import LoadReport
+from modelplex.wire.loaded import LoadedModels
 from modelplex.wire.spec import parse_deployment
-from modelplex_router.app import create_app
 from modelplex_router.config import ENV_HOLD_AT_ZERO, RouterConfig
 from modelplex_router.demand import RequestRates
 from modelplex_router.discovery.static import StaticDiscovery
-from modelplex_router.keys import SCHEDULER, TABLE
-from modelplex_router.load import load_report
-from modelplex_router.policy import Params
-from modelplex_router.scheduler import Scheduler
-from modelplex.wire.loaded import LoadedModels
 from modelplex_router.events import ReplicaSeen
+from modelplex_router.policy import Params
 from modelplex_router.record import Held
+from modelplex_router.router import Router
+from modelplex_router.scheduler import Scheduler
 from modelplex_router.table import RoutingTable
 
 
@@ -43,14 +41,14 @@ def test_request_rates_count_each_model_over_the_window():
 def test_the_load_report_has_each_replicas_requests_the_queue_and_the_rates():
     config = RouterConfig("recs", Params(max_ongoing=4, matching_timeout_s=1.0))
     now = [50.0]
-    app = create_app(config, StaticDiscovery([]), clock=lambda: now[0])
-    table, scheduler = app[TABLE], app[SCHEDULER]
+    router = Router(config, StaticDiscovery([]), clock=lambda: now[0])
+    table, scheduler = router.table, router.scheduler
     table.apply(info("r0", models=("m1",)), now[0])
     table.apply(info("r1", ready=False), now[0])
     leases = [scheduler.try_acquire("m1") for _ in range(3)]
     scheduler.demand.record("m1", now[0])
     scheduler.queued = 2  # two requests waiting
-    report = LoadReport.from_json(load_report(app).to_json())
+    report = LoadReport.from_json(router.load_report().to_json())
     assert report.deployment == "recs" and report.queued == 2
     assert [(r.name, r.ongoing, r.ready, r.models) for r in report.replicas] == [
         ("r0", 3, True, ("m1",)), ("r1", 0, False, ())]
@@ -58,19 +56,19 @@ def test_the_load_report_has_each_replicas_requests_the_queue_and_the_rates():
     assert report.model_rates == {"m1": pytest.approx(1 / 60)}
     for lease in leases:
         lease.release(ok=True)
-    assert load_report(app).ongoing == 2
+    assert router.load_report().ongoing == 2
 
 
 def test_the_report_names_the_most_requested_models_only(monkeypatch):
     from modelplex_router import load
 
     monkeypatch.setattr(load, "MAX_REPORTED_MODELS", 2)
-    app = create_app(RouterConfig("recs", Params(max_ongoing=4, matching_timeout_s=1.0)), StaticDiscovery([]),
-                     clock=lambda: 10.0)
+    router = Router(RouterConfig("recs", Params(max_ongoing=4, matching_timeout_s=1.0)), StaticDiscovery([]),
+                    clock=lambda: 10.0)
     for model, count in (("a", 3), ("b", 1), ("c", 5)):
         for _ in range(count):
-            app[SCHEDULER].demand.record(model, 10.0)
-    assert set(load_report(app).model_rates) == {"a", "c"}
+            router.scheduler.demand.record(model, 10.0)
+    assert set(router.load_report().model_rates) == {"a", "c"}
 
 
 def test_only_autoscaled_deployments_hold_requests_at_zero():

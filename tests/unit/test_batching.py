@@ -10,8 +10,8 @@ import pytest
 
 from modelplex import batch, get_multiplexed_model_id
 from modelplex.context import reset_multiplexed_model_id, set_multiplexed_model_id
-from modelplex.wire.errors import HandlerError
 from modelplex.runtime import Runtime, current_runtime, runtime_scope
+from modelplex.wire.errors import HandlerError
 
 pytestmark = pytest.mark.looptime
 
@@ -167,39 +167,36 @@ async def test_a_caller_that_goes_away_does_not_break_the_batcher():
     assert await asyncio.wait_for(asyncio.gather(*(call_as("m", doubler, i) for i in range(4))), 10) == [0, 2, 4, 6]
 
 
-async def test_a_caller_cancelled_before_its_batch_forms_is_left_out():
+def recording(max_batch_size: int, batch_wait_timeout_s: float):
+    """A ``@batch`` handler that answers each request with itself and keeps every batch it got."""
+
     class Recorder:
         def __init__(self):
-            self.seen = []
+            self.batches = []
 
-        @batch(max_batch_size=3, batch_wait_timeout_s=0.2)
+        @batch(max_batch_size=max_batch_size, batch_wait_timeout_s=batch_wait_timeout_s)
         async def __call__(self, requests):
-            self.seen.append(list(requests))
+            self.batches.append(list(requests))
             return requests
 
-    recorder = Recorder()
+    return Recorder()
+
+
+async def test_a_caller_cancelled_before_its_batch_forms_is_left_out():
+    recorder = recording(3, 0.2)
     gone = asyncio.create_task(call_as("m", recorder, "gone"))
     await asyncio.sleep(0)  # it is queued
     gone.cancel()
     results = await asyncio.wait_for(asyncio.gather(call_as("m", recorder, "a"), call_as("m", recorder, "b")), 10)
     assert results == ["a", "b"]
-    assert recorder.seen == [["a", "b"]]
+    assert recorder.batches == [["a", "b"]]
 
 
 async def test_spec_overrides_decorator_arguments():
-    class Handler:
-        def __init__(self):
-            self.sizes = []
-
-        @batch(max_batch_size=100, batch_wait_timeout_s=LONG)
-        async def __call__(self, requests):
-            self.sizes.append(len(requests))
-            return requests
-
     with runtime_scope(Runtime(max_batch_size=2, batch_wait_timeout_s=0.01)):
-        handler = Handler()
+        handler = recording(100, LONG)
         await asyncio.wait_for(asyncio.gather(*(call_as("m", handler, i) for i in range(4))), 10)
-    assert handler.sizes == [2, 2]
+    assert [len(requests) for requests in handler.batches] == [2, 2]
     assert current_runtime().max_batch_size is None  # the scope ended with the block
 
 
@@ -248,13 +245,15 @@ async def test_batched_generator_error_reaches_every_open_stream():
     assert results == [(["x"], "decoder died"), (["x"], "decoder died")]
 
 
-async def test_max_concurrent_batches_bounds_the_batches_running_at_once():
+def counting(**batch_options):
+    """A ``@batch`` handler (2 a batch) whose batches take 1 s; ``most``: the most running at once."""
+
     class Counted:
         def __init__(self):
             self.running = 0
             self.most = 0
 
-        @batch(max_batch_size=2, batch_wait_timeout_s=0.01, max_concurrent_batches=2)
+        @batch(max_batch_size=2, batch_wait_timeout_s=0.01, **batch_options)
         async def __call__(self, requests):
             self.running += 1
             self.most = max(self.most, self.running)
@@ -262,7 +261,11 @@ async def test_max_concurrent_batches_bounds_the_batches_running_at_once():
             self.running -= 1
             return requests
 
-    counted = Counted()
+    return Counted()
+
+
+async def test_max_concurrent_batches_bounds_the_batches_running_at_once():
+    counted = counting(max_concurrent_batches=2)
     started = asyncio.get_running_loop().time()
     results = await asyncio.wait_for(asyncio.gather(*(call_as("m", counted, i) for i in range(8))), 10)
     assert results == list(range(8))
@@ -272,20 +275,7 @@ async def test_max_concurrent_batches_bounds_the_batches_running_at_once():
 
 
 async def test_one_batch_at_a_time_by_default():
-    class Counted:
-        def __init__(self):
-            self.running = 0
-            self.most = 0
-
-        @batch(max_batch_size=2, batch_wait_timeout_s=0.01)
-        async def __call__(self, requests):
-            self.running += 1
-            self.most = max(self.most, self.running)
-            await asyncio.sleep(1)
-            self.running -= 1
-            return requests
-
-    counted = Counted()
+    counted = counting()
     await asyncio.wait_for(asyncio.gather(*(call_as("m", counted, i) for i in range(8))), 10)
     assert counted.most == 1
 

@@ -4,8 +4,9 @@ import pytest
 
 from modelplex import batch
 from modelplex.calls import Invocation, call_mode, check_handler, invocation, iterate_in_thread, method_of
-from modelplex.wire.codec import CALL_CONTENT_TYPE, STREAM_CONTENT_TYPE, VALUE_CONTENT_TYPE, Call, decode_value, encode_call
-from modelplex.wire.errors import BadRequest, HandlerError, NotFound
+from modelplex.wire.codec import (CALL_CONTENT_TYPE, STREAM_CONTENT_TYPE, VALUE_CONTENT_TYPE, Call, decode_value,
+                                  encode_call)
+from modelplex.wire.errors import HandlerError, NotFound
 
 
 class Model:

@@ -10,20 +10,8 @@ import sys
 
 import pytest
 
-from modelplex.processes import (
-    ProcessExited,
-    WaitTimeout,
-    descendants,
-    free_port,
-    free_ports,
-    pid_alive,
-    port_free,
-    running,
-    spawn,
-    stop,
-    wait_for,
-    wait_for_async,
-)
+from modelplex.processes import (ProcessExited, WaitTimeout, descendants, free_port, free_ports, pid_alive, port_free,
+                                 running, spawn, stop, wait_for, wait_for_async)
 
 #: A shell that starts a child of its own and waits on it: a group of two.
 PARENT_OF_ONE = ["sh", "-c", "tail -f /dev/null & echo started; wait"]

@@ -1,20 +1,20 @@
-"""The autoscaler: every few seconds, for each MultiplexedDeployment with ``spec.autoscaling``,
-read its routers' load reports, decide, and act.
+"""The operator's autoscaling driver: every :data:`~modelplex.autoscaling.TICK_S`, for each
+MultiplexedDeployment with ``spec.autoscaling``, observe, compute the round, and carry it out.
 
-One round for one resource (:meth:`AutoscaleLoop.round`):
+The round itself is :func:`modelplex.autoscaling.plan_round`, the one local mode runs too. What
+this module does for one resource (:meth:`AutoscaleLoop.round`):
 
-1. list the deployment's pods; read ``GET /v1/load`` of every running router pod (pod IP and
-   the router port; bounded by :data:`FETCH_TIMEOUT_S`, all at once) and add the reports up;
-2. feed the sum to the resource's :class:`~modelplex.autoscaling.Autoscaler` (kept across
-   rounds) and ask it for the replica count;
-3. keep each replica pod's ``controller.kubernetes.io/pod-deletion-cost`` current (the requests
-   a minute its cache serves), so a scale-down removes the coldest cache first;
-4. on a scale-down, first load the hot models that only the leaving pods hold on staying
-   replicas with room (at most :data:`~modelplex_operator.scaling.MAX_MOVES`, each bounded by
-   :data:`MOVE_TIMEOUT_S`), then write the replica Deployment's count (scale subresource) and
-   post a ScaledUp/ScaledDown Event with the inputs;
-5. keep ConfigMap ``N-hot-models`` current (the hottest models, which a new replica pre-loads);
-6. hand ``status.autoscaling`` and the ``Autoscaling`` condition to the status keeper (the
+1. observe: list the deployment's pods; read ``GET /v1/load`` of every running router pod (all
+   at once, each within :data:`~modelplex.autoscaling.READ_TIMEOUT_S`, through the operator's
+   pod client); the replica pods; the count asked for last; the declared copies;
+2. call the round with that and the resource's :class:`~modelplex.autoscaling.Autoscaler` (kept
+   across rounds);
+3. carry it out: keep each replica pod's ``controller.kubernetes.io/pod-deletion-cost``
+   current; before a scale-down load the round's hot-model moves and pin its declared copies on
+   the staying pods (and wait for them); write the replica Deployment's count (scale
+   subresource) and post a ScaledUp/ScaledDown Event; keep ConfigMap ``N-hot-models`` current
+   (the models a new replica pre-loads);
+4. hand ``status.autoscaling`` and the ``Autoscaling`` condition to the status keeper (the
    context keeps them; ``on_status`` pokes the keeper).
 
 Failures are tolerated: with no load report the replica count stays as it is (the condition
@@ -32,41 +32,22 @@ import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
-from urllib.parse import quote
 
-import aiohttp
-
-from modelplex.autoscaling import (
-    LOAD_PATH,
-    Autoscaler,
-    LoadReport,
-    ScaleDecision,
-    deletion_costs,
-    hottest_models,
-    merge,
-    parse_hot_models,
-)
-from modelplex.wire.names import LABEL_DEPLOYMENT, LABEL_ROLE, REPLICA_PORT, ROLE_REPLICA, ROLE_ROUTER
+from modelplex.autoscaling import (MOVE_TIMEOUT_S, PIN_MARGIN_S, READ_TIMEOUT_S, TICK_S, Autoscaler, Observed,
+                                   RoundPlan, ScaleDecision, plan_round)
+from modelplex.wire.load import LoadReport
+from modelplex.wire.names import LABEL_DEPLOYMENT, LABEL_ROLE, ROLE_REPLICA, ROLE_ROUTER
 from modelplex.wire.spec import Autoscaling, Deployment, SpecError
-from modelplex.wire.credentials import INTERNAL_TOKEN_HEADER
 from modelplex_operator import builders, scaling
 from modelplex_operator.handlers.context import OperatorContext
 from modelplex_operator.handlers.pinned import prewarm
 from modelplex_operator.handlers.reconcile import post
 from modelplex_operator.kube import KubeError
-from modelplex_operator.pinning import prewarm_plan
+from modelplex_operator.pods import PodCallError
 from modelplex_operator.status import Key
 from modelplex_operator.validation import validate
 
 log = logging.getLogger("modelplex.operator.autoscale")
-
-#: Seconds between rounds. The decision's own windows (lookBack, delays) are in seconds, so
-#: this sets only how soon a change is seen: a request held at zero waits this at most.
-TICK_S = 2.0
-FETCH_TIMEOUT_S = 2.0
-MOVE_TIMEOUT_S = 30.0
-#: Models listed for pre-loading when the spec gives no maxModelsPerReplica (Ray's default).
-DEFAULT_HOT_MODELS = 3
 
 
 def utc_now() -> str:
@@ -92,19 +73,18 @@ class AutoscaleLoop:
         ctx: OperatorContext,
         *,
         tick_s: float = TICK_S,
-        fetch_timeout_s: float = FETCH_TIMEOUT_S,
+        fetch_timeout_s: float = READ_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], str] = utc_now,
         on_status: Callable[[Key], None] = lambda key: None,
     ):
         """``on_status(key)`` is called when a resource's autoscaling status changed (the
-        status keeper's ``poke``)."""
+        status keeper's ``poke``). Calls to pods go through ``ctx.pods``."""
         self.ctx, self.on_status = ctx, on_status
         self.tick_s, self.fetch_timeout_s = tick_s, fetch_timeout_s
         self.clock, self.wall = clock, wall
         self.states: dict[Key, ScaleState] = {}
         self._task: asyncio.Task | None = None
-        self._session: aiohttp.ClientSession | None = None
 
     # ------------------------------------------------------------------ the task
 
@@ -120,9 +100,6 @@ class AutoscaleLoop:
             except (asyncio.CancelledError, Exception):  # noqa: BLE001 - stopping
                 pass
             self._task = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
 
     @property
     def alive(self) -> bool:
@@ -160,7 +137,7 @@ class AutoscaleLoop:
     # ------------------------------------------------------------------ one resource
 
     async def round(self, key: Key, view: dict[str, Any]) -> ScaleDecision | None:
-        """Read, decide, act for one resource; returns the decision (None: none could be made)."""
+        """Observe, plan, act for one resource; returns the decision (None: none could be made)."""
         try:
             deployment = validate(view)
         except SpecError:
@@ -177,65 +154,54 @@ class AutoscaleLoop:
         live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
         routers = [p for p in live if _role(p) == ROLE_ROUTER and (p.get("status") or {}).get("podIP")]
         replicas = [scaling.replica_pod(p) for p in live if _role(p) == ROLE_REPLICA]
-        reports = await self._read_reports(deployment, routers)
-        heard = f"{len(reports)}/{len(routers)}"
         current = self.ctx.autoscaled_replicas(key)
         if current is None:
             current = deployment.spec.starting_replicas
-
-        if not reports:
-            why = (f"no load report from the routers ({heard} answered): keeping {current} replicas"
-                   if routers else f"no router pod runs yet: keeping {current} replicas")
+        plan = plan_round(state.autoscaler, Observed(
+            reports=await self._read_reports(key, deployment, routers), routers=len(routers), current=current,
+            replicas=[pod.state() for pod in replicas], declared=deployment.spec.pinned_models,
+            max_models_per_replica=deployment.spec.multiplexing.max_models_per_replica, hot=state.hot))
+        decision = plan.decision
+        if decision is None:
             if not state.failing:
-                log.warning("autoscaling %s/%s: %s", *key, why)
+                log.warning("autoscaling %s/%s: %s", *key, plan.message)
             state.failing = True
-            self._publish(key, view, state, current, current, None, heard, replicas, {}, why, healthy=False,
-                          reason="NoLoadReport")
+            self._publish(key, view, state, current, current, plan, replicas, healthy=False, reason="NoLoadReport")
             return None
         if state.failing:
-            log.info("autoscaling %s/%s: load reports again (%s routers)", *key, heard)
+            log.info("autoscaling %s/%s: load reports again (%s routers)", *key, plan.heard)
         state.failing = False
 
-        report = merge(reports)
-        state.autoscaler.observe_report(report)
-        decision = state.autoscaler.decide(current)
-        costs = scaling.pod_costs(replicas, deletion_costs(report))
-        await self._annotate(namespace, replicas, costs)
+        await self._annotate(namespace, replicas, plan.costs)
         if decision.changed:
-            if decision.direction == "down":
-                await self._move_hot_models(key, report, replicas, costs, current - decision.desired)
-                await self._keep_pinned_copies(key, deployment, report, replicas, costs, current - decision.desired)
+            await self._before_scale_down(key, deployment, plan, replicas)
             try:
-                await self._scale(key, view, deployment, state, decision, heard)
+                await self._scale(key, view, deployment, state, decision, plan.heard)
             except KubeError as error:
                 why = f"could not scale to {decision.desired} replicas ({error}): keeping {current}"
                 log.warning("autoscaling %s/%s: %s", *key, why)
-                self._publish(key, view, state, decision.desired, current, decision, heard, replicas, costs, why,
-                              healthy=False, reason="ScaleFailed", report=report)
+                self._publish(key, view, state, decision.desired, current, plan, replicas, why,
+                              healthy=False, reason="ScaleFailed")
                 return decision
-        try:
-            await self._keep_hot_models(view, deployment, state, report)
-        except KubeError as error:  # the list is a hint: the next round tries again
-            log.warning("autoscaling %s/%s: hot-models list not written: %s", *key, error)
-        self._publish(key, view, state, decision.desired, self.ctx.scaled.get(key, current), decision, heard,
-                      replicas, costs, decision.reason, healthy=True, reason="ReadingLoad", report=report)
+        if plan.hot_models is not None:
+            try:
+                await self._write_hot_models(view, deployment, plan.hot_models)
+                state.hot = plan.hot_models
+            except KubeError as error:  # the list is a hint: the next round tries again
+                log.warning("autoscaling %s/%s: hot-models list not written: %s", *key, error)
+        self._publish(key, view, state, decision.desired, self.ctx.scaled.get(key, current), plan, replicas,
+                      healthy=True, reason="ReadingLoad")
         return decision
 
-    async def _read_reports(self, deployment: Deployment, routers: list[dict[str, Any]]) -> list[LoadReport]:
+    async def _read_reports(self, key: Key, deployment: Deployment, routers: list[dict[str, Any]]) -> list[LoadReport]:
         port = deployment.spec.router.port
-        token = self.ctx.credentials.token(deployment.namespace)
-        headers = {INTERNAL_TOKEN_HEADER: token} if token else None
 
         async def read(pod: dict[str, Any]) -> LoadReport | None:
-            url = f"http://{pod['status']['podIP']}:{port}{LOAD_PATH}"
             try:
-                async with self._http().get(url, headers=headers,
-                                            timeout=aiohttp.ClientTimeout(total=self.fetch_timeout_s)) as answer:
-                    if answer.status != 200:
-                        raise ValueError(f"HTTP {answer.status}")
-                    return LoadReport.from_json(await answer.read())
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as error:
-                log.debug("load report of router %s (%s) not read: %s", pod["metadata"]["name"], url, error)
+                return await self.ctx.pods.load_report(key, pod["status"]["podIP"], port,
+                                                       timeout_s=self.fetch_timeout_s)
+            except PodCallError as error:
+                log.debug("load report of router %s not read: %s", pod["metadata"]["name"], error)
                 return None
 
         answers = await asyncio.gather(*(read(pod) for pod in routers))
@@ -249,46 +215,30 @@ class AutoscaleLoop:
                 if error.status != 404:  # a pod that just went: nothing to keep current
                     log.warning("pod-deletion-cost of %s/%s not written: %s", namespace, pod, error)
 
-    async def _move_hot_models(self, key: Key, report: LoadReport, replicas: list[scaling.ReplicaPod],
-                               costs: dict[str, int], count: int) -> None:
-        """Load the hot models only the leaving pods hold on staying replicas first (cheap ones)."""
-        leaving = scaling.leaving_pods(replicas, costs, count)
-        ips = {pod.name: pod.ip for pod in replicas if pod.ready and pod.ip}
-        moves = [(model, target) for model, target in scaling.cheap_moves(report, leaving) if target in ips]
-        if not moves:
+    async def _before_scale_down(self, key: Key, deployment: Deployment, plan: RoundPlan,
+                                 replicas: list[scaling.ReplicaPod]) -> None:
+        """The round's moves (hot models only the leaving pods hold, loaded on staying pods with
+        room) and pins (declared copies on the staying pods), all at once, waited for."""
+        if not plan.moves and not plan.pins:
             return
-        token = self.ctx.credentials.token(key[0])
-        headers = {INTERNAL_TOKEN_HEADER: token} if token else None
+        ips = {pod.name: pod.ip for pod in replicas if pod.ip}
 
         async def load(model: str, target: str) -> str:
-            url = f"http://{ips[target]}:{REPLICA_PORT}/v1/models/{quote(model, safe='')}/load"
             try:
-                async with self._http().post(url, headers=headers,
-                                             timeout=aiohttp.ClientTimeout(total=MOVE_TIMEOUT_S)) as answer:
-                    return f"{model} -> {target}" + ("" if answer.status == 200 else f" (HTTP {answer.status})")
-            except (aiohttp.ClientError, asyncio.TimeoutError) as error:
-                return f"{model} -> {target} (failed: {error or type(error).__name__})"
+                await self.ctx.pods.load_model(key, ips[target], model, timeout_s=MOVE_TIMEOUT_S)
+                return f"{model} -> {target}"
+            except PodCallError as error:
+                return f"{model} -> {target} (failed: {error})"
 
-        done = await asyncio.gather(*(load(model, target) for model, target in moves))
-        log.info("autoscaling %s/%s: before removing %s, loaded elsewhere: %s", *key, ", ".join(leaving),
-                 "; ".join(done))
-
-    async def _keep_pinned_copies(self, key: Key, deployment: Deployment, report: LoadReport,
-                                  replicas: list[scaling.ReplicaPod], costs: dict[str, int], count: int) -> None:
-        """Pin the declared models (``spec.models`` ``minCopies``) on the pods that stay, where
-        the routers will place them, and wait for their loads before the leaving pods go."""
-        if not deployment.spec.pinned_models:
-            return
-        leaving = set(scaling.leaving_pods(replicas, costs, count))
-        capacity = {r.name: r.capacity for r in report.replicas}
-        staying = {pod.name: capacity.get(pod.name, 0) for pod in replicas
-                   if pod.name not in leaving and pod.ready and pod.ip}
-        plan = prewarm_plan(deployment.spec.pinned_models, staying)
-        done = await prewarm(plan, {pod.name: pod.ip for pod in replicas}, self.ctx.credentials.token(key[0]),
-                             deployment.spec.multiplexing.load_timeout_seconds + 5)
-        if done:
-            log.info("autoscaling %s/%s: before removing %s, pinned copies on the staying pods: %s", *key,
-                     ", ".join(sorted(leaving)), "; ".join(done))
+        moved, pinned = await asyncio.gather(
+            asyncio.gather(*(load(model, target) for model, target in plan.moves if target in ips)),
+            prewarm(self.ctx.pods, key, plan.pins, ips, deployment.spec.multiplexing.load_timeout_seconds + PIN_MARGIN_S))
+        leaving = ", ".join(plan.leaving)
+        if moved:
+            log.info("autoscaling %s/%s: before removing %s, loaded elsewhere: %s", *key, leaving, "; ".join(moved))
+        if pinned:
+            log.info("autoscaling %s/%s: before removing %s, pinned copies on the staying pods: %s", *key, leaving,
+                     "; ".join(pinned))
 
     async def _scale(self, key: Key, view: dict[str, Any], deployment: Deployment, state: ScaleState,
                      decision: ScaleDecision, heard: str) -> None:
@@ -300,47 +250,32 @@ class AutoscaleLoop:
         post(view, [event])
         log.info("autoscaling %s/%s: %s", *key, event[2])
 
-    async def _keep_hot_models(self, view: dict[str, Any], deployment: Deployment, state: ScaleState,
-                               report: LoadReport) -> None:
-        limit = deployment.spec.multiplexing.max_models_per_replica or DEFAULT_HOT_MODELS
-        hot = tuple(hottest_models(report, limit))
-        if state.hot is None and not hot:  # first round (or after a restart), nothing hot now
-            existing = await asyncio.to_thread(self.ctx.kube.get, "v1", "ConfigMap", deployment.namespace,
-                                               builders.hot_models_config_map_name(deployment.name))
-            if existing is not None:
-                state.hot = tuple(parse_hot_models((existing.get("data") or {}).get(builders.HOT_MODELS_FILE, "")))
-                return
-        # An idle pool has no rates: keep what was hot, so a replica started from zero
-        # pre-loads the models its users asked for last.
-        if state.hot is not None and (hot == state.hot or not hot):
-            return
+    async def _write_hot_models(self, view: dict[str, Any], deployment: Deployment, hot: tuple[str, ...]) -> None:
+        # The apply reads the ConfigMap first and writes only a change: after a restart (nothing
+        # written yet, as far as this process knows) an unchanged list costs no write.
         owner = builders.owner_reference({"metadata": view["metadata"]})
         await self.ctx.kube.aapply(builders.hot_models_config_map(deployment, owner, hot), view["metadata"]["uid"])
-        state.hot = hot
 
     def _publish(self, key: Key, view: dict[str, Any], state: ScaleState, desired: int, current: int,
-                 decision: ScaleDecision | None, heard: str, replicas: list[scaling.ReplicaPod],
-                 costs: dict[str, int], message: str, *, healthy: bool, reason: str,
-                 report: LoadReport | None = None) -> None:
+                 plan: RoundPlan, replicas: list[scaling.ReplicaPod], message: str | None = None, *,
+                 healthy: bool, reason: str) -> None:
+        message = message or plan.message
+        decision, report = plan.decision, plan.report
         ongoing = {r.name: r.ongoing for r in report.replicas} if report is not None else {}
         block = scaling.autoscaling_status(
             desired=desired, current=current,
             average_ongoing=decision.average_ongoing if decision else 0.0,
-            queued=decision.queued if decision else 0, routers=heard,
-            replicas=[(pod.name, ongoing.get(pod.name, 0), costs.get(pod.name, pod.cost or 0)) for pod in replicas],
+            queued=decision.queued if decision else 0, routers=plan.heard,
+            replicas=[(pod.name, ongoing.get(pod.name, 0), plan.costs.get(pod.name, pod.cost or 0))
+                      for pod in replicas],
             last_scale=state.last_scale, message=message,
         )
         generation = int(view["metadata"].get("generation") or 1)
         state.condition = scaling.autoscaling_condition(healthy, reason, message if not healthy else
-                                                        f"load reports from {heard} routers", generation,
+                                                        f"load reports from {plan.heard} routers", generation,
                                                         state.condition, self.wall())
         self.ctx.autoscaling[key] = {"status": block, "condition": state.condition}
         self.on_status(key)
-
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(trust_env=False)
-        return self._session
 
 
 def _role(pod: dict[str, Any]) -> str:

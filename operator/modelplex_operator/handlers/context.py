@@ -13,6 +13,7 @@ from modelplex_operator.config import OperatorConfig
 from modelplex_operator.credentials import InternalCredentials
 from modelplex_operator.handlers.observe import Indexes
 from modelplex_operator.kube import Kube
+from modelplex_operator.pods import PodClient
 from modelplex_operator.status import Key, Outcome
 
 
@@ -32,9 +33,13 @@ class OperatorContext:
     _locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
     #: The namespaces' internal credentials (made on apply, sent on the operator's own calls).
     credentials: InternalCredentials = field(init=False)
+    #: The one client of the pods (routers, replicas): closed at the operator's cleanup.
+    pods: PodClient = field(init=False)
 
     def __post_init__(self) -> None:
         self.credentials = InternalCredentials(self.kube)
+        # The credential of a deployment's pods: its namespace's, for now (one line to change).
+        self.pods = PodClient(credential=lambda key: self.credentials.token(key[0]))
 
     @property
     def build_settings(self) -> BuildSettings:

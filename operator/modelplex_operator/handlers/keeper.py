@@ -20,14 +20,12 @@ import datetime
 import logging
 from typing import Any, Awaitable, Callable, Mapping
 
-from modelplex.wire.spec import SpecError
 from modelplex_operator.documents import ReplicaDocuments
 from modelplex_operator.handlers.context import OperatorContext
-from modelplex_operator.handlers.observe import resource_of
+from modelplex_operator.handlers.observe import read_spec, resource_of
 from modelplex_operator.handlers.reconcile import post
 from modelplex_operator.kube import KubeError
 from modelplex_operator.status import Key, compute_status, status_differs, transitions
-from modelplex_operator.validation import problems_of, validate
 
 log = logging.getLogger("modelplex.operator.status")
 
@@ -59,7 +57,7 @@ class StatusKeeper:
         self.debounce_s = debounce_s
         self.resync_s = resync_s if resync_s is not None else ctx.config.resync_seconds
         self.clock = clock
-        self.documents = documents or ReplicaDocuments(token_for=ctx.credentials.token)
+        self.documents = documents or ReplicaDocuments(pods=ctx.pods)
         self._dirty: dict[Key, bool] = {}
         self._wake: asyncio.Event | None = None
         self._tasks: list[asyncio.Task] = []
@@ -161,17 +159,13 @@ class StatusKeeper:
             return None
         if repair:
             await self.repair(view)
-        try:
-            validate(view)
-            problem = ""
-        except SpecError as error:
-            problem = problems_of(error)
-        resource = resource_of(view, problem)
+        spec, problem = read_spec(view)  # parsed once, here
+        resource = resource_of(view, spec, problem)
         written, seen_version = self._written.get(key, (None, None))
         base = dict(resource.status)
         if written is not None and seen_version == meta.get("resourceVersion"):
             base = {**base, **written}  # the index has not caught up with our last write yet
-        resource = resource_of({**view, "status": base}, problem)
+        resource = resource_of({**view, "status": base}, spec, problem)
         pods = indexes.pods_of(key)
         reading = await self.documents.read(key, pods)
         post(view, reading.events)
@@ -186,7 +180,10 @@ class StatusKeeper:
             reading.documents,
             reading.unreported,
         )
-        autoscaling = self.ctx.autoscaling.get(key) if resource.spec.get("autoscaling") is not None else None
+        # The autoscaler's own test of which resources it scales (handlers.autoscale), so an invalid
+        # spec keeps its last autoscaling block.
+        autoscaled = (view.get("spec") or {}).get("autoscaling") is not None
+        autoscaling = self.ctx.autoscaling.get(key) if autoscaled else None
         if autoscaling is not None:  # the autoscaler's block and condition (handlers.autoscale)
             desired["autoscaling"] = autoscaling["status"]
             desired["conditions"].append(autoscaling["condition"])

@@ -90,6 +90,7 @@ async def cleanup(memo: Any, logger: kopf.Logger) -> None:
     operator = operator_of(memo)
     await operator.keeper.stop()
     await operator.autoscaler.stop()
+    await operator.context.pods.close()
     operator.context.kube.close()
     logger.info("modelplex operator stopped")
 

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from modelplex.wire.names import API_GROUP, API_VERSION, KIND, LABEL_DEPLOYMENT
+from modelplex.wire.spec import DeploymentSpec, SpecError, parse_spec
 from modelplex_operator.status import DeploymentView, Key, PodView, Resource, deployment_view, pod_view
-from modelplex_operator.validation import plain
+from modelplex_operator.validation import plain, problems_of, validate
 
 
 def resource_view(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -82,14 +83,31 @@ class Indexes:
         return list(self.deployments.get(key) or ())
 
 
-def resource_of(view: Mapping[str, Any], spec_problem: str = "") -> Resource:
+def read_spec(view: Mapping[str, Any]) -> tuple[DeploymentSpec | None, str]:
+    """The resource's spec, parsed once with the spec module's model (its defaults filled in),
+    and what validation found wrong with the resource (``""``: nothing). The spec is ``None``
+    only when it does not parse itself."""
+    try:
+        return validate(view).spec, ""
+    except SpecError as error:
+        problem = problems_of(error)
+    # Only on this path is the spec read again: a name the cluster cannot use leaves a spec that
+    # parses, and the status still shows the router port and counts it asks for.
+    try:
+        return parse_spec(plain(view.get("spec") or {})), problem
+    except SpecError:
+        return None, problem
+
+
+def resource_of(view: Mapping[str, Any], spec: DeploymentSpec | None = None, spec_problem: str = "") -> Resource:
+    """What status needs of a resource view (:func:`resource_view`) and its spec parsed by :func:`read_spec`."""
     meta = view.get("metadata") or {}
     return Resource(
         name=meta.get("name") or "",
         namespace=meta.get("namespace") or "default",
         uid=meta.get("uid") or "",
         generation=int(meta.get("generation") or 1),
-        spec=view.get("spec") or {},
+        spec=spec,
         status=view.get("status") or {},
         deleting=bool(meta.get("deletionTimestamp")),
         spec_problem=spec_problem,

@@ -1,8 +1,8 @@
 """Pre-warming declared copies before a scale-down (:mod:`modelplex_operator.pinning`): the I/O.
 
 :func:`prewarm` pins models on replica pods and waits for their loads (``POST /v1/pins`` with
-``wait``); :func:`before_scale_down` is the ``spec.replicas`` path (the autoscaler's is in
-:mod:`modelplex_operator.handlers.autoscale`).
+``wait``, through the operator's pod client); :func:`before_scale_down` is the ``spec.replicas``
+path (the autoscaler's pins come from its round, :func:`modelplex.autoscaling.plan_round`).
 """
 
 from __future__ import annotations
@@ -11,43 +11,31 @@ import asyncio
 import logging
 from typing import Mapping
 
-import aiohttp
-
-from modelplex.autoscaling import DELETION_COST_ANNOTATION
-from modelplex.wire.credentials import INTERNAL_TOKEN_HEADER
-from modelplex.wire.names import REPLICA_PORT, ROLE_REPLICA
-from modelplex.wire.pins import LEASE_S, PINS_PATH, PinRequest
+from modelplex.autoscaling import DELETION_COST_ANNOTATION, PIN_MARGIN_S
+from modelplex.wire.names import ROLE_REPLICA
 from modelplex.wire.spec import Deployment
 from modelplex_operator.handlers.context import OperatorContext
 from modelplex_operator.kube import KubeError
 from modelplex_operator.pinning import LEAVING_COST, leaving_for_scale_down, prewarm_plan
+from modelplex_operator.pods import PodCallError, PodClient
 from modelplex_operator.status import Key
 
 log = logging.getLogger("modelplex.operator.pinned")
 
 
-async def prewarm(plan: Mapping[str, tuple[str, ...]], ips: Mapping[str, str], token: str | None,
+async def prewarm(pods: PodClient, key: Key, plan: Mapping[str, tuple[str, ...]], ips: Mapping[str, str],
                   timeout_s: float) -> list[str]:
-    """Pin ``plan``'s models on its pods (by pod IP) and wait for their loads, each pod within
-    ``timeout_s``; one line per pod of what happened, for the log."""
-    headers = {INTERNAL_TOKEN_HEADER: token} if token else None
-
-    async def pin(session: aiohttp.ClientSession, pod: str, models: tuple[str, ...]) -> str:
-        url = f"http://{ips[pod]}:{REPLICA_PORT}{PINS_PATH}"
-        body = PinRequest(models, LEASE_S, wait=True).to_dict()
+    """Pin ``plan``'s models on the pods of ``key`` (by pod IP) and wait for their loads, each pod
+    within ``timeout_s``; one line per pod of what happened, for the log."""
+    async def pin(pod: str, models: tuple[str, ...]) -> str:
         try:
-            async with session.post(url, json=body, headers=headers,
-                                    timeout=aiohttp.ClientTimeout(total=timeout_s)) as answer:
-                if answer.status != 200:
-                    return f"{pod}: HTTP {answer.status} for {', '.join(models)}"
-                errors = (await answer.json()).get("errors") or {}
-                failed = f" (failed: {', '.join(sorted(errors))})" if errors else ""
-                return f"{pod}: {', '.join(models)}{failed}"
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as error:
-            return f"{pod}: {', '.join(models)} not pinned ({error or type(error).__name__})"
+            errors = await pods.pin(key, ips[pod], models, timeout_s=timeout_s)
+        except PodCallError as error:
+            return f"{pod}: {', '.join(models)} not pinned ({error})"
+        failed = f" (failed: {', '.join(sorted(errors))})" if errors else ""
+        return f"{pod}: {', '.join(models)}{failed}"
 
-    async with aiohttp.ClientSession(trust_env=False) as session:
-        return list(await asyncio.gather(*(pin(session, pod, models) for pod, models in plan.items() if pod in ips)))
+    return list(await asyncio.gather(*(pin(pod, models) for pod, models in plan.items() if pod in ips)))
 
 
 async def before_scale_down(ctx: OperatorContext, key: Key, deployment: Deployment) -> None:
@@ -72,7 +60,7 @@ async def before_scale_down(ctx: OperatorContext, key: Key, deployment: Deployme
         except KubeError as error:
             log.warning("scale-down of %s/%s: pod-deletion-cost of %s not written: %s", *key, pod, error)
     plan = prewarm_plan(pinned, staying)
-    done = await prewarm(plan, {pod.name: pod.ip for pod in pods}, ctx.credentials.token(deployment.namespace),
-                         spec.multiplexing.load_timeout_seconds + 5)
+    done = await prewarm(ctx.pods, key, plan, {pod.name: pod.ip for pod in pods if pod.ip},
+                         spec.multiplexing.load_timeout_seconds + PIN_MARGIN_S)
     log.info("scale-down of %s/%s to %d: before removing %s, pinned copies on the staying pods: %s", *key, desired,
              ", ".join(leaving), "; ".join(done) or "none needed")

@@ -20,7 +20,7 @@ import threading
 from typing import Any, Callable, Iterable
 
 from modelplex.wire.loaded import LoadedSummary, annotation_summary
-from modelplex.wire.names import LABEL_DEPLOYMENT, LABEL_ROLE, REPLICA_PORT, ROLE_REPLICA
+from modelplex.wire.names import LABEL_DEPLOYMENT, LABEL_ROLE, PORT_NAME, REPLICA_PORT, ROLE_REPLICA
 from modelplex_router.discovery.base import Discovery
 from modelplex_router.events import Event, ReplicaGone, ReplicaSeen, ReplicasListed
 from modelplex_router.record import Held
@@ -43,10 +43,10 @@ def selector(deployment: str) -> str:
 
 
 def replica_port(pod: dict) -> int:
-    """The container port named ``http`` of the pod, else the replica's default port."""
+    """The container port named :data:`~modelplex.wire.names.PORT_NAME` of the pod, else the replica's default port."""
     for container in (pod.get("spec") or {}).get("containers") or ():
         for port in container.get("ports") or ():
-            if port.get("name") == "http" and port.get("containerPort"):
+            if port.get("name") == PORT_NAME and port.get("containerPort"):
                 return int(port["containerPort"])
     return REPLICA_PORT
 

@@ -1,5 +1,7 @@
-"""The router's gRPC server: grpcio's asyncio server on the router's own event loop, started
-and stopped with the aiohttp app (:meth:`GrpcServer.context` in its ``cleanup_ctx``).
+"""The router's gRPC front: grpcio's asyncio server on the router's own event loop, over a
+:class:`~modelplex_router.router.Router` (no aiohttp app): ``async with GrpcServer(router, host,
+port):`` serves while the Router runs (:mod:`modelplex_router.server` nests it inside the Router's
+lifetime).
 
 It serves :class:`~modelplex_router.grpc.service.InferenceService` and the standard health
 service (``grpc.health.v1.Health``): the empty service name is ``SERVING`` while the process
@@ -15,16 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import AsyncIterator
+from types import TracebackType
 
 import grpc
-from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from modelplex_router.app import readiness
 from modelplex_router.grpc import messages
 from modelplex_router.grpc.service import InferenceService, handler
-from modelplex_router.keys import CONFIG
+from modelplex_router.router import Router
 
 log = logging.getLogger("modelplex.router.grpc")
 
@@ -35,37 +35,35 @@ _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 class GrpcServer:
-    """The gRPC side of one router app, on ``host:port`` (0: a free port, see :attr:`port`)."""
+    """The gRPC front of ``router``, on ``host:port`` (0: a free port, see :attr:`port`). The
+    Router must be started before this is, and closed after it."""
 
-    def __init__(self, app: web.Application, host: str, port: int):
-        self.app = app
+    def __init__(self, router: Router, host: str, port: int):
+        self.router = router
         self.host = host
         self.port = port
         self.health = health.aio.HealthServicer()
         self._server: grpc.aio.Server | None = None
         self._stopping: asyncio.Task | None = None
+        self._follower: asyncio.Task | None = None
 
-    async def context(self, app: web.Application) -> AsyncIterator[None]:
-        """For the app's ``cleanup_ctx``: serve while the app runs (after its client session
-        exists), stop with it."""
+    async def __aenter__(self) -> GrpcServer:
         await self.start()
-        follower = asyncio.create_task(self._follow_readiness(), name="grpc health")
-        try:
-            yield
-        finally:
-            follower.cancel()
-            await asyncio.gather(follower, return_exceptions=True)
-            await self.stop(0)
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                        traceback: TracebackType | None) -> None:
+        await self.stop(0)
 
     async def start(self) -> None:
         """Bind and start serving; ``OSError`` naming the address when it cannot be bound."""
         options = [
             ("grpc.so_reuseport", 0),
-            ("grpc.max_receive_message_length", self.app[CONFIG].max_request_bytes),
+            ("grpc.max_receive_message_length", self.router.config.max_request_bytes),
             ("grpc.max_send_message_length", -1),
         ]
         server = grpc.aio.server(options=options)
-        server.add_generic_rpc_handlers((handler(InferenceService(self.app)),))
+        server.add_generic_rpc_handlers((handler(InferenceService(self.router)),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         try:
             self.port = server.add_insecure_port(f"{_bracketed(self.host)}:{self.port}")
@@ -76,6 +74,7 @@ class GrpcServer:
         self._server = server
         await self.health.set("", _SERVING)
         await self._update_readiness()
+        self._follower = asyncio.create_task(self._follow_readiness(), name="grpc health")
         log.info("gRPC (inference.GRPCInferenceService, grpc.health.v1.Health) on %s:%d", self.host, self.port)
 
     def drain(self, grace_s: float) -> None:
@@ -90,18 +89,22 @@ class GrpcServer:
 
     async def stop(self, grace_s: float) -> None:
         """Stop (within ``grace_s`` unless a drain already runs) and wait until stopped."""
+        if self._follower is not None:
+            self._follower.cancel()
+            await asyncio.gather(self._follower, return_exceptions=True)
+            self._follower = None
         self.drain(grace_s)
         if self._stopping is not None:
             await self._stopping
 
     async def _follow_readiness(self) -> None:
-        while self._stopping is None:  # bounded by the app's life: cancelled when it stops
+        while self._stopping is None:  # bounded by the server's life: cancelled when it stops
             await asyncio.sleep(HEALTH_INTERVAL_S)
             if self._stopping is None:
                 await self._update_readiness()
 
     async def _update_readiness(self) -> None:
-        status = _SERVING if readiness(self.app)["ready"] else _NOT_SERVING
+        status = _SERVING if self.router.readiness()["ready"] else _NOT_SERVING
         await self.health.set(messages.SERVICE_NAME, status)
 
 

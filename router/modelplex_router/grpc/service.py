@@ -1,7 +1,8 @@
 """``inference.GRPCInferenceService`` on the router: each RPC through the REST protocol's path.
 
 Model ids, versions, replica endpoints, readiness and the repository's rules are
-:mod:`modelplex_router.oip`'s; requests go through the app's :class:`~modelplex_router.proxy.Proxy`
+:mod:`modelplex_router.oip`'s and the :class:`~modelplex_router.router.Router`'s; requests go through
+its :class:`~modelplex_router.proxy.Proxy`
 (the same scheduler, queue bounds and retries) and are counted in its metrics under
 ``protocol="grpc"``. Access is the REST request's (:func:`modelplex_router.auth.authorize` of the
 REST path each RPC stands for): the bearer token and the internal credential come as metadata
@@ -22,21 +23,21 @@ from urllib.parse import quote
 
 import grpc
 import orjson
-from aiohttp import web
 
 from modelplex.wire.credentials import INTERNAL_TOKEN_HEADER
-from modelplex.wire.errors import BadRequest, ModelNotFound, ModelplexError, ReplicaFailed, error_for_status
+from modelplex.wire.errors import (BadRequest, ModelNotFound, ModelplexError, ReplicaFailed, error_for_status,
+                                   error_object)
 from modelplex.wire.oip import HEADER_LENGTH, STREAM_CONTENT_TYPE, StreamFrames, split_body
 from modelplex_router import oip
-from modelplex_router.app import ACCESS, readiness
 from modelplex_router.auth import Asked, authorize
 from modelplex_router.cold import ON_COLD_HEADER, quota_client
+from modelplex_router.endpoints import load_path, metadata_path
 from modelplex_router.grpc import messages
 from modelplex_router.grpc.status import code_for, retry_metadata
 from modelplex_router.grpc.tensors import FINAL, final_response, infer_response, request_body, wants_empty_final
-from modelplex_router.keys import COLD, METRICS, PROXY
 from modelplex_router.measured import counted
 from modelplex_router.proxy import Reply
+from modelplex_router.router import Router
 
 log = logging.getLogger("modelplex.router.grpc")
 
@@ -47,8 +48,8 @@ _UNARY_TYPES = ("application/json", "application/octet-stream")
 class InferenceService:
     """The RPCs, as methods named after them; :func:`handler` serves them."""
 
-    def __init__(self, app: web.Application):
-        self.app = app
+    def __init__(self, router: Router):
+        self.router = router
 
     # -- server ------------------------------------------------------------------------------
 
@@ -56,7 +57,7 @@ class InferenceService:
         return messages.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return messages.ServerReadyResponse(ready=readiness(self.app)["ready"])
+        return messages.ServerReadyResponse(ready=self.router.readiness()["ready"])
 
     async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def answer() -> Any:
@@ -70,7 +71,7 @@ class InferenceService:
         """Ready when a replica holds the model or can load it; not ready when none can."""
         async def answer() -> Any:
             model, _ = oip.model_version(request.name, request.version or None)
-            if oip.held(self.app, model):
+            if self.router.held(model):
                 return messages.ModelReadyResponse(ready=True)
             try:
                 await self._metadata(model)
@@ -102,8 +103,8 @@ class InferenceService:
         def parse(reply: Reply) -> dict:
             return orjson.loads(reply.first)
 
-        return await self.app[PROXY].exchange(model, b"", {}, _checked(parse), method="GET",
-                                              path=oip.metadata_path(model))
+        return await self.router.proxy.exchange(model, b"", {}, _checked(parse), method="GET",
+                                                path=metadata_path(model))
 
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def answer() -> Any:
@@ -116,8 +117,8 @@ class InferenceService:
                                      "call ModelStreamInfer")
                 return infer_response(reply.first, reply.headers.get(HEADER_LENGTH))
 
-            return await self.app[PROXY].exchange(model, body, oip.infer_headers(str(header_length), version),
-                                                  _checked(unary))
+            return await self.router.proxy.exchange(model, body, oip.infer_headers(str(header_length), version),
+                                                    _checked(unary))
 
         return await self._answer(context, answer, path=_model_path(request.model_name, "/infer"),
                                   model=request.model_name, cold=True)
@@ -139,7 +140,7 @@ class InferenceService:
                           context: grpc.aio.ServicerContext) -> None:
         async def answer() -> None:
             model, version = oip.model_version(request.model_name, request.model_version or None)
-            self._admit(context, caller, model)
+            self._admit(context, metadata, caller, model)
             body, header_length = request_body(request)
             headers = {**oip.infer_headers(str(header_length), version), "Accept": STREAM_CONTENT_TYPE}
 
@@ -155,11 +156,12 @@ class InferenceService:
                 response.parameters[FINAL].bool_param = True
                 await write(messages.ModelStreamInferResponse(infer_response=response))
 
-            await self.app[PROXY].exchange(model, body, headers, relay, buffer=False)
+            await self.router.proxy.exchange(model, body, headers, relay, buffer=False)
 
         try:
-            caller = self._authorize(context, _model_path(request.model_name, "/infer"), request.model_name)
-            await counted(self.app[METRICS], request.model_name, answer, protocol="grpc", status_of=lambda _: 200)
+            metadata = _metadata(context)
+            caller = self._authorize(metadata, _model_path(request.model_name, "/infer"), request.model_name)
+            await counted(self.router.metrics, request.model_name, answer, protocol="grpc", status_of=lambda _: 200)
         except ModelplexError as error:
             await write(messages.ModelStreamInferResponse(error_message=error.message,
                                                           infer_response=_identity(request)))
@@ -174,7 +176,7 @@ class InferenceService:
         """Every model a replica holds (``READY``) or is loading (``LOADING``; not with ``ready``)."""
         async def answer() -> Any:
             response = messages.RepositoryIndexResponse()
-            for model, state in oip.repository_states(self.app).items():
+            for model, state in self.router.repository_states().items():
                 if state == "READY" or not request.ready:
                     response.models.add(name=model, version=oip.VERSION, state=state)
             return response
@@ -185,7 +187,7 @@ class InferenceService:
         """Load the model on the replica the router would send its requests to."""
         async def answer() -> Any:
             model, _ = oip.model_version(request.model_name, None)
-            await self.app[PROXY].exchange(model, b"", {}, _checked(lambda reply: None), path=oip.load_path(model))
+            await self.router.proxy.exchange(model, b"", {}, _checked(lambda reply: None), path=load_path(model))
             return messages.RepositoryModelLoadResponse()
 
         return await self._answer(context, answer, path=_repository_path(request.model_name, "load"),
@@ -195,7 +197,7 @@ class InferenceService:
         """Evict the model from every replica that holds it."""
         async def answer() -> Any:
             model, _ = oip.model_version(request.model_name, None)
-            await oip.unload(self.app, model)
+            await self.router.unload(model)
             return messages.RepositoryModelUnloadResponse()
 
         return await self._answer(context, answer, path=_repository_path(request.model_name, "unload"),
@@ -203,21 +205,24 @@ class InferenceService:
 
     # -- errors ------------------------------------------------------------------------------
 
-    def _authorize(self, context: grpc.aio.ServicerContext, path: str, model: str = "") -> str:
+    def _authorize(self, metadata: dict[str, Any], path: str, model: str = "") -> str:
         """Refuse (401/403) what the REST request at ``path`` would be refused, from the call's
-        metadata; the caller's name (:func:`~modelplex_router.auth.authorize`)."""
-        metadata = _metadata(context)
+        ``metadata``; the caller's name (:func:`~modelplex_router.auth.authorize`)."""
         scheme, _, token = str(metadata.get("authorization", "")).partition(" ")
         bearer = token.strip() if scheme.lower() == "bearer" and token.strip() else None
         internal = metadata.get(INTERNAL_TOKEN_HEADER.lower())
-        return authorize(self.app[ACCESS], Asked(path=path, bearer=bearer, model=model,
+        return authorize(self.router.access, Asked(path=path, bearer=bearer, model=model,
                                                  internal_token=internal if isinstance(internal, str) else None))
 
-    def _admit(self, context: grpc.aio.ServicerContext, caller: str, model: str) -> None:
+    def _admit(self, context: grpc.aio.ServicerContext, metadata: dict[str, Any], caller: str, model: str) -> None:
         """``onCold`` (the ``x-modelplex-on-cold`` metadata) and the load quota, as over REST."""
-        on_cold = _metadata(context).get(ON_COLD_HEADER)
-        address = (context.peer() or "").rpartition(":")[0].partition(":")[2].strip("[]") or None
-        self.app[COLD].admit(model, quota_client(caller, address), on_cold if isinstance(on_cold, str) else None)
+        on_cold = metadata.get(ON_COLD_HEADER)
+        cold = self.router.cold
+        client = None  # whose quota: read only where there is one (the peer's address costs a parse per call)
+        if cold.quotas is not None:
+            address = (context.peer() or "").rpartition(":")[0].partition(":")[2].strip("[]") or None
+            client = quota_client(caller, address)
+        cold.admit(model, client, on_cold if isinstance(on_cold, str) else None)
 
     async def _answer(self, context: grpc.aio.ServicerContext, answer: Callable[[], Awaitable[Any]], *,
                       path: str, model: str | None = None, named: str = "", cold: bool = False) -> Any:
@@ -225,16 +230,17 @@ class InferenceService:
         counted in the metrics when it names a ``model``; its error as the call's status.
         ``cold``: an inference, subject to ``onCold`` and the load quota."""
         try:
-            caller = self._authorize(context, path, model or named)
+            metadata = _metadata(context)  # once per call: the access check and the cold gate read it
+            caller = self._authorize(metadata, path, model or named)
             if model is None:
                 return await answer()
 
             async def admitted() -> Any:  # refused here, the call is counted like any other
                 if cold:
-                    self._admit(context, caller, model)
+                    self._admit(context, metadata, caller, model)
                 return await answer()
 
-            return await counted(self.app[METRICS], model, admitted, protocol="grpc", status_of=lambda _: 200)
+            return await counted(self.router.metrics, model, admitted, protocol="grpc", status_of=lambda _: 200)
         except ModelplexError as error:
             await context.abort(code_for(error.status), error.message,
                                 trailing_metadata=retry_metadata(error.retry_after))
@@ -263,18 +269,11 @@ def _raise_for(reply: Reply) -> None:
     """A replica's error answer as the error it stands for."""
     if reply.status < 400:
         return
-    error = error_for_status(reply.status, oip.replica_message(reply.first, None), _error_code(reply.first))
+    error = error_for_status(reply.status, *oip.replica_error(reply.first, None))
     retry_after = reply.headers.get("Retry-After")
     if retry_after and retry_after.isdigit():
         error.retry_after = float(retry_after)
     raise error
-
-
-def _error_code(body: bytes) -> str | None:
-    try:
-        return orjson.loads(body)["error"]["code"]
-    except (ValueError, KeyError, TypeError):
-        return None
 
 
 def _checked(parse: Callable[[Reply], Any]) -> Callable[[Reply], Awaitable[Any]]:
@@ -309,9 +308,8 @@ def _raise_for_error_frame(body: bytes, header_length: int) -> None:
     """The error a stream's last frame reports, raised (a handler that failed mid-stream)."""
     if header_length != len(body):
         return  # it has tensors: an answer
-    document = orjson.loads(split_body(body, header_length)[0])
-    error = document.get("error")
-    if isinstance(error, dict):
+    error = error_object(orjson.loads(split_body(body, header_length)[0]))
+    if error is not None:
         raise error_for_status(500, str(error.get("message", "")), error.get("code"), error.get("type"))
 
 

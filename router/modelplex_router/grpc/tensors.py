@@ -36,7 +36,9 @@ CONTENTS_FIELD = {
 
 def parameters_of(parameters: Mapping[str, Any]) -> dict[str, Any]:
     """A map of ``InferParameter`` as plain values."""
-    plain = {}
+    plain: dict[str, Any] = {}
+    if not parameters:  # the common case, and a protobuf map's iteration is not free
+        return plain
     for name, value in parameters.items():
         which = value.WhichOneof("parameter_choice")
         if which is not None:
@@ -72,16 +74,19 @@ def request_body(request: Any) -> tuple[bytes, int]:
         raise ProtocolError(f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs")
     entries, blobs = [], []
     for index, tensor in enumerate(request.inputs):
-        where = f"inputs[{index}]"
         if raw and tensor.HasField("contents"):
-            raise ProtocolError(f"{where} has contents although the request sends raw_input_contents")
-        blob = raw[index] if raw else _typed_bytes(tensor, where)
-        parameters = {**parameters_of(tensor.parameters), "binary_data_size": len(blob)}
+            raise ProtocolError(f"inputs[{index}] has contents although the request sends raw_input_contents")
+        blob = raw[index] if raw else _typed_bytes(tensor, f"inputs[{index}]")
+        parameters = parameters_of(tensor.parameters)
+        parameters["binary_data_size"] = len(blob)
         entries.append({"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape),
                         "parameters": parameters})
         blobs.append(blob)
-    parameters = {k: v for k, v in parameters_of(request.parameters).items() if k not in _TRANSPORT_PARAMETERS}
-    document: dict[str, Any] = {"inputs": entries, "parameters": {**parameters, "binary_data_output": True}}
+    parameters = parameters_of(request.parameters)
+    for name in _TRANSPORT_PARAMETERS.intersection(parameters):
+        del parameters[name]
+    parameters["binary_data_output"] = True
+    document: dict[str, Any] = {"inputs": entries, "parameters": parameters}
     if request.id:
         document["id"] = request.id
     if request.outputs:
@@ -124,13 +129,18 @@ def infer_response(body: bytes, header_length: str | int | None) -> Any:
     response = messages.ModelInferResponse(model_name=document.get("model_name", ""),
                                            model_version=document.get("model_version") or "",
                                            id=document.get("id") or "")
-    set_parameters(response.parameters, document.get("parameters") or {})
+    if document.get("parameters"):
+        set_parameters(response.parameters, document["parameters"])
     offset = 0
-    for entry in document.get("outputs", []):
+    for entry in document.get("outputs", ()):
         output = response.outputs.add(name=entry["name"], datatype=entry["datatype"], shape=entry["shape"])
-        parameters = dict(entry.get("parameters") or {})
-        size = parameters.pop("binary_data_size", None)
-        set_parameters(output.parameters, parameters)
+        parameters = entry.get("parameters")
+        size = None
+        if parameters:
+            parameters = dict(parameters)
+            size = parameters.pop("binary_data_size", None)
+            if parameters:
+                set_parameters(output.parameters, parameters)
         if size is not None:
             blob = bytes(tail[offset:offset + size])
             offset += size

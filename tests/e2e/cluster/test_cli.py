@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from e2e.busybox import busybox_image
 from modelplex_cluster import node
 from modelplex_cluster.controlplane import containerd_root
 from modelplex_cluster.testing import pid_alive, wait_for
+
+from e2e.busybox import busybox_image
 
 pytestmark = pytest.mark.e2e
 

@@ -9,10 +9,11 @@ import json
 import pytest
 from kubernetes import client
 
-from e2e.busybox import BUSYBOX
 from modelplex_cluster import node
 from modelplex_cluster.controlplane import POLICY_AGENT
 from modelplex_cluster.testing import http_get, wait_for
+
+from e2e.busybox import BUSYBOX
 
 pytestmark = pytest.mark.e2e
 

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import pytest
 from kubernetes import client
 
-from e2e.operator.helpers import CHART, E2E_HANDLER_DIR, E2E_REPLICA_IMAGE, HERE, READY_TIMEOUT
 from modelplex_cluster.testing import wait_for
+
+from e2e.operator.helpers import CHART, E2E_HANDLER_DIR, E2E_REPLICA_IMAGE, HERE, READY_TIMEOUT
 
 
 @dataclass

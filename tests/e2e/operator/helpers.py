@@ -17,8 +17,8 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from modelplex_cluster.testing import wait_for
 from modelplex.wire.names import API_GROUP, API_VERSION, KIND, LABEL_DEPLOYMENT, LABEL_ROLE, PLURAL
+from modelplex_cluster.testing import wait_for
 
 REPO = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent

@@ -10,7 +10,8 @@ its whole life:
 4. lighter load (concurrency 4: 2 replicas wanted) removes one pod: the one whose cache is the
    coldest, which the test works out itself from the replicas' ``GET /v1/models`` and the
    routers' request rates (``GET /v1/load``), and which carried the lowest pod-deletion-cost;
-5. idle again, the pool goes back to zero, and the hot-models ConfigMap lists the hot models;
+5. idle again, the pool goes back to zero, and the hot-models ConfigMap lists the hot models,
+   as many as the pre-load rule says (``modelplex.autoscaling.preload_count``);
 6. a request starts a new replica, which pre-loaded the hot models before it turned ready: its
    first requests for them are cache hits.
 """
@@ -30,17 +31,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from kubernetes import client
 
-from e2e.operator.helpers import (
-    READY_TIMEOUT,
-    get_mxd,
-    kubectl_apply,
-    manifest,
-    pods,
-    predict,
-    router_url,
-    wait_event,
-)
+from modelplex.autoscaling import preload_count
 from modelplex_cluster.testing import wait_for
+
+from e2e.operator.helpers import READY_TIMEOUT, get_mxd, kubectl_apply, manifest, pods, predict, router_url, wait_event
 
 pytestmark = pytest.mark.e2e
 
@@ -48,6 +42,10 @@ AUTOSCALING = {"minReplicas": 0, "maxReplicas": 3, "targetOngoingRequests": 2,
                "upscaleDelaySeconds": 2, "downscaleDelaySeconds": 12, "lookBackPeriodSeconds": 4}
 HOT = ("hot-a", "hot-b")
 COLD = ("cold-c",)
+#: Requested now and then beside the hot ones under the lighter load: with them more models
+#: have a rate than a new replica pre-loads, so the hot-models list is as long as the rule says.
+WARM = ("warm-d", "warm-e", "warm-f")
+MAX_MODELS_PER_REPLICA = 4
 WORK_S = 0.25
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 #: Every load phase stops after this many requests or seconds, whichever comes first.
@@ -59,7 +57,7 @@ def autoscaled_manifest(name: str) -> dict:
     # Two requests at a time per replica (the target): the router spreads a busy model to the new
     # replicas. One router, so its count of a replica's slots is the whole count.
     doc = manifest(name, handler="mxd_handler:Slow", autoscaling=AUTOSCALING, maxOngoingRequests=2,
-                   multiplexing={"maxModelsPerReplica": 4}, gracefulShutdownTimeoutSeconds=2,
+                   multiplexing={"maxModelsPerReplica": MAX_MODELS_PER_REPLICA}, gracefulShutdownTimeoutSeconds=2,
                    router={"replicas": 1})
     del doc["spec"]["replicas"], doc["spec"]["batching"]
     return doc
@@ -173,8 +171,9 @@ def test_scale_from_zero_up_to_three_down_by_the_coldest_cache_and_back(control_
     assert len(status["replicas"]) == 3 and status["lastScaleReason"], status
     assert apps.read_namespaced_deployment(f"{name}-replica", ns).spec.replicas == 3
 
-    # 4. Lighter load on the hot models (concurrency 4: 2 replicas wanted): one pod goes, the coldest.
-    with Load(url, 4, list(HOT)) as load:
+    # 4. Lighter load, mostly on the hot models (concurrency 4: 2 replicas wanted): one pod goes,
+    # the coldest.
+    with Load(url, 4, [*HOT, *HOT, *HOT, *WARM]) as load:
         snapshot = None
         removed = None
         deadline = time.monotonic() + 120
@@ -209,6 +208,10 @@ def test_scale_from_zero_up_to_three_down_by_the_coldest_cache_and_back(control_
     wait_for(at_zero, timeout=READY_TIMEOUT, interval=1, what="the pool back at zero replicas")
     hot_file = client.CoreV1Api(api).read_namespaced_config_map(f"{name}-hot-models", ns).data["hot-models"]
     assert set(hot_file.split()[:2]) == set(HOT), hot_file
+    # As many as the one rule of local mode and the operator says: min(the replicas' capacity,
+    # MAX_PRELOAD_MODELS). Five or six models had requests in the last minute (the routers' window): the
+    # rule, not the requests, bounds the list.
+    assert len(hot_file.split()) == preload_count(None, MAX_MODELS_PER_REPLICA) == 4, hot_file
 
     # 6. A request starts a new replica, which loaded the hot models before it was ready.
     code, answer = predict(url, HOT[0], {"work_s": 0}, timeout=120)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from e2e.operator.helpers import events_of, get_mxd, kubectl_apply, manifest, pods, predict, router_url, wait_settled
 from modelplex_cluster.testing import wait_for
+
+from e2e.operator.helpers import events_of, get_mxd, kubectl_apply, manifest, pods, predict, router_url, wait_settled
 
 pytestmark = pytest.mark.e2e
 

@@ -12,10 +12,11 @@ import subprocess
 import pytest
 import yaml
 
-from e2e.operator.helpers import CHART, CRD
 from modelplex_cluster.controlplane import build_binaries
 from modelplex_operator import builders
 from modelplex_operator.builders import ROLE_RULES
+
+from e2e.operator.helpers import CHART, CRD
 
 pytestmark = pytest.mark.e2e
 KUBE_VERSION = "1.33.0"

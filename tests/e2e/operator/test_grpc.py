@@ -9,8 +9,9 @@ import pytest
 import tritonclient.grpc as triton
 from kubernetes import client
 
-from e2e.operator.helpers import kubectl_apply, manifest, pods, router_url, wait_settled
 from modelplex_cluster.testing import wait_for
+
+from e2e.operator.helpers import kubectl_apply, manifest, pods, router_url, wait_settled
 
 pytestmark = pytest.mark.e2e
 

@@ -9,18 +9,10 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from e2e.operator.helpers import (
-    OWNED_KINDS,
-    REPO,
-    condition,
-    events_of,
-    get_mxd,
-    kubectl_apply,
-    manifest,
-    owned,
-    wait_event,
-)
 from modelplex_cluster.testing import wait_for
+
+from e2e.operator.helpers import (OWNED_KINDS, REPO, condition, events_of, get_mxd, kubectl_apply, manifest, owned,
+                                  wait_event)
 
 pytestmark = pytest.mark.e2e
 

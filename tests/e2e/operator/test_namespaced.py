@@ -10,9 +10,10 @@ import uuid
 import pytest
 from kubernetes import client
 
+from modelplex_cluster.testing import wait_for
+
 from e2e.operator.conftest import OperatorRelease, helm
 from e2e.operator.helpers import CHART, READY_TIMEOUT, get_mxd, kubectl_apply, manifest, owned, wait_settled
-from modelplex_cluster.testing import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
-from e2e.operator.helpers import E2E_REPLICA_IMAGE, kubectl_apply, manifest, pods, predict, router_url, wait_settled
 from modelplex_cluster.testing import http_get, wait_for
+
+from e2e.operator.helpers import E2E_REPLICA_IMAGE, kubectl_apply, manifest, pods, predict, router_url, wait_settled
 
 pytestmark = pytest.mark.e2e
 

@@ -14,23 +14,10 @@ from collections import Counter
 import pytest
 from kubernetes import client
 
-from e2e.operator.helpers import (
-    GONE_TIMEOUT,
-    OWNED_KINDS,
-    READY_TIMEOUT,
-    expected_objects,
-    get_mxd,
-    kubectl_apply,
-    loaded_models,
-    manifest,
-    owned,
-    pods,
-    predict,
-    router_url,
-    wait_event,
-    wait_settled,
-)
 from modelplex_cluster.testing import wait_for
+
+from e2e.operator.helpers import (GONE_TIMEOUT, OWNED_KINDS, READY_TIMEOUT, expected_objects, get_mxd, kubectl_apply,
+                                  loaded_models, manifest, owned, pods, predict, router_url, wait_event, wait_settled)
 
 pytestmark = pytest.mark.e2e
 

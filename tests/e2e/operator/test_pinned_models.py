@@ -9,9 +9,10 @@ import threading
 
 import pytest
 
+from modelplex_cluster.testing import wait_for
+
 from e2e.operator.helpers import (condition, events_of, get_mxd, kubectl_apply, manifest, pods, predict, router_url,
                                   wait_settled)
-from modelplex_cluster.testing import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -9,10 +9,11 @@ import sys
 
 import pytest
 
-from e2e.operator.helpers import READY_TIMEOUT, REPO, pods, predict, router_url, wait_settled
 from modelplex.processes import spawn, stop
 from modelplex_cluster import node
 from modelplex_cluster.testing import http_get, wait_for
+
+from e2e.operator.helpers import READY_TIMEOUT, REPO, pods, predict, router_url, wait_settled
 
 pytestmark = pytest.mark.e2e
 

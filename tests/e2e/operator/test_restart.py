@@ -18,18 +18,10 @@ import signal
 import pytest
 from kubernetes import client
 
-from e2e.operator.helpers import (
-    OWNED_KINDS,
-    READY_TIMEOUT,
-    condition,
-    expected_objects,
-    get_mxd,
-    kubectl_apply,
-    manifest,
-    owned,
-    wait_settled,
-)
 from modelplex_cluster.testing import pid_alive, wait_for
+
+from e2e.operator.helpers import (OWNED_KINDS, READY_TIMEOUT, condition, expected_objects, get_mxd, kubectl_apply,
+                                  manifest, owned, wait_settled)
 
 pytestmark = pytest.mark.e2e
 

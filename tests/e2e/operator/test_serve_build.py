@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from e2e.operator.helpers import loaded_models, pods, predict, router_url, wait_settled
 from modelplex_cluster.testing import wait_for
+
+from e2e.operator.helpers import loaded_models, pods, predict, router_url, wait_settled
 
 pytestmark = pytest.mark.e2e
 

@@ -13,9 +13,10 @@ import urllib.request
 import pytest
 from kubernetes import client
 
+from modelplex_cluster.testing import wait_for
+
 from e2e.operator.helpers import (E2E_REPLICA_IMAGE, condition, get_mxd, kubectl_apply, loaded_models, manifest, pods,
                                   predict, router_url, wait_event, wait_settled)
-from modelplex_cluster.testing import wait_for
 
 pytestmark = pytest.mark.e2e
 

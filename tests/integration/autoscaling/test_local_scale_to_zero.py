@@ -11,6 +11,7 @@ import aiohttp
 import torch
 
 from modelplex.wire.names import MODEL_ID_HEADER
+
 from support.servers import MODELPLEX, Processes, descendants, free_port, metric, wait_until
 
 TIMEOUT = aiohttp.ClientTimeout(total=150)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from modelplex import serve
+
 from support.servers import descendants
 from support.stacks import consecutive_free_ports
 

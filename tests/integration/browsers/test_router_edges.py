@@ -18,6 +18,7 @@ import pytest
 from aiohttp import web
 
 from modelplex.processes import consecutive_free_ports
+
 from support.servers import Processes
 from support.stacks import Stack, manifest, start_local, write_documents
 

@@ -13,6 +13,7 @@ import aiohttp
 import torch
 
 from modelplex.wire.names import MODEL_ID_HEADER
+
 from support.servers import wait_ready
 
 WIDTH = 256  # a Linear(256, 256): 263,168 bytes of float32 weights and bias

@@ -14,6 +14,7 @@ import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 
 from modelplex.processes import free_ports, wait_for
+
 from support.servers import MODELPLEX, Processes
 from support.stacks import manifest, write_documents
 

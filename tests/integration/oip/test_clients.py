@@ -8,8 +8,8 @@ import json
 import subprocess
 import sys
 import urllib.request
-from pathlib import Path
 import warnings
+from pathlib import Path
 
 import httpx
 import numpy as np

@@ -109,10 +109,10 @@ def test_every_object_of_a_deployment_is_one_create_and_a_resync_of_it_only_read
     """The operator's real objects (Roles, Service, NetworkPolicies, budgets ...): what the server
     adds to them does not make an unchanged deployment look changed."""
     from kubernetes import client as k8s
+    from unit.operator.objects import body, deployment_of
 
     from modelplex.wire.names import API_GROUP, API_VERSION, PLURAL
     from modelplex_operator import builders
-    from unit.operator.objects import body, deployment_of
 
     api_client = config.new_client_from_config(config_file=str(control_plane.kubeconfig))
     control_plane.kubectl("apply", "-f", str(Path(__file__).parents[3] / "crds" / "multiplexeddeployments.modelplex.io.yaml"))

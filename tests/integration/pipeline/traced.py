@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from frames import pack
 from stages import Decode, Video
 

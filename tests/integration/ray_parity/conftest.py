@@ -11,6 +11,7 @@ import pytest
 
 from modelplex.wire import credentials
 from modelplex.wire.credentials import ENV_INTERNAL_TOKEN_FILE, TokenFile, new_token, write_token_file
+
 from support.servers import Processes, report_if_failed
 from support.stacks import Stack, manifest, start_local, write_documents
 

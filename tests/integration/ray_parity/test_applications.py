@@ -15,6 +15,7 @@ import pytest
 
 from modelplex import serve
 from modelplex.handles import DeploymentHandle
+
 from support.stacks import consecutive_free_ports
 
 # Shipped to the replicas by value, as a script's classes are (tests/ is not on their path).

@@ -11,6 +11,7 @@ import pytest
 
 from modelplex import handle
 from modelplex.wire.credentials import INTERNAL_TOKEN_HEADER, internal_token_file
+
 from support.servers import Processes
 
 HERE = Path(__file__).resolve().parent

@@ -13,6 +13,7 @@ import cloudpickle
 
 from modelplex import serve
 from modelplex.wire.names import MODEL_ID_HEADER
+
 from support.stacks import consecutive_free_ports
 
 # Shipped to the replicas by value, as a script's classes are (tests/ is not on their path).

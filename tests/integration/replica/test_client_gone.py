@@ -8,6 +8,7 @@ import json
 import aiohttp
 
 from modelplex.wire.names import MODEL_ID_HEADER
+
 from support.servers import wait_ready, wait_until
 
 TIMEOUT = aiohttp.ClientTimeout(total=60)

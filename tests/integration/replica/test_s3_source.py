@@ -10,6 +10,7 @@ import torch
 from moto.server import ThreadedMotoServer
 
 from modelplex.wire.names import MODEL_ID_HEADER
+
 from support.servers import free_port, wait_ready
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "modelplex", "AWS_SECRET_ACCESS_KEY": "modelplex-secret", "AWS_REGION": "us-east-1"}

@@ -9,6 +9,7 @@ import json
 import aiohttp
 
 from modelplex.wire.names import MODEL_ID_HEADER
+
 from support.servers import wait_ready
 
 BODY_TIMEOUT_S = 3.0

@@ -18,6 +18,7 @@ import torch
 from modelplex.wire.ids import InvalidModelId
 from modelplex.wire.names import MODEL_ID_HEADER
 from modelplex_replica.sources import ModelSource, source_headers
+
 from support.servers import MODELPLEX, wait_ready
 from support.stacks import start_local
 

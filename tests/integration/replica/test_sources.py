@@ -6,6 +6,7 @@ from aiohttp import web
 from modelplex.wire.errors import ModelNotFound
 from modelplex.wire.ids import InvalidModelId
 from modelplex_replica.sources import ModelSource
+
 from support.servers import serving
 
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import aiohttp
 
-from modelplex.wire.names import MODEL_ID_HEADER
 from modelplex.processes import consecutive_free_ports
+from modelplex.wire.names import MODEL_ID_HEADER
+
 from support.servers import MODELPLEX, descendants
 
 TIMEOUT = aiohttp.ClientTimeout(total=60)

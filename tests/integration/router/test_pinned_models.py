@@ -12,6 +12,7 @@ import aiohttp
 
 from modelplex.wire.credentials import INTERNAL_TOKEN_HEADER
 from modelplex.wire.pins import PINS_PATH
+
 from support.stacks import start_local
 
 PINNED = [{"match": "keep", "minCopies": 2}]

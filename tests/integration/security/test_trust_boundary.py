@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 
 from modelplex.wire.codec import CALL_CONTENT_TYPE
+
 from support.servers import MODELPLEX, Processes
 from support.stacks import Stack, manifest, start_local, write_documents
 

@@ -17,6 +17,7 @@ from fastapi.responses import StreamingResponse
 
 import modelplex
 from modelplex import serve
+
 from support.stacks import consecutive_free_ports
 
 # This module's functions go to the replicas by value, as a script's do: it is not importable

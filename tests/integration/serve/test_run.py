@@ -9,6 +9,7 @@ import socket
 import pytest
 
 from modelplex import handle, serve
+
 from support.stacks import consecutive_free_ports
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import shutil
 import tarfile
-import io
 from pathlib import Path
 
 import pytest

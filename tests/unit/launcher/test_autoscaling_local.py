@@ -1,19 +1,25 @@
-"""Local mode's autoscaler rounds (real child processes, a fake clock and given load reports) and
-the replica's pre-loading of the hot models (a real cache)."""
+"""Local mode as an autoscaling driver: it observes (given load reports, real child processes, a
+fake clock), runs the shared round and carries it out (files written, processes started and
+stopped, a hot model loaded on a real HTTP server before a scale-down); and the replica's
+pre-loading of the hot models (a real cache). The round's own choices: test_autoscaling_round.py."""
 
 from __future__ import annotations
 
 import asyncio
 import io
 import json
+import threading
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from modelplex.autoscaling import ENV_PRELOAD_FILE, LoadReport, ReplicaLoad
 from modelplex.cache import ModelCache
-from modelplex_launcher.local import LocalRun, plan
 from modelplex.processes import free_port
+from modelplex.wire.credentials import INTERNAL_TOKEN_HEADER
+from modelplex.wire.load import ENV_PRELOAD_FILE, LoadReport, ReplicaLoad
+from modelplex_launcher.local import LocalRun, plan
 from modelplex_replica.preload import hot_models, preload_hot_models
 
 
@@ -41,6 +47,33 @@ def local(tmp_path: Path):
         yield run
     finally:
         run.shutdown()
+
+
+@contextmanager
+def replica_server(port: int):
+    """A replica's model-load endpoint on ``port``: the list gets (path, credential) of each call."""
+    loads: list[tuple[str, str | None]] = []
+
+    class Replica(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            loads.append((self.path, self.headers.get(INTERNAL_TOKEN_HEADER)))
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", port), Replica)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield loads
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def round_with(run: LocalRun, clock: FakeClock, report: LoadReport) -> None:
@@ -79,8 +112,17 @@ def test_local_mode_starts_at_zero_scales_from_a_held_request_and_stops_the_cold
         ReplicaLoad("scaled-1", ongoing=0, models=("m-cold",)),
         ReplicaLoad("scaled-2", ongoing=1, models=("m-warm",))),
         model_rates={"m-hot": 2.0, "m-warm": 1.0, "m-cold": 0.01})
-    round_with(local, clock, caches)
+    with replica_server(local.plans[0].replica_ports[0]) as loads:
+        round_with(local, clock, caches)
+        # Before they stop, the hottest model only a leaving replica holds is loaded on the one
+        # that stays (one: its capacity is unknown), with the run's internal credential.
+        assert running(local) == ["scaled-0", "scaled-1", "scaled-2"]
+        assert scaler.preparing.result(timeout=30) == ("scaled-1", "scaled-2")
+    assert loads == [("/v1/models/m-warm/load", local.internal_token.token())]
+    assert running(local) == ["scaled-0", "scaled-1", "scaled-2"]
+    local._scale(scaler)  # the next round stops them
     assert running(local) == ["scaled-0"]
+    assert "before stopping scaled-1, scaled-2: m-warm -> scaled-0" in local.out.getvalue()
     stopped = [c for c in local.replicas if c.name != "scaled-0"]
     assert all(not c.wanted and c.kill_at is not None for c in stopped)
     assert "3 -> 1 replica(s)" in local.out.getvalue()
@@ -98,7 +140,12 @@ def test_local_mode_stops_one_replica_the_coldest(local):
         ReplicaLoad("scaled-1", ongoing=2, models=("b",)),
         ReplicaLoad("scaled-2", ongoing=0, models=("c",))),
         model_rates={"a": 0.1, "b": 3.0, "c": 1.0}))
-    assert running(local) == ["scaled-1", "scaled-2"]  # a's 0.1/s is the coldest cache
+    # a's 0.1/s is the coldest cache; a load of "a" elsewhere is tried first (nothing answers
+    # there: it fails, and the replica stops all the same).
+    assert local.scalers[0].preparing.result(timeout=30) == ("scaled-0",)
+    assert "a -> scaled-2 (failed:" in local.out.getvalue()
+    local._scale(local.scalers[0])
+    assert running(local) == ["scaled-1", "scaled-2"]
 
 
 def test_an_unreadable_report_changes_nothing(local):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import socket
 
 import pytest
@@ -10,6 +9,8 @@ import pytest
 from modelplex.processes import consecutive_free_ports, free_port, port_free
 from modelplex.wire.spec import SpecError
 from modelplex_launcher.local import HEALTHY_RUN_S, RESTART_BACKOFF_MAX_S, plan, restart_delay
+
+from support.manifests import deployments_file
 
 
 def crash_loop(runs: list[float]) -> list[float]:
@@ -36,11 +37,7 @@ def test_a_run_just_short_of_healthy_still_counts_as_a_crash():
 
 
 def _manifests(folder, routers: dict[str, dict]) -> str:
-    documents = [{"apiVersion": "modelplex.io/v1alpha1", "kind": "MultiplexedDeployment", "metadata": {"name": name},
-                  "spec": {"image": "local", "handler": "h:C", "router": router}} for name, router in routers.items()]
-    path = folder / "deployments.yaml"
-    path.write_text("\n---\n".join(json.dumps(d) for d in documents))
-    return str(path)
+    return deployments_file(folder, {name: {"router": router} for name, router in routers.items()})
 
 
 def test_a_grpc_port_given_is_used_and_one_not_given_is_a_free_one(tmp_path):

@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+from unit.operator.objects import body
 
 from modelplex.wire.spec import SpecError
 from modelplex_launcher.local import run_local
 from modelplex_operator.validation import problems_of, validate
-from unit.operator.objects import body
 
 
 @pytest.mark.parametrize("name", ["1recs", "Recs", "recs_a", "r" * 51, "-recs"])

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from modelplex.wire.spec import SpecError
 from modelplex.processes import consecutive_free_ports
+from modelplex.wire.spec import SpecError
 from modelplex_launcher.local import plan
 
 DEPLOYMENT = {"apiVersion": "modelplex.io/v1alpha1", "kind": "MultiplexedDeployment", "metadata": {"name": "recs"},

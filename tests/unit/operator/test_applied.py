@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import copy
 
-from modelplex_operator import builders
-from modelplex_operator.applied import ANNOTATION_APPLIED, adopt_created, applied_hash, contains, in_step, \
-    with_applied_hash
 from unit.operator.objects import body, deployment_of
+
+from modelplex_operator import builders
+from modelplex_operator.applied import (ANNOTATION_APPLIED, adopt_created, applied_hash, contains, in_step,
+                                        with_applied_hash)
 
 
 def router() -> dict:

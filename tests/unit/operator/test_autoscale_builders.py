@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from unit.operator.objects import UID, body, deployment_of
-from modelplex.autoscaling import ENV_PRELOAD_FILE
+
+from modelplex.wire.load import ENV_PRELOAD_FILE
 from modelplex_operator import builders
 from modelplex_operator.builders import BuildSettings
 

@@ -1,8 +1,9 @@
-"""The operator's autoscaling plans: deletion costs, who leaves, what moves first, status, Events."""
+"""The operator's own autoscaling pieces: pods as the round sees them, cost patches, status, Events (the
+round itself: tests/unit/test_autoscaling_round.py)."""
 
 from __future__ import annotations
 
-from modelplex.autoscaling import LoadReport, ReplicaLoad, ScaleDecision
+from modelplex.autoscaling import ReplicaState, ScaleDecision
 from modelplex_operator import scaling
 from modelplex_operator.scaling import ReplicaPod
 
@@ -20,10 +21,7 @@ def test_a_replica_pod_from_the_api():
     fresh = scaling.replica_pod({"metadata": {"name": "r-2", "annotations": {
         "controller.kubernetes.io/pod-deletion-cost": "junk"}}, "status": {}})
     assert fresh == ReplicaPod("r-2", "", False, None)
-
-
-def test_costs_go_on_every_pod_and_unknown_pods_are_cold():
-    assert scaling.pod_costs(pods(a=None, b=None), {"a": 120, "gone": 5}) == {"a": 120, "b": 0}
+    assert pod.state() == ReplicaState("r-1", True, 42)
 
 
 def test_missing_costs_are_written_and_small_drifts_are_not():
@@ -37,40 +35,6 @@ def test_missing_costs_are_written_and_small_drifts_are_not():
 def test_a_change_of_order_rewrites_every_changed_cost_however_small():
     # b was colder than a; now a is (by a little): both move, so the ReplicaSet sees the new order.
     assert scaling.cost_patches(pods(a=100, b=98), {"a": 97, "b": 99}) == {"a": "97", "b": "99"}
-
-
-def test_the_leaving_pods_are_the_unready_then_the_coldest():
-    replicas = [ReplicaPod("a", ready=True), ReplicaPod("b", ready=True), ReplicaPod("c", ready=False)]
-    costs = {"a": 10, "b": 900, "c": 5000}
-    assert scaling.leaving_pods(replicas, costs, 1) == ["c"]
-    assert scaling.leaving_pods(replicas, costs, 2) == ["c", "a"]
-    assert scaling.leaving_pods(replicas[:2], costs, 1) == ["a"]
-    assert scaling.leaving_pods(replicas, costs, 0) == []
-
-
-def report(replicas, rates):
-    return LoadReport("d", at=0.0, replicas=tuple(replicas), model_rates=rates)
-
-
-def test_hot_models_only_the_leaving_pod_holds_move_to_a_staying_pod_with_room():
-    load = report([
-        ReplicaLoad("cold", models=("m-warm", "m-shared"), capacity=4),
-        ReplicaLoad("hot", models=("m-hot", "m-shared"), capacity=4),
-        ReplicaLoad("full", models=("x1", "x2"), capacity=2),
-    ], {"m-hot": 5.0, "m-warm": 0.5, "m-shared": 1.0, "x1": 3.0, "x2": 3.0})
-    # m-shared has a copy on "hot": nothing to do for it; "full" has no room.
-    assert scaling.cheap_moves(load, ["cold"]) == [("m-warm", "hot")]
-    # Two leave at once: a copy on the other leaving pod counts for nothing.
-    assert sorted(scaling.cheap_moves(load, ["cold", "hot"])) == []  # the only staying pod is full
-    # Bounded: at most MAX_MOVES loads before a scale-down.
-    many = report([ReplicaLoad("cold", models=tuple(f"m{i}" for i in range(5)), capacity=8),
-                   ReplicaLoad("hot", models=(), capacity=8)], {f"m{i}": float(i + 1) for i in range(5)})
-    assert scaling.cheap_moves(many, ["cold"]) == [("m4", "hot"), ("m3", "hot")]
-
-
-def test_models_nobody_asks_for_stay_where_they_are():
-    load = report([ReplicaLoad("cold", models=("idle",), capacity=4), ReplicaLoad("hot", capacity=4)], {})
-    assert scaling.cheap_moves(load, ["cold"]) == []
 
 
 def test_the_status_block_and_the_event_carry_the_inputs():

@@ -1,5 +1,6 @@
-"""The autoscaler reads every router's load report at once, each bounded: real HTTP servers on
-loopback addresses of their own (one port, as router pods share theirs), one per kind of router."""
+"""The autoscaler reads every router's load report at once, each bounded, through the operator's
+pod client: real HTTP servers on loopback addresses of their own (one port, as router pods share
+theirs), one per kind of router."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ import socket
 import time
 
 from aiohttp import web
-
 from unit.operator.objects import body, deployment_of
-from modelplex.autoscaling import LOAD_PATH, LoadReport, ReplicaLoad
+
+from modelplex.wire.load import LOAD_PATH, LoadReport, ReplicaLoad
+from modelplex_operator.config import OperatorConfig
 from modelplex_operator.handlers.autoscale import AutoscaleLoop
 from modelplex_operator.handlers.context import OperatorContext
-from modelplex_operator.config import OperatorConfig
 
 
 def free_port(host: str) -> int:
@@ -57,14 +58,16 @@ async def test_good_reports_are_read_and_slow_broken_or_absent_routers_are_skipp
     runners = [await serve(host, port, handler) for host, handler in zip(hosts, (good, slow, failing, garbage))]
     doc = body()
     doc["spec"]["router"] = {"replicas": 2, "port": port}
-    loop = AutoscaleLoop(OperatorContext(config=OperatorConfig(), kube=None), fetch_timeout_s=1.0)
+    ctx = OperatorContext(config=OperatorConfig(), kube=None)
+    loop = AutoscaleLoop(ctx, fetch_timeout_s=1.0)
     try:
         started = time.monotonic()
         routers = [pod(f"router-{i}", host) for i, host in enumerate(hosts)] + [pod("router-gone", "127.0.0.25")]
-        reports = await loop._read_reports(deployment_of(doc), routers)
+        reports = await loop._read_reports(("team-a", "recs"), deployment_of(doc), routers)
         elapsed = time.monotonic() - started
     finally:
         await loop.stop()
+        await ctx.pods.close()
         for runner in runners:
             await runner.cleanup()
     assert reports == [report]

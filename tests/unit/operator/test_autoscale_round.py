@@ -13,10 +13,10 @@ import kopf
 import pytest
 from aiohttp import web
 from kopf._core.engines import posting
-
 from unit.operator.objects import body
-from modelplex.autoscaling import LOAD_PATH, LoadReport, ReplicaLoad
+
 from modelplex.wire.credentials import INTERNAL_TOKEN_HEADER
+from modelplex.wire.load import LOAD_PATH, LoadReport, ReplicaLoad
 from modelplex.wire.pins import PINS_PATH
 from modelplex_operator import builders
 from modelplex_operator.config import OperatorConfig
@@ -128,6 +128,7 @@ async def rounds_until_scaled(ctx, api, view, clock, rounds: int = 8) -> list:
                 break
     finally:
         await loop.stop()
+        await ctx.pods.close()
     return decisions
 
 
@@ -149,6 +150,7 @@ async def test_a_request_held_at_zero_starts_a_replica_and_the_hot_models_are_li
             decision = await loop.round(("team-a", "recs"), view)
     finally:
         await loop.stop()
+        await ctx.pods.close()
     assert (decision.current, decision.desired) == (0, 1)
     calls = [(r.method, r.path.split("?")[0], r.body) for r in api.requests]
     assert calls[0][:2] == ("GET", "/api/v1/namespaces/team-a/pods")

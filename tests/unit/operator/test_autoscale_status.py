@@ -3,6 +3,7 @@ zero whose routers hold requests is ready."""
 
 from __future__ import annotations
 
+from modelplex.wire.spec import parse_spec
 from modelplex_operator.status import DeploymentView, Outcome, Resource, compute_status, condition, transitions
 
 UID = "uid-1"
@@ -12,7 +13,8 @@ AUTOSCALING = {"minReplicas": 0, "maxReplicas": 3, "targetOngoingRequests": 2}
 
 
 def autoscaled(**spec):
-    return Resource("recs", "team-a", UID, 1, {**IMAGE, "autoscaling": AUTOSCALING, "router": {"replicas": 2}, **spec}, {})
+    return Resource("recs", "team-a", UID, 1,
+                    parse_spec({**IMAGE, "autoscaling": AUTOSCALING, "router": {"replicas": 2}, **spec}), {})
 
 
 def replica(ready, replicas):
@@ -48,7 +50,7 @@ def test_at_zero_the_pool_is_ready_while_its_routers_are_and_going_there_warns_n
 
 
 def test_a_fixed_pool_at_zero_serves_nothing():
-    fixed = Resource("recs", "team-a", UID, 1, {**IMAGE, "replicas": 0, "router": {"replicas": 2}}, {})
+    fixed = Resource("recs", "team-a", UID, 1, parse_spec({**IMAGE, "replicas": 0, "router": {"replicas": 2}}), {})
     status = compute_status(fixed, [replica(0, 0), router(ready=0)], [], OK, T0)
     assert condition(status, "Ready")["status"] == "False"
     assert condition(status, "Ready")["reason"] == "ScaledToZero"

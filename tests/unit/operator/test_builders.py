@@ -3,19 +3,10 @@
 from __future__ import annotations
 
 import yaml
-
 from unit.operator.objects import UID, body, deployment_of
-from modelplex.wire.names import (
-    ANNOTATION_LOADED_MODELS,
-    ENV_POD_IP,
-    ENV_POD_NAME,
-    ENV_POD_NAMESPACE,
-    ENV_SPEC,
-    LABEL_DEPLOYMENT,
-    LABEL_ROLE,
-    REPLICA_CONTROL_PORT,
-    REPLICA_PORT,
-)
+
+from modelplex.wire.names import (ANNOTATION_LOADED_MODELS, ENV_POD_IP, ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_SPEC,
+                                  LABEL_DEPLOYMENT, LABEL_ROLE, REPLICA_CONTROL_PORT, REPLICA_PORT)
 from modelplex.wire.spec import load_manifest, to_manifest
 from modelplex_operator import builders
 from modelplex_operator.builders import BuildSettings
@@ -288,3 +279,11 @@ def test_strict_limits_the_routers_to_their_namespace_and_none_opens_the_replica
         {"from": [{"podSelector": {}}]}]
     # An allow-all policy takes the restrictive one's place: the operator deletes nothing.
     assert policies_of(body(networkPolicy={"mode": "none"}))["recs-replica"]["ingress"] == [{}]
+
+
+def test_with_the_operator_namespace_unknown_a_replica_admits_the_operator_from_its_own_namespace_never_all():
+    (api,) = policies_of(body(), BuildSettings(operator_namespace=""))["recs-replica"]["ingress"]
+    operator = api["from"][1]
+    assert operator == {"podSelector": {"matchLabels": {"app.kubernetes.io/component": "operator",
+                                                        "app.kubernetes.io/part-of": "modelplex"}}}
+    assert all(peer.get("namespaceSelector") != {} for peer in api["from"])

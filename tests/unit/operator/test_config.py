@@ -44,3 +44,12 @@ def test_from_env():
 def test_bad_settings_name_the_variable(env, message):
     with pytest.raises(ConfigError, match=message):
         OperatorConfig.from_env(env)
+
+
+def test_the_operator_namespace_comes_from_the_variable_else_the_service_account(tmp_path):
+    account = tmp_path / "namespace"
+    account.write_text("modelplex-system\n")
+    assert OperatorConfig.from_env({}, service_account_namespace=str(account)).operator_namespace == "modelplex-system"
+    named = OperatorConfig.from_env({"MODELPLEX_OPERATOR_NAMESPACE": "ops"}, service_account_namespace=str(account))
+    assert named.operator_namespace == "ops"
+    assert OperatorConfig.from_env({}, service_account_namespace=str(tmp_path / "absent")).operator_namespace == ""

@@ -8,20 +8,9 @@ import pytest
 import yaml
 
 from modelplex.wire import names
-from modelplex.wire.spec import (
-    DEFAULT_MATCHING_TIMEOUT_S,
-    DEFAULT_MAX_ONGOING_REQUESTS,
-    Autoscaling,
-    Batching,
-    LoadQuota,
-    ModelEntry,
-    DeploymentSpec,
-    Metrics,
-    ModelSource,
-    Multiplexing,
-    RouterSpec,
-    parse_spec,
-)
+from modelplex.wire.spec import (DEFAULT_MATCHING_TIMEOUT_S, DEFAULT_MAX_ONGOING_REQUESTS, Autoscaling, Batching,
+                                 DeploymentSpec, LoadQuota, Metrics, ModelEntry, ModelSource, Multiplexing, RouterSpec,
+                                 parse_spec)
 
 ROOT = Path(__file__).resolve().parents[3]
 CRD_FILE = ROOT / "crds" / "multiplexeddeployments.modelplex.io.yaml"
@@ -198,12 +187,13 @@ def test_status_schema_holds_what_the_operator_writes(version):
 
 def test_status_schema_holds_every_field_of_a_computed_status(version):
     from modelplex.wire.loaded import LoadedModels, LoadedSummary
+    from modelplex.wire.spec import parse_spec
     from modelplex_operator.status import MAX_STATUS_HOLDERS, MAX_STATUS_MODELS, PodView, Resource, compute_status
 
     schema = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
     pods = [PodView("p", True, False, LoadedSummary(models=1, bytes=5, capacity_bytes=10))]
     declared = {"image": "recs:1", "handler": "recs:Recs", "models": [{"match": "m", "minCopies": 1}]}
-    status = compute_status(Resource("recs", "team-a", spec=declared), [], pods, None, "2026-01-01T00:00:00Z",
+    status = compute_status(Resource("recs", "team-a", spec=parse_spec(declared)), [], pods, None, "2026-01-01T00:00:00Z",
                             {"p": LoadedModels(models=("m",), model_bytes={"m": 5})}, {"p": "timeout"})
     assert set(status) <= set(schema), set(status) - set(schema)
     item = schema["models"]["items"]["properties"]

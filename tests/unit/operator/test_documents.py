@@ -13,14 +13,8 @@ import pytest
 from aiohttp import web
 
 from modelplex.wire.loaded import LoadedModels, LoadedSummary, LoadFailure
-from modelplex_operator.documents import (
-    FAILURE_EVENT_INTERVAL_S,
-    EventLimiter,
-    ReplicaDocuments,
-    _Known,
-    new_failures,
-    wants_read,
-)
+from modelplex_operator.documents import (FAILURE_EVENT_INTERVAL_S, EventLimiter, ReplicaDocuments, _Known,
+                                          new_failures, wants_read)
 from modelplex_operator.status import PodView
 
 KEY = ("team-a", "recs")
@@ -235,11 +229,13 @@ async def test_a_replica_answering_nonsense_is_reported_not_trusted(pool):
 
 
 async def test_the_status_keeper_writes_the_models_and_posts_the_failure_event(pool, monkeypatch):
+    from unit.operator.objects import body
+
     from modelplex_operator.config import OperatorConfig
-    from modelplex_operator.handlers import keeper as keeper_module, reconcile
+    from modelplex_operator.handlers import keeper as keeper_module
+    from modelplex_operator.handlers import reconcile
     from modelplex_operator.handlers.context import OperatorContext
     from modelplex_operator.handlers.observe import Indexes, resource_view
-    from unit.operator.objects import body
 
     class StatusWrites:
         """The one API call the keeper makes here, recorded (the e2e suite has the real API)."""

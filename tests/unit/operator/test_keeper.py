@@ -9,16 +9,17 @@ import asyncio
 
 import kopf
 import pytest
+from unit.operator.objects import UID, body
 
 from modelplex.processes import wait_for_async
 from modelplex_operator.config import OperatorConfig
-from modelplex_operator.handlers.lifecycle import Operator
 from modelplex_operator.handlers.keeper import StatusKeeper
+from modelplex_operator.handlers.lifecycle import Operator
 from modelplex_operator.handlers.observe import Indexes, resource_view
 from modelplex_operator.kube import KubeError
 from modelplex_operator.status import OK, DeploymentView, Outcome, PodView, condition
+
 from support.apiserver import ScriptedApiServer
-from unit.operator.objects import UID, body
 
 KEY = ("team-a", "recs")
 STATUS_PATH = "/apis/modelplex.io/v1alpha1/namespaces/team-a/multiplexeddeployments/recs/status"

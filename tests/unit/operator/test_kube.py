@@ -6,19 +6,13 @@ import copy
 import json
 
 import pytest
+from unit.operator.objects import UID, body, deployment_of
 
 from modelplex.wire.names import LABEL_DEPLOYMENT
 from modelplex_operator import builders
 from modelplex_operator.applied import ANNOTATION_APPLIED, applied_hash, with_applied_hash
-from modelplex_operator.kube import (
-    KubeError,
-    NotOwned,
-    check_ownership,
-    controller_of,
-    error_from_api_exception,
-    object_path,
-)
-from unit.operator.objects import UID, body, deployment_of
+from modelplex_operator.kube import (KubeError, NotOwned, check_ownership, controller_of, error_from_api_exception,
+                                     object_path)
 
 
 def test_object_paths():

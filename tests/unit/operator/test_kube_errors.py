@@ -11,6 +11,7 @@ import urllib3.exceptions
 from kubernetes.client.rest import ApiException
 
 from modelplex_operator.kube import NO_ANSWER, Kube, KubeError
+
 from support.apiserver import kube_at
 
 

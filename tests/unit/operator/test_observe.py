@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-from modelplex_operator.handlers.observe import (
-    Indexes,
-    index_deployment,
-    index_replica_pod,
-    index_resource,
-    owner_key,
-    resource_of,
-    resource_view,
-)
-from modelplex_operator.status import PodView
 from unit.operator.objects import UID, body
+
+from modelplex_operator.handlers.observe import (Indexes, index_deployment, index_replica_pod, index_resource,
+                                                 owner_key, resource_of, resource_view)
+from modelplex_operator.status import PodView
 
 
 def test_resource_view_is_plain_and_an_event_target():
@@ -24,7 +18,7 @@ def test_resource_view_is_plain_and_an_event_target():
     assert view["metadata"]["uid"] == UID and view["metadata"]["generation"] == 4
     assert view["spec"] == doc["spec"] and view["spec"] is not doc["spec"]
     assert index_resource(doc, "team-a", "recs") == {("team-a", "recs"): view}
-    resource = resource_of(view, "bad")
+    resource = resource_of(view, None, "bad")
     assert (resource.name, resource.namespace, resource.generation, resource.spec_problem) == ("recs", "team-a", 4, "bad")
     assert resource.status == {"readyReplicas": 1}
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 
 from aiohttp import web
+from unit.operator.objects import body, deployment_of
 
 from modelplex.wire.loaded import LoadedSummary
 from modelplex.wire.names import REPLICA_PORT
@@ -17,7 +18,6 @@ from modelplex_operator.handlers.observe import Indexes
 from modelplex_operator.handlers.pinned import before_scale_down
 from modelplex_operator.pinning import LEAVING_COST, leaving_for_scale_down, prewarm_plan
 from modelplex_operator.status import DeploymentView, PodView
-from unit.operator.objects import body, deployment_of
 
 KEY = ("team-a", "recs")
 DECLARED = [{"match": "m-pinned", "minCopies": 1}]

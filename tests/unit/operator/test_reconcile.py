@@ -8,6 +8,7 @@ import copy
 
 import kopf
 import pytest
+from unit.operator.objects import UID, body, deployment_of
 
 from modelplex_operator import builders
 from modelplex_operator.config import OperatorConfig
@@ -15,7 +16,6 @@ from modelplex_operator.handlers.context import OperatorContext
 from modelplex_operator.handlers.reconcile import backoff, describe_changes, key_of, reconcile, repair
 from modelplex_operator.kube import ApplyResult
 from modelplex_operator.status import CONFLICT, OK, REJECTED, RETRYING, Outcome
-from unit.operator.objects import UID, body, deployment_of
 
 KEY = ("team-a", "recs")
 

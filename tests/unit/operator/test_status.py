@@ -6,26 +6,10 @@ import json
 
 from modelplex.wire.loaded import LoadedSummary
 from modelplex.wire.names import ANNOTATION_LOADED_MODELS
-from modelplex.wire.spec import DEFAULT_ROUTER_PORT, DEFAULT_ROUTER_REPLICAS
-from modelplex_operator.status import (
-    INVALID,
-    OK,
-    REJECTED,
-    RETRYING,
-    DeploymentView,
-    Outcome,
-    PodView,
-    Resource,
-    compute_status,
-    condition,
-    deployment_view,
-    loaded_summary,
-    merge_conditions,
-    pod_view,
-    quantity,
-    status_differs,
-    transitions,
-)
+from modelplex.wire.spec import DEFAULT_ROUTER_PORT, DEFAULT_ROUTER_REPLICAS, parse_spec
+from modelplex_operator.status import (INVALID, OK, REJECTED, RETRYING, DeploymentView, Outcome, PodView, Resource,
+                                       compute_status, condition, deployment_view, loaded_summary, merge_conditions,
+                                       pod_view, quantity, status_differs, transitions)
 
 UID = "uid-1"
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z"
@@ -34,7 +18,7 @@ T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z"
 def resource(generation=1, status=None, problem="", **spec):
     base = {"replicas": 2, "image": "recs:1", "handler": "recs:Recs", "router": {"replicas": 1, "port": 8000}}
     base.update(spec)
-    return Resource("recs", "team-a", UID, generation, base, status or {}, spec_problem=problem)
+    return Resource("recs", "team-a", UID, generation, parse_spec(base), status or {}, spec_problem=problem)
 
 
 def replica(ready=2, replicas=2, updated=None, status_replicas=None, generation=1, observed=1, conditions=()):
@@ -319,7 +303,7 @@ def test_pool_capacity_and_the_models_reported_condition():
 
 
 def test_what_the_spec_leaves_out_is_read_with_the_spec_modules_defaults():
-    bare = Resource("recs", "team-a", UID, 1, {"image": "recs:1", "handler": "recs:Recs"}, {})
+    bare = Resource("recs", "team-a", UID, 1, parse_spec({"image": "recs:1", "handler": "recs:Recs"}), {})
     status = compute_status(bare, [replica(ready=1, replicas=1), router(ready=1, replicas=1)], [], ok(), T0)
     assert status["routerService"] == f"recs.team-a.svc:{DEFAULT_ROUTER_PORT}"
     assert cond(status, "Ready")["message"] == f"1/1 replicas and 1/{DEFAULT_ROUTER_REPLICAS} routers ready"

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from modelplex.wire.loaded import LoadedModels, LoadedSummary
-from modelplex_operator.status import (DeploymentView, Outcome, PodView, Resource, compute_status, condition,
-                                       transitions)
+from modelplex.wire.spec import parse_spec
+from modelplex_operator.status import DeploymentView, Outcome, PodView, Resource, compute_status, condition, transitions
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z"
 DEPLOYMENTS = [DeploymentView("recs-replica", "replica", 1, 1, 2, 2, 2, 2, 2),
@@ -14,7 +14,7 @@ DEPLOYMENTS = [DeploymentView("recs-replica", "replica", 1, 1, 2, 2, 2, 2, 2),
 def resource(models, status=None, replicas=2):
     spec = {"replicas": replicas, "image": "recs:1", "handler": "recs:Recs", "models": models,
             "multiplexing": {"maxModelsPerReplica": 2}}
-    return Resource("recs", "team-a", "uid-1", 1, spec, status or {})
+    return Resource("recs", "team-a", "uid-1", 1, parse_spec(spec), status or {})
 
 
 def pods(*names):

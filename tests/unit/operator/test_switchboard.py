@@ -11,6 +11,7 @@ from typing import Any
 
 import kopf
 import pytest
+from unit.operator.objects import body
 
 import modelplex_operator.main as main
 from modelplex_operator.config import OperatorConfig
@@ -18,7 +19,6 @@ from modelplex_operator.handlers import lifecycle
 from modelplex_operator.handlers.keeper import StatusKeeper
 from modelplex_operator.handlers.lifecycle import MEMO_KEY, Operator
 from modelplex_operator.status import INVALID, OK
-from unit.operator.objects import body
 
 CR = ("modelplex.io", "v1alpha1", "multiplexeddeployments")
 PODS = ("v1", "pods")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-
 from unit.operator.objects import body, deployment_of
+
 from modelplex_operator import builders
 from modelplex_operator.builders import PRE_STOP_S, BuildSettings
 from modelplex_operator.kube import object_path

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from unit.operator.objects import body
 
 from modelplex.wire.spec import SpecError
 from modelplex_operator.validation import plain, problems_of, validate
-from unit.operator.objects import body
 
 
 def test_a_valid_resource():

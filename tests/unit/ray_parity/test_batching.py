@@ -14,8 +14,8 @@ import torch
 
 from modelplex import batch, get_multiplexed_model_id
 from modelplex.context import reset_multiplexed_model_id, set_multiplexed_model_id
-from modelplex.wire.errors import HandlerError
 from modelplex.runtime import Runtime, runtime_scope
+from modelplex.wire.errors import HandlerError
 
 pytestmark = pytest.mark.looptime
 

@@ -9,9 +9,9 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
+from modelplex.serve.ingress import ingress
 from modelplex.wire.codec import CALL_CONTENT_TYPE, Call, decode_value, encode_call
 from modelplex.wire.forwarded import ENV_ROUTE_PREFIX, METHOD_HEADER, PATH_HEADER
-from modelplex.serve.ingress import ingress
 from modelplex.wire.spec import parse_deployment
 from modelplex_replica.app import create_app
 
@@ -21,7 +21,7 @@ DEPLOYMENT = parse_deployment({"apiVersion": "modelplex.io/v1alpha1", "kind": "M
 
 async def asgi_app(scope, receive, send):
     if scope["type"] == "lifespan":
-        message = await receive()
+        assert (await receive())["type"] == "lifespan.startup"
         scope["state"]["greeting"] = "hello"
         await send({"type": "lifespan.startup.complete"})
         await receive()

@@ -10,9 +10,9 @@ import threading
 
 import pytest
 
+from modelplex.processes import wait_for_async
 from modelplex.wire.loaded import LoadedSummary
 from modelplex.wire.names import ANNOTATION_LOADED_MODELS
-from modelplex.processes import wait_for_async
 from modelplex_replica.reporter import AnnotationReporter
 
 

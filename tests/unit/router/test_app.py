@@ -1,5 +1,5 @@
-"""The router app's own answers, in-process: its app factory served by aiohttp's test server on
-loopback, found replicas through static discovery (a process adds nothing these tests check;
+"""The router's own answers, in-process: a started Router, its HTTP front served by aiohttp's test
+server on loopback, found replicas through static discovery (a process adds nothing these tests check;
 tests/integration/router runs it as a process, with real replicas)."""
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from modelplex.processes import free_port, wait_for_async
 from modelplex.wire.loaded import LoadedModels
 from modelplex.wire.names import MODEL_ID_HEADER
-from modelplex.processes import free_port, wait_for_async
 from modelplex.wire.spec import parse_deployment
 from modelplex_router.app import create_app
 from modelplex_router.config import ENV_QUEUE_TIMEOUT, RouterConfig
 from modelplex_router.discovery.static import StaticDiscovery
+from modelplex_router.router import Router
 
 
 def deployment():
@@ -30,13 +31,14 @@ def deployment():
 async def router_with_nobody() -> AsyncIterator[TestClient]:
     """A router whose one replica address has nothing listening (waits bounded at 1 s)."""
     config = RouterConfig.from_deployment(deployment(), env={ENV_QUEUE_TIMEOUT: "1"})
-    app = create_app(config, StaticDiscovery([f"http://127.0.0.1:{free_port()}"], interval_s=config.poll_interval_s))
-    client = TestClient(TestServer(app, host="127.0.0.1"))
-    await client.start_server()
-    try:
-        yield client
-    finally:
-        await client.close()
+    discovery = StaticDiscovery([f"http://127.0.0.1:{free_port()}"], interval_s=config.poll_interval_s)
+    async with Router(config, discovery) as router:
+        client = TestClient(TestServer(create_app(router), host="127.0.0.1"))
+        await client.start_server()
+        try:
+            yield client
+        finally:
+            await client.close()
 
 
 async def error_of(response) -> dict:
@@ -87,9 +89,9 @@ async def test_a_replica_that_refuses_for_a_while_is_tried_again_with_growing_wa
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     config = RouterConfig.from_deployment(deployment(), env={ENV_QUEUE_TIMEOUT: "10"})
-    router = TestClient(TestServer(create_app(config, StaticDiscovery([f"http://127.0.0.1:{port}"],
-                                                                       interval_s=config.poll_interval_s)),
-                                   host="127.0.0.1"))
+    plex = Router(config, StaticDiscovery([f"http://127.0.0.1:{port}"], interval_s=config.poll_interval_s))
+    await plex.start()
+    router = TestClient(TestServer(create_app(plex), host="127.0.0.1"))
     await router.start_server()
     try:
         async def ready() -> bool:
@@ -105,4 +107,5 @@ async def test_a_replica_that_refuses_for_a_while_is_tried_again_with_growing_wa
         assert len(tries) <= 7, tries
     finally:
         await router.close()
+        await plex.close()
         await runner.cleanup()

@@ -9,9 +9,9 @@ import time
 import pytest
 from aiohttp import web
 
+from modelplex.processes import free_port
 from modelplex.wire.loaded import LoadedModels
 from modelplex.wire.names import ANNOTATION_LOADED_MODELS
-from modelplex.processes import free_port
 from modelplex_router.discovery.kubernetes import Gone, PodTracker, apply_all, replica_from_pod, selector
 from modelplex_router.discovery.static import StaticDiscovery, parse_replica_arg
 from modelplex_router.events import DocumentFetched, ReplicaSeen

@@ -10,10 +10,12 @@ from modelplex_router.config import RouterConfig
 from modelplex_router.discovery.static import StaticDiscovery
 from modelplex_router.openapi import OPERATIONS, openapi_document, routes_of
 from modelplex_router.policy import Params
+from modelplex_router.router import Router
 
 
 def router_app():
-    return create_app(RouterConfig("d", Params(max_ongoing=4, matching_timeout_s=1.0)), StaticDiscovery([]))
+    """The HTTP front of a router that is never started: its routes are all the document reads."""
+    return create_app(Router(RouterConfig("d", Params(max_ongoing=4, matching_timeout_s=1.0)), StaticDiscovery([])))
 
 
 def test_every_route_is_documented_and_the_document_is_valid_openapi():

@@ -10,8 +10,8 @@ from collections import Counter
 
 import pytest
 
-from modelplex_router.policy import Kind, Params, choose, choose_random, place, rendezvous_score, two_choices
 from modelplex.wire.loaded import LoadedModels
+from modelplex_router.policy import Kind, Params, choose, choose_random, place, rendezvous_score, two_choices
 from modelplex_router.record import Replica
 
 PARAMS = Params(max_ongoing=4, matching_timeout_s=1.0)

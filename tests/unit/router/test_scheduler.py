@@ -3,9 +3,8 @@ clock, no sockets)."""
 
 from __future__ import annotations
 
-import random
-
 import asyncio
+import random
 
 from modelplex.wire.loaded import LoadedModels, LoadedSummary
 from modelplex_router.events import Answered, ConnectionFailed, ReplicaSeen, SummaryHeard

@@ -443,6 +443,28 @@ def test_a_request_for_a_model_not_loaded_waits_for_its_load_and_a_failed_load_i
     assert changes[-1] is Change.CHANGED  # the load failed: its waiters may go elsewhere
 
 
+def test_the_table_writes_then_tells_so_a_waiter_told_of_a_failed_load_no_longer_sees_its_replica_hold_it():
+    seen: list[tuple[Change, list[str]]] = []
+    table = RoutingTable(notify=lambda change: seen.append((change, [r.name for r in table.holders("m")])))
+    table.apply(info("a"), 1.0)
+    started = RequestStarted.to(table.get("a"), "m")
+    table.apply(started, 1.0)
+    assert [r.name for r in table.holders("m")] == ["a"]  # loading there
+    table.apply(RequestFinished(started, ok=False), 2.0)
+    assert seen[-1] == (Change.CHANGED, [])  # the index was updated before anyone was told
+
+
+def test_the_table_writes_then_tells_so_a_waiter_told_of_a_success_sees_the_model_held():
+    seen: list[tuple[Change, list[str]]] = []
+    table = RoutingTable(notify=lambda change: seen.append((change, [r.name for r in table.holders("m")])))
+    table.apply(info("a", models=["m"]), 1.0)
+    table.apply(ReplicaSeen("a", "http://a", True, Held.of(LoadedModels(2, 2, ()))), 1.5)  # evicted meanwhile
+    started = RequestStarted(table.get("a"), "m", for_load=False)  # sent while it was still loaded
+    table.apply(started, 1.5)
+    table.apply(RequestFinished(started, ok=True), 2.0)
+    assert seen[-1] == (Change.FREED, ["a"])  # learned from the answer, and indexed before the news
+
+
 def test_a_request_naming_no_model_takes_a_slot():
     table, _ = noted_table()
     table.apply(info("a"), 1.0)

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from modelplex_launcher.cli import main
 from modelplex.handles import DeploymentHandle
 from modelplex.serve.build import documents, is_app_target
 from modelplex.serve.hosted import ENV_APP, ENV_APP_DIR, FromApp
 from modelplex.wire.spec import SpecError, parse_deployment
+from modelplex_launcher.cli import main
 
 ROOT = Path(__file__).resolve().parents[3]
 COMPOSITION = f"{ROOT}/examples/serve/composition_app.py:app"

@@ -6,9 +6,9 @@ import pytest
 
 from modelplex import serve
 from modelplex.handles import DeploymentHandle
-from modelplex.wire.names import dns_label
 from modelplex.serve.graph import ANNOTATION_HANDLES, HandleRef, manifest, walk
 from modelplex.serve.hosted import construct
+from modelplex.wire.names import dns_label
 from modelplex.wire.spec import parse_deployment
 
 

@@ -8,8 +8,8 @@ import asyncio
 import pytest
 from aiohttp import web
 
-from modelplex.wire.codec import STREAM_CONTENT_TYPE, VALUE_CONTENT_TYPE, decode_call, encode_stream_item, encode_value
 from modelplex.handles import ObjectRef, handle, resolve
+from modelplex.wire.codec import STREAM_CONTENT_TYPE, VALUE_CONTENT_TYPE, decode_call, encode_stream_item, encode_value
 
 
 def test_rays_class_name_finds_the_router_local_mode_names_by_its_label(monkeypatch):

@@ -6,10 +6,8 @@ import numpy
 import pytest
 import torch
 
-from modelplex.wire.codec import (
-    Call, RemoteStreamError, decode_call, decode_value, encode_call, encode_stream_error, encode_stream_item,
-    encode_value, from_plain,
-)
+from modelplex.wire.codec import (Call, RemoteStreamError, decode_call, decode_value, encode_call, encode_stream_error,
+                                  encode_stream_item, encode_value, from_plain)
 from modelplex.wire.errors import BadRequest, HandlerError
 
 VALUES = [

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from modelplex.wire.forwarded import (
-    METHOD_HEADER, NO_ROUTE, PATH_HEADER, check_route_prefix, forwarded_headers, original, under_prefix,
-)
+from modelplex.wire.forwarded import (METHOD_HEADER, NO_ROUTE, PATH_HEADER, check_route_prefix, forwarded_headers,
+                                      original, under_prefix)
 
 
 def test_the_clients_end_to_end_headers_travel_with_the_method_and_raw_path():

@@ -6,7 +6,8 @@ from urllib.parse import unquote, urlsplit
 import pytest
 
 from modelplex.wire.errors import BadRequest
-from modelplex.wire.ids import MAX_MODEL_ID_LENGTH, InvalidModelId, has_dot_segment, safe_join, source_key, validate_model_id
+from modelplex.wire.ids import (MAX_MODEL_ID_LENGTH, InvalidModelId, has_dot_segment, safe_join, source_key,
+                                validate_model_id)
 
 TRICKY = [
     "/etc/passwd", "a//b", "a/", "C:\\x", "%2F", "a?b=c", "a#frag", "http://evil.example/x", "a b", "é/ü", "~root",

@@ -2,7 +2,6 @@
 
 from modelplex.wire.redact import redact_text, redact_url
 
-
 #: A URL as configured → as every message shows it.
 SHOWN = {
     "https://user:pa55@store.example/a/{model_id}.pt": "https://REDACTED@store.example/a/{model_id}.pt",

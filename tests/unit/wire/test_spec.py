@@ -2,15 +2,8 @@
 
 import pytest
 
-from modelplex.wire.spec import (
-    DEFAULT_MATCHING_TIMEOUT_S,
-    SpecError,
-    load_manifest,
-    load_manifests,
-    parse_deployment,
-    parse_spec,
-    to_manifest,
-)
+from modelplex.wire.spec import (DEFAULT_MATCHING_TIMEOUT_S, SpecError, load_manifest, load_manifests, parse_deployment,
+                                 parse_spec, to_manifest)
 
 MINIMAL = {"image": "repo/img:1", "modelSource": {"uri": "s3://models/{model_id}/model.pt"}}
 

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from modelplex.wire.spec import (DEFAULT_LOAD_TIMEOUT_S, DEFAULT_MAX_CONCURRENT_LOADS, SpecError, parse_quantity,
-                            parse_spec)
+                                 parse_spec)
 
 CRD = Path(__file__).resolve().parents[3] / "crds" / "multiplexeddeployments.modelplex.io.yaml"
 
