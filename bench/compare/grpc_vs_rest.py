@@ -7,7 +7,9 @@ beside JSON over HTTP, the same handler, rows and concurrencies, in alternating 
 One ``modelplex local`` (one replica, ``router.grpcPort`` set) serves both fronts; each round
 sweeps REST then gRPC, the next gRPC then REST, so drifting background load reaches both
 alike; each point's figures are the medians over rounds. gRPC sends the row as one FP32 tensor
-of raw contents (as tritonclient does); REST sends it as a JSON list. Prints a markdown table.
+of raw contents (as tritonclient does); REST sends it as a JSON list. Prints a markdown table,
+with each point's CPU per request in the router, the replica and this load generator: on a
+small machine they share the cores, so a front whose client costs more gets less of them.
 """
 
 from __future__ import annotations
@@ -25,22 +27,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import loadgen  # noqa: E402
 import run  # noqa: E402
+from ab_batched import cpu_seconds  # noqa: E402
 from handlers import GPU_MLP_SIZES, MLP_SIZES  # noqa: E402
 
 from modelplex.processes import free_port  # noqa: E402
 
-FIGURES = ("rps", "p50_ms", "p99_ms")
+FIGURES = ("rps", "p50_ms", "p99_ms", "router_cpu_ms", "replica_cpu_ms", "client_cpu_ms")
 
 
 def sweep(front: str, stack: run.ModelplexStack, grpc_address: str, body: dict, args: argparse.Namespace) -> dict:
     out = {}
+    pids = stack.pids()
     for c in args.concurrency:
+        before, client_before = cpu_seconds(pids), time.process_time()
         if front == "rest":
             point = asyncio.run(loadgen.unary(stack.url, body, c, args.seconds, warmup_s=args.warmup))
         else:
             point = asyncio.run(loadgen.unary_grpc(grpc_address, "mlp", body["inputs"], c, args.seconds,
                                                    warmup_s=args.warmup))
+        after, client_after = cpu_seconds(pids), time.process_time()
         s = point.summary()
+        # CPU is read around warm-up and measurement alike; the requests of the warm-up are taken
+        # to come at the measured rate.
+        answered = max(1.0, (point.ok + point.errors) * (args.seconds + args.warmup) / args.seconds)
+        for role in ("router", "replica"):
+            s[f"{role}_cpu_ms"] = round(1000 * (after.get(role, 0.0) - before.get(role, 0.0)) / answered, 3)
+        s["client_cpu_ms"] = round(1000 * (client_after - client_before) / answered, 3)
         run.log(f"{front:4s} c={c:<3d} {s['rps']:8.1f} req/s  p50 {s['p50_ms']:7.2f} ms  p99 {s['p99_ms']:7.2f} ms  "
                 f"errors {s['errors']}")
         out[c] = s
@@ -83,12 +95,17 @@ def markdown(summary: dict, concurrency: list[int]) -> str:
     rest, grpc = summary["medians"]["rest"], summary["medians"]["grpc"]
     lines = [f"{summary['handler']}, one replica, medians of {len(summary['rounds']['rest'])} alternating rounds; "
              f"errors REST {summary['errors']['rest']}, gRPC {summary['errors']['grpc']}", "",
-             "| concurrency | REST req/s | gRPC req/s | gRPC / REST | REST p50 ms | gRPC p50 ms | REST p99 ms | gRPC p99 ms |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| concurrency | REST req/s | gRPC req/s | gRPC / REST | REST p50 ms | gRPC p50 ms | REST p99 ms | gRPC p99 ms "
+             "| CPU ms/req REST (router + replica + client) | gRPC (router + replica + client) |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def cpu(point: dict) -> str:
+        return f"{point['router_cpu_ms']:.2f} + {point['replica_cpu_ms']:.2f} + {point['client_cpu_ms']:.2f}"
+
     for c in concurrency:
         r, g = rest[c], grpc[c]
         lines.append(f"| {c} | {r['rps']:.1f} | {g['rps']:.1f} | {g['rps'] / r['rps']:.2f} | {r['p50_ms']:.2f} | "
-                     f"{g['p50_ms']:.2f} | {r['p99_ms']:.2f} | {g['p99_ms']:.2f} |")
+                     f"{g['p50_ms']:.2f} | {r['p99_ms']:.2f} | {g['p99_ms']:.2f} | {cpu(r)} | {cpu(g)} |")
     return "\n".join(lines)
 
 

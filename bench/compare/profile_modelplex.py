@@ -1,6 +1,7 @@
 """Where Modelplex's CPU goes under one benchmark workload: per-process CPU and py-spy profiles.
 
     .venv/bin/python bench/compare/profile_modelplex.py batched [--seconds 15] [--concurrency 32]
+    .venv/bin/python bench/compare/profile_modelplex.py batched-grpc [--concurrency 64]   (the same through gRPC)
     .venv/bin/python bench/compare/profile_modelplex.py stream  [--concurrency 256]
     .venv/bin/python bench/compare/profile_modelplex.py mux
     .venv/bin/python bench/compare/profile_modelplex.py busy-stream [--concurrency 8] [--tree /tmp/bench-new]
@@ -32,6 +33,8 @@ import loadgen  # noqa: E402
 import run  # noqa: E402
 from handlers import BUSY_CHUNKS, MLP_SIZES, MUX_SIZES, STREAM_CHUNKS  # noqa: E402
 from run import ModelplexStack, bench_env, mlp_body  # noqa: E402
+
+from modelplex.processes import free_port  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -86,7 +89,8 @@ def _short(frame: str) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("workload", choices=["batched", "batched-echo", "unbatched", "stream", "mux", "busy-stream", "busy-unary"])
+    parser.add_argument("workload", choices=["batched", "batched-grpc", "batched-echo", "unbatched", "stream", "mux",
+                                             "busy-stream", "busy-unary"])
     parser.add_argument("--tree", type=Path, default=None, help="run Modelplex from this checkout (as run.py --tree)")
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--concurrency", type=int, default=None)
@@ -106,9 +110,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="modelplex-profile-") as tmp:
         workdir = Path(tmp)
         env = {}
-        if args.workload in ("batched", "batched-echo", "unbatched"):
-            cls = {"batched": "BatchedMLP", "batched-echo": "BatchedEcho", "unbatched": "MLP"}[args.workload]
-            spec = {"replicas": 1, "handler": f"mp_handlers:{cls}", "maxOngoingRequests": 128}
+        grpc_port = free_port()
+        if args.workload in ("batched", "batched-grpc", "batched-echo", "unbatched"):
+            cls = {"batched": "BatchedMLP", "batched-grpc": "BatchedMLP", "batched-echo": "BatchedEcho",
+                   "unbatched": "MLP"}[args.workload]
+            spec = {"replicas": 1, "handler": f"mp_handlers:{cls}", "maxOngoingRequests": 128,
+                    "router": {"grpcPort": grpc_port}}
             concurrency = args.concurrency or 32
         elif args.workload.startswith("busy-"):
             cls = "BusyStreamer" if args.workload == "busy-stream" else "BusyMLP"
@@ -143,6 +150,9 @@ def main() -> int:
                 if args.workload == "busy-stream":
                     return await loadgen.streams(stack.url, mlp_body(MLP_SIZES[0]), BUSY_CHUNKS, concurrency,
                                                  args.seconds, warmup_s=0)
+                if args.workload == "batched-grpc":
+                    return await loadgen.unary_grpc(f"127.0.0.1:{grpc_port}", "mlp", mlp_body(MLP_SIZES[0])["inputs"],
+                                                    concurrency, args.seconds, warmup_s=0)
                 if args.workload in ("batched", "batched-echo", "unbatched", "busy-unary"):
                     return await loadgen.unary(stack.url, mlp_body(MLP_SIZES[0]), concurrency, args.seconds,
                                                warmup_s=0)
