@@ -11,7 +11,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from modelplex.wire.credentials import INTERNAL_TOKEN_HEADER, internal_token_file
+from modelplex.wire.credentials import INTERNAL_TOKEN_HEADER, DeploymentCredential, internal_token_file
 from modelplex.wire.errors import ModelplexError, RequestTimeout, error_document
 from modelplex.wire.names import DASHED_MODEL_ID_HEADER, MODEL_ID_HEADER
 
@@ -82,14 +82,23 @@ def encode_body(value: Any) -> tuple[bytes, str]:
     return to_json(value), "application/json"
 
 
-def sending_token(token: Callable[[], str | None]) -> aiohttp.ClientMiddlewareType:
+def sending_token(token: Callable[[], str | None],
+                  fallback: Callable[[], str | None] | None = None) -> aiohttp.ClientMiddlewareType:
     """A client middleware that sends ``token()`` (read per request, so a rotated value is used
-    from the next request) as the internal credential."""
+    from the next request) as the internal credential. Refused with it (401), a request is sent
+    once more with ``fallback()`` where that differs: during the upgrade from a namespace
+    credential a pod sends the namespace's token, which a router done with its own upgrade refuses."""
 
     async def send(request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType) -> aiohttp.ClientResponse:
         value = token()
         if value is not None:
             request.headers[INTERNAL_TOKEN_HEADER] = value
+        response = await handler(request)
+        other = fallback() if fallback is not None and response.status == 401 else None
+        if other is None or other == value:
+            return response
+        response.release()
+        request.headers[INTERNAL_TOKEN_HEADER] = other
         return await handler(request)
 
     return send
@@ -99,7 +108,8 @@ def internal_session(**options: Any) -> aiohttp.ClientSession:
     """A client session for the deployment's own components: it sends this process's internal
     credential (``MODELPLEX_INTERNAL_TOKEN_FILE``) with every request, where there is one."""
     token = internal_token_file()
-    middlewares = (sending_token(token.token),) if token is not None else ()
+    own = token.own if isinstance(token, DeploymentCredential) else None
+    middlewares = (sending_token(token.token, own),) if token is not None else ()
     return aiohttp.ClientSession(middlewares=middlewares, **options)
 
 
@@ -112,6 +122,26 @@ async def read_body(request: web.Request, timeout_s: float) -> bytes:
     except TimeoutError:
         raise RequestTimeout(f"the request body did not arrive within {timeout_s:g} s "
                              "(spec.router.bodyTimeoutSeconds)") from None
+
+
+class StreamIdle(ConnectionResetError):
+    """A stream's client read nothing of what was sent for ``spec.router.streamIdleTimeoutSeconds``:
+    the stream was cut. A client that stopped reading is a client that left (499)."""
+
+
+async def write_chunk(request: web.Request, response: web.StreamResponse, data: bytes, idle_timeout_s: float) -> None:
+    """Write one chunk of a streamed answer. Only the wait for unsent data to drain is bounded
+    (the client stopped reading), never a producer's silence between chunks: past
+    ``idle_timeout_s`` the connection is aborted (its unsent data dropped, so nothing waits on it
+    again) and :class:`StreamIdle` raised, which frees the stream's slot."""
+    try:
+        async with asyncio.timeout(idle_timeout_s):
+            await response.write(data)
+    except TimeoutError:
+        if request.transport is not None:
+            request.transport.abort()
+        raise StreamIdle(f"the client read nothing for {idle_timeout_s:g} s (spec.router.streamIdleTimeoutSeconds): "
+                         "stream cut") from None
 
 
 #: The status of a request whose client left before its answer (metrics and logs only, as nginx's).

@@ -38,6 +38,7 @@ import json
 import os
 import platform
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -288,6 +289,12 @@ class ModelplexStack:
                     pass
                 await asyncio.sleep(0.2)
         raise RuntimeError(f"modelplex local not ready after {timeout:.0f} s; see {self.log_path}")
+
+    def control_url(self) -> str:
+        """Where the router's metrics are: its control port, which the ready line names (a tree
+        from before the control port: the router's own URL)."""
+        found = re.search(r"  control (\S+:\d+)", self.log_path.read_text(errors="replace"))
+        return f"http://{found.group(1)}" if found else self.url
 
     def replicas_table(self) -> list[dict]:
         async def get() -> list[dict]:
@@ -629,7 +636,7 @@ def mux_modelplex(settings: Settings, workdir: Path, trace: list[str], *, extra_
                                           max_seconds=settings.mux_max_seconds))
         entry = _trace_entry(point, load_log, trace)
         table = stack.replicas_table()
-        entry["counters"] = asyncio.run(_modelplex_counters(stack.url, [r["url"] for r in table]))
+        entry["counters"] = asyncio.run(_modelplex_counters(stack.control_url(), [r["url"] for r in table]))
         if overhead:
             entry["overhead"] = _router_overhead(stack, body, settings.overhead_pairs)
     entry["trace_latencies"] = point.latencies

@@ -57,6 +57,7 @@ class Stack:
         self.procs: list[subprocess.Popen] = []
         self.replica_urls: list[str] = []
         self.router_url = ""
+        self.control_url = ""  # the router's control port: its metrics
 
     def _start(self, argv: list[str], env: dict, log: Path) -> None:
         log.write_bytes(b"")
@@ -85,7 +86,9 @@ class Stack:
                             self.env, folder / f"{self.policy}-replica-{i}.log")
             port = free_port()
             self.router_url = f"http://127.0.0.1:{port}"
-            argv = [*cli, "router", "--spec", str(self.manifest), "--port", str(port)]
+            control_port = free_port()
+            self.control_url = f"http://127.0.0.1:{control_port}"
+            argv = [*cli, "router", "--spec", str(self.manifest), "--port", str(port), "--control-port", str(control_port)]
             for i, url in enumerate(self.replica_urls):
                 argv += ["--replica", f"r{i}={url}"]
             self._start(argv, {**self.env, "MODELPLEX_ROUTING_POLICY": self.policy},
@@ -164,9 +167,9 @@ async def run_trace(stack: Stack, trace: list[str], concurrency: int, max_second
         seconds = time.perf_counter() - started
         loads = sum([await metric(session, url, "modelplex_model_loads_total") for url in stack.replica_urls])
         evictions = sum([await metric(session, url, "modelplex_model_evictions_total") for url in stack.replica_urls])
-        hits = await metric(session, stack.router_url, "modelplex_router_cache_hits_total")
-        misses = await metric(session, stack.router_url, "modelplex_router_cache_misses_total")
-        fallbacks = await metric(session, stack.router_url, "modelplex_router_fallbacks_total")
+        hits = await metric(session, stack.control_url, "modelplex_router_cache_hits_total")
+        misses = await metric(session, stack.control_url, "modelplex_router_cache_misses_total")
+        fallbacks = await metric(session, stack.control_url, "modelplex_router_fallbacks_total")
     return Result(stack.policy, sent, ok, seconds, latencies, loads, evictions, hits, misses, fallbacks)
 
 

@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     router.add_argument("--port", type=int, default=DEFAULT_ROUTER_PORT)
     router.add_argument("--grpc-port", type=int, default=None,
                         help="the Open Inference Protocol's gRPC port (default: spec.router.grpcPort, else a free one)")
+    router.add_argument("--control-port", type=int, default=None,
+                        help="/healthz, /readyz and /metrics for probes and scrapers, answered however busy the "
+                             "public port is (default: spec.router.controlPort, else a free one, logged)")
     router.add_argument("--replica", action="append", default=[], metavar="URL", help="static replica URL (repeat)")
 
     commands.add_parser("operator", help="run the kopf operator (in-cluster or from KUBECONFIG)")
@@ -86,8 +89,9 @@ def main(argv: list[str] | None = None) -> int:
 
             deployment = _deployment(args)
             grpc_port = args.grpc_port if args.grpc_port is not None else deployment.spec.router.grpc_port or 0
+            control_port = args.control_port if args.control_port is not None else deployment.spec.router.control_port or 0
             return run_router(deployment, host=args.host, port=args.port, replica_urls=args.replica,
-                              grpc_port=grpc_port)
+                              grpc_port=grpc_port, control_port=control_port)
         if args.command == "local":
             from modelplex.serve.build import local_manifests
             from modelplex_launcher.local import run_local

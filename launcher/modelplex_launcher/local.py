@@ -8,6 +8,12 @@ gives one (a port in use is an error naming it), else on a free port, printed be
 gets ``MODELPLEX_ROUTER_<NAME>=http://host:port`` for every deployment, so handles between
 deployments resolve by name as they would in a cluster.
 
+Credentials as in a cluster: each deployment gets an internal credential of its own (its
+replicas accept only it, its handles send it), and a deployment's router takes another's only
+from the callers it lists (``spec.router.callers``), as named clients. The run has one more,
+printed at start, which every router of the run takes as its own components': for the scripts
+that use handles against the run (``serve.run`` gives its own).
+
 Children run in process groups of their own (a Ctrl-C in the terminal reaches only this
 supervisor, which then stops them in order) and get SIGTERM should the supervisor die
 (``PR_SET_PDEATHSIG``), so nothing is left behind. A child that exits is restarted with a
@@ -51,12 +57,14 @@ from pathlib import Path
 from modelplex.autoscaling import (MOVE_TIMEOUT_S, PIN_MARGIN_S, READ_TIMEOUT_S, TICK_S, Autoscaler, Observed,
                                    ReplicaState, RoundPlan, plan_round)
 from modelplex.processes import free_port, free_ports, port_free, signal_group, spawn
-from modelplex.wire.credentials import (ENV_CLIENT_TOKENS_DIR, ENV_INTERNAL_TOKEN_FILE, INTERNAL_TOKEN_HEADER,
-                                        TokenFile, new_token, write_token_file)
+from modelplex.wire.credentials import (ENV_CALLER_TOKENS_DIR, ENV_CLIENT_TOKENS_DIR, ENV_INTERNAL_TOKEN_FILE,
+                                        ENV_LEGACY_TOKEN_FILE, ENV_RUN_TOKEN_FILE, INTERNAL_TOKEN_HEADER,
+                                        RESERVED_CLIENT, TokenFile, new_token, write_token_file)
 from modelplex.wire.load import ENV_PRELOAD_FILE, LOAD_PATH, LoadReport, format_hot_models
 from modelplex.wire.names import MODEL_ID_HEADER, router_env_name
 from modelplex.wire.pins import LEASE_S, PINS_PATH, PinRequest
 from modelplex.wire.ready import ENV_READY_FILE, ReadyDeployment, ReadyFile, write_ready_file
+from modelplex.wire.redact import redact_url
 from modelplex.wire.spec import (DEFAULT_GRACEFUL_SHUTDOWN_S, DEFAULT_ROUTER_PORT, Deployment, SecretDocument,
                                  SpecError, load_manifest_documents)
 
@@ -84,6 +92,8 @@ class Plan:
     source_env: dict[str, str] = field(default_factory=dict)
     #: The router's gRPC port: spec.router.grpcPort, else a free one.
     grpc_port: int = 0
+    #: The router's control port (probes, metrics): spec.router.controlPort, else a free one.
+    control_port: int = 0
 
     @property
     def router_url(self) -> str:
@@ -93,6 +103,11 @@ class Plan:
     def grpc_address(self) -> str:
         """What a gRPC client dials (``host:port``)."""
         return f"{_connect_host(self.router_host)}:{self.grpc_port}"
+
+    @property
+    def control_address(self) -> str:
+        """Where probes and scrapers reach the router (``host:port``): ``/healthz``, ``/readyz``, ``/metrics``."""
+        return f"{_connect_host(self.router_host)}:{self.control_port}"
 
     def replica_name(self, index: int) -> str:
         return f"{self.deployment.name}-{index}"
@@ -192,12 +207,18 @@ def plan(manifest_paths: list[str], *, host: str, port: int) -> list[Plan]:
             raise SpecError([f"port {router_port} on {host} is in use (router of {deployment.name!r}); "
                              "pass --port to pick another"])
         spec = deployment.spec
+        if spec.model_source is not None and spec.model_source.has_userinfo:
+            raise SpecError([f"deployment {deployment.name!r}: spec.modelSource.uri: a user or password in the URI is "
+                             f"refused (got {redact_url(spec.model_source.uri)!r}): give credentials through "
+                             "spec.modelSource.secretRef"])
         slots = spec.autoscaling.max_replicas if spec.autoscaling else spec.starting_replicas
-        grpc_port = _grpc_port(deployment, host, taken)
+        grpc_port = _router_port(deployment, host, taken, deployment.spec.router.grpc_port, "grpcPort")
         taken.add(grpc_port)
+        control_port = _router_port(deployment, host, taken, deployment.spec.router.control_port, "controlPort")
+        taken.add(control_port)
         plans.append(Plan(deployment, manifest, host, router_port, free_ports(slots),
                           client_tokens=_client_tokens(deployment, secrets), source_env=_source_env(deployment, secrets),
-                          grpc_port=grpc_port))
+                          grpc_port=grpc_port, control_port=control_port))
     return plans
 
 
@@ -211,16 +232,16 @@ def _source_env(deployment: Deployment, secrets: dict[tuple[str, str], SecretDoc
     return dict(secret.data) if secret is not None else {}
 
 
-def _grpc_port(deployment: Deployment, host: str, taken: set[int]) -> int:
-    """The router's gRPC port: the manifest's (free and not another router's), else a free one."""
-    given = deployment.spec.router.grpc_port
+def _router_port(deployment: Deployment, host: str, taken: set[int], given: int | None, key: str) -> int:
+    """A router port besides its HTTP one (``spec.router.<key>``: gRPC, control): the manifest's
+    (free and not another router's), else a free one."""
     if given is None:
         for _ in range(50):  # free_port draws at random: another router's port is unlikely twice
             candidate = free_port()
             if candidate not in taken:
                 return candidate
-        raise SpecError([f"found no free port for the gRPC of {deployment.name!r}"])
-    where = f"spec.router.grpcPort of {deployment.name!r}"
+        raise SpecError([f"found no free port for spec.router.{key} of {deployment.name!r}"])
+    where = f"spec.router.{key} of {deployment.name!r}"
     if given in taken:
         raise SpecError([f"port {given} ({where}) is another router's port in this run; pick another"])
     if not port_free(host, given):
@@ -228,8 +249,13 @@ def _grpc_port(deployment: Deployment, host: str, taken: set[int]) -> int:
     return given
 
 
+class ReservedClientName(SpecError):
+    """A client in an auth Secret has the name the router keeps for its own components."""
+
+
 def _client_tokens(deployment: Deployment, secrets: dict[tuple[str, str], SecretDocument]) -> dict[str, str] | None:
-    """The router's client tokens: the Secret ``spec.router.auth.secretRef`` names, from the manifests."""
+    """The router's client tokens: the Secret ``spec.router.auth.secretRef`` names, from the
+    manifests. A client named ``internal`` is refused, naming the key (never its token)."""
     auth = deployment.spec.router.auth
     if auth is None:
         return None
@@ -238,6 +264,10 @@ def _client_tokens(deployment: Deployment, secrets: dict[tuple[str, str], Secret
         raise SpecError([f"deployment {deployment.name!r}: spec.router.auth.secretRef: no Secret "
                          f"{auth.secret_ref.name!r} in namespace {deployment.namespace!r} among the manifests "
                          "(add a kind: Secret document beside the deployment)"])
+    if RESERVED_CLIENT in secret.data:
+        raise ReservedClientName([f"deployment {deployment.name!r}: spec.router.auth.secretRef: Secret "
+                                  f"{auth.secret_ref.name!r} has a client named {RESERVED_CLIENT!r}, the router's name "
+                                  "for its own components: rename that key"])
     return dict(secret.data)
 
 
@@ -271,12 +301,18 @@ class LocalRun:
         self._workers = ThreadPoolExecutor(1, thread_name_prefix="modelplex-scale-down")
         #: Local mode's own files (the hot-models lists, credentials), removed at shutdown.
         self.state_dir = Path(tempfile.mkdtemp(prefix="modelplex-local-"))
+        # The run's credential (its scripts' handles; every router of the run takes it), and one
+        # per deployment: its replicas accept only their own, its handles send their own.
         self.internal_token = _internal_token_file(self.env, self.state_dir)
-        self.env[ENV_INTERNAL_TOKEN_FILE] = str(self.internal_token.path)
+        for variable in (ENV_INTERNAL_TOKEN_FILE, ENV_LEGACY_TOKEN_FILE, ENV_RUN_TOKEN_FILE, ENV_CALLER_TOKENS_DIR):
+            self.env.pop(variable, None)
+        self.credentials = {p.deployment.name: TokenFile(write_token_file(
+            self.state_dir / "credentials" / p.deployment.name, new_token())) for p in plans}
         for p in plans:
             name = p.deployment.name
             base = [sys.executable, "-m", "modelplex_launcher.cli", "--log-level", self.log_level]
-            replica_env = {**self.env, **p.source_env, **_spec_env(p.deployment, self.say)}
+            own = {ENV_INTERNAL_TOKEN_FILE: str(self.credentials[name].path)}
+            replica_env = {**self.env, **p.source_env, **_spec_env(p.deployment, self.say), **own}
             autoscaling = p.deployment.spec.autoscaling
             hot_models_file = self.state_dir / f"{name}.hot-models"
             if autoscaling is not None:
@@ -299,14 +335,16 @@ class LocalRun:
             if not p.replica_ports:
                 continue  # spec.replicas: 0 — nothing to route to (said so at start)
             router_argv = [*base, "router", "--spec", str(p.manifest), "--name", name,
-                           "--host", p.router_host, "--port", str(p.router_port), "--grpc-port", str(p.grpc_port)]
+                           "--host", p.router_host, "--port", str(p.router_port), "--grpc-port", str(p.grpc_port),
+                           "--control-port", str(p.control_port)]
             for i in range(len(p.replica_ports)):
                 router_argv += ["--replica", f"{p.replica_name(i)}={p.replica_url(i)}"]
             # Ready once it has the replicas started with it; at zero, once it serves.
             starting = p.starting_replicas
-            router_env = None
+            router_env = {**self.env, **own, ENV_RUN_TOKEN_FILE: str(self.internal_token.path),
+                          ENV_CALLER_TOKENS_DIR: str(self._link_callers(p))}
             if p.client_tokens is not None:
-                router_env = {**self.env, ENV_CLIENT_TOKENS_DIR: str(self._write_client_tokens(name, p.client_tokens))}
+                router_env[ENV_CLIENT_TOKENS_DIR] = str(self._write_client_tokens(name, p.client_tokens))
             self.routers.append(Child(name=f"{name} router", argv=router_argv,
                                       ready_url=p.router_url + ("/readyz" if starting else "/healthz"),
                                       expected_replicas=starting or None, stop_grace_s=grace, env=router_env))
@@ -317,6 +355,24 @@ class LocalRun:
         for client, token in tokens.items():
             write_token_file(folder / client, token)
         return folder
+
+    def _link_callers(self, plan: Plan) -> Path:
+        """The router's callers (``spec.router.callers``) as a pod's projected volume lays them
+        out: a folder, a file per calling deployment, here a link to that deployment's own token
+        file (a rotated token is seen). A caller that is not in this run is said and skipped."""
+        folder = self.state_dir / f"{plan.deployment.name}.callers"
+        folder.mkdir(parents=True, exist_ok=True)
+        for caller in plan.deployment.spec.router.callers:
+            credential = self.credentials.get(caller)
+            if credential is None:
+                self.say(f"modelplex local: {plan.deployment.name}: caller {caller!r} is not a deployment of this run")
+                continue
+            (folder / caller).symlink_to(credential.path)
+        return folder
+
+    def token_of(self, deployment: str) -> str:
+        """A deployment's credential, for the supervisor's calls to its router and replicas."""
+        return self.credentials[deployment].token() or ""
 
     @property
     def children(self) -> list[Child]:
@@ -412,7 +468,8 @@ class LocalRun:
 
     def ready(self) -> ReadyFile:
         """Where each started deployment answers: what the ready file holds (the printed lines say it to people)."""
-        return ReadyFile(tuple(ReadyDeployment(name=p.deployment.name, url=p.router_url, grpc=p.grpc_address)
+        return ReadyFile(tuple(ReadyDeployment(name=p.deployment.name, url=p.router_url, grpc=p.grpc_address,
+                                               control=p.control_address)
                                for p in self.plans if p.replica_ports))
 
     def _write_ready_file(self) -> None:
@@ -424,13 +481,15 @@ class LocalRun:
         self.say("")
         self.say(f"internal credential: {self.internal_token.path}  (set {ENV_INTERNAL_TOKEN_FILE} to it in scripts "
                  "that use handles)")
+        self.say(f"deployment credentials: {self.state_dir / 'credentials'}/<name>  (each deployment's own: its "
+                 "replicas answer only it)")
         for p in self.plans:
             if not p.replica_ports:
                 continue
             spec = p.deployment.spec
             # For people; programs read the ready file (--ready-file), not these lines.
             self.say(f"{p.deployment.name} is ready at {p.router_url}  gRPC {p.grpc_address}  "
-                     f"({router_env_name(p.deployment.name)})")
+                     f"control {p.control_address}  ({router_env_name(p.deployment.name)})")
             if p.deployment.spec.autoscaling is not None and not p.starting_replicas:
                 self.say("  (scaled to zero: the first request starts a replica and waits for it)")
             model = f" -H '{MODEL_ID_HEADER}: {spec.multiplexing.prewarm[0]}'" if spec.multiplexing.prewarm else ""
@@ -534,7 +593,7 @@ class LocalRun:
         """In a worker thread: the round's moves and pins on the staying replicas, all at once,
         waited for (as the operator does); the replicas to stop then."""
         urls = scaler.urls
-        token = self.internal_token.token() or ""
+        token = self.token_of(scaler.plan.deployment.name)
         timeout = scaler.plan.deployment.spec.multiplexing.load_timeout_seconds + PIN_MARGIN_S
         calls: list[tuple[str, str, dict | None, float]] = [
             (f"{model} -> {target}", urls[target] + f"/v1/models/{urllib.parse.quote(model, safe='')}/load", None,
@@ -561,7 +620,7 @@ class LocalRun:
     def _read_load(self, plan: Plan) -> LoadReport | None:
         try:
             request = urllib.request.Request(plan.router_url + LOAD_PATH,
-                                             headers={INTERNAL_TOKEN_HEADER: self.internal_token.token() or ""})
+                                             headers={INTERNAL_TOKEN_HEADER: self.token_of(plan.deployment.name)})
             with _DIRECT.open(request, timeout=READ_TIMEOUT_S) as response:
                 return LoadReport.from_json(response.read())
         except (OSError, urllib.error.URLError, http.client.HTTPException, ValueError):
@@ -636,6 +695,9 @@ def run_local(manifest_paths: list[str], *, host: str = "127.0.0.1", port: int =
     ``--ready-file``, else ``$MODELPLEX_READY_FILE``) and removes it when it stops."""
     try:
         plans = plan(list(manifest_paths), host=host, port=port)
+    except ReservedClientName as error:
+        print(f"modelplex local: {error}", file=sys.stderr)
+        return 1
     except SpecError as error:
         print(f"modelplex local: {error}", file=sys.stderr)
         return 2

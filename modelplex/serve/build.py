@@ -68,10 +68,11 @@ def documents(target: str, *, image: str, namespace: str | None = None, local: b
     for variable in graph.unsupported_ray_environment(os.environ):
         print(f"modelplex build: {variable} has no effect in Modelplex", file=sys.stderr)
     result = []
-    for node in graph.walk(app):
+    nodes = graph.walk(app)
+    for node in nodes:
         try:
             document = graph.manifest(node, image=image, handler=APP_HANDLER, env=env, environ=os.environ,
-                                      app_name=name)
+                                      app_name=name, app=nodes)
         except ValueError as error:
             raise SpecError([str(error)]) from None
         if namespace:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,11 +149,14 @@ def unsupported_ray_environment(environ: Mapping[str, str]) -> list[str]:
 
 
 def manifest(node: Node, *, image: str, handler: str, env: dict[str, str] | None = None,
-             environ: Mapping[str, str] | None = None, app_name: str | None = None) -> dict[str, Any]:
+             environ: Mapping[str, str] | None = None, app_name: str | None = None,
+             app: Sequence[Node] = ()) -> dict[str, Any]:
     """The MultiplexedDeployment of ``node``: replicas and resources from its options, batching
     and multiplexing from its decorators, its edges (the deployments it calls) an annotation;
     Ray's environment variables in ``environ`` that have an equivalent in the spec set it.
-    ``app_name`` scopes its name and its edges' (:func:`scoped`) and labels it."""
+    ``app_name`` scopes its name and its edges' (:func:`scoped`) and labels it. The other nodes
+    of ``app`` (the application built with it) are its callers (``spec.router.callers``): each
+    deployment's handles use its own credential, which the others' routers accept."""
     spec: dict[str, Any] = {**node.options.replica_spec(), "image": image, "handler": handler,
                             **decorated(node.target)}
     for section, fields in ray_environment(environ or {}).items():
@@ -165,6 +168,9 @@ def manifest(node: Node, *, image: str, handler: str, env: dict[str, str] | None
         spec["resources"] = resources
     if env:
         spec["env"] = [{"name": key, "value": value} for key, value in env.items()]
+    callers = sorted({scoped(app_name, other.name) for other in app if other.name != node.name})
+    if callers:
+        spec["router"] = {**spec.get("router", {}), "callers": callers}
     metadata: dict[str, Any] = {"name": scoped(app_name, node.name)}
     if app_name:
         metadata["labels"] = {LABEL_APP: dns_label(app_name)}

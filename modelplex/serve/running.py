@@ -322,7 +322,7 @@ def _write(nodes: list[graph.Node], folder: Path, route_prefix: str = "/") -> No
         env = {ENV_PAYLOAD: str(payload)}
         if node is nodes[0] and route_prefix != "/":
             env[ENV_ROUTE_PREFIX] = route_prefix
-        documents.append(graph.manifest(node, image="local", handler=HANDLER, env=env, environ=os.environ))
+        documents.append(graph.manifest(node, image="local", handler=HANDLER, env=env, environ=os.environ, app=nodes))
     (folder / "app.yaml").write_text(yaml.safe_dump_all(documents, sort_keys=False))
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import functools
 from typing import Iterable, Mapping
 
+from modelplex.wire.internal_headers import is_internal_header
+
 METHOD_HEADER = "X-Modelplex-Method"
 #: The raw path and query string (percent-encoding kept): ``/detect%2Fv2?url=a``.
 PATH_HEADER = "X-Modelplex-Path"
@@ -26,13 +28,14 @@ _NOT_FORWARDED = frozenset(name.lower() for name in (
 def forwarded_headers(method: str, raw_path: str, headers: Iterable[tuple[str, str]],
                       skip: tuple[str, ...] = ()) -> dict[str, str]:
     """The headers the router sends the replica: the client's end-to-end ones but those in
-    ``skip`` (forwarded already; repeated ones joined, as HTTP allows), the method and the raw path."""
+    ``skip`` (forwarded already; repeated ones joined, as HTTP allows) and the internal ones (a
+    client cannot pass for a component), the method and the raw path."""
     not_forwarded = _not_forwarded(skip)
     out: dict[str, str] = {}
     names: dict[str, str] = {}  # lower-cased -> as first sent
     for name, value in headers:
         key = name.lower()
-        if key in not_forwarded:
+        if key in not_forwarded or is_internal_header(key):
             continue
         if key in names:
             out[names[key]] += ("; " if key == "cookie" else ", ") + value
@@ -53,11 +56,6 @@ def original(headers: Mapping[str, str], method: str = "POST") -> tuple[str, str
     """The client's method and raw path: from the router's headers, else ``method`` and ``/``
     (a request sent to the replica directly)."""
     return headers.get(METHOD_HEADER, method), headers.get(PATH_HEADER, "/")
-
-
-def is_forwarding_header(name: str) -> bool:
-    """One of the headers :func:`forwarded_headers` adds (not the client's)."""
-    return name.lower() in (METHOD_HEADER.lower(), PATH_HEADER.lower())
 
 
 #: A deployment's route prefix (``serve.run(route_prefix=...)``), in its replicas' environment:

@@ -38,6 +38,9 @@ ENV_POD_NAMESPACE = "POD_NAMESPACE"
 ENV_POD_IP = "POD_IP"
 #: Where the CPU warm tier keeps its disk copies of fetched models (an emptyDir in pods).
 ENV_WARM_DIR = "MODELPLEX_WARM_DIR"
+#: A source URI with a user and password (an existing deployment's): the replica container's
+#: environment carries it, the spec ConfigMap (which the routers mount too) only the URI without them.
+ENV_SOURCE_URI = "MODELPLEX_SOURCE_URI"
 
 REPLICA_PORT = 9000
 #: A replica pod's probes and metrics (``modelplex replica --control-port``), answered while user code computes.

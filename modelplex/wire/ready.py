@@ -37,8 +37,9 @@ class ReadyDeployment:
     url: str
     #: The router's Open Inference Protocol over gRPC, ``host:port`` (IPv6 hosts bracketed).
     grpc: str
-    #: Room for the router's control and picker addresses (``host:port``), once they have ports.
+    #: The router's control port, ``host:port``: ``/healthz``, ``/readyz`` and ``/metrics``.
     control: str | None = None
+    #: Room for the picker's address (``host:port``), once it has a port.
     picker: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -75,6 +76,11 @@ class ReadyFile:
     def grpc(self) -> dict[str, str]:
         """Each deployment's gRPC address, by deployment name."""
         return {d.name: d.grpc for d in self.deployments}
+
+    @property
+    def control(self) -> dict[str, str]:
+        """Each deployment's control address (probes, metrics), by deployment name, where it has one."""
+        return {d.name: d.control for d in self.deployments if d.control}
 
     def to_json(self) -> str:
         return json.dumps({"version": VERSION, "deployments": [d.to_dict() for d in self.deployments]}, indent=2)

@@ -57,11 +57,16 @@ DEFAULT_IDLE_TIMEOUT_S = 60.0
 #: Open connections one server (a router, a replica's API port, a control port) keeps at once;
 #: one more gets a 503 and is closed, so idle clients cannot take every file descriptor.
 DEFAULT_MAX_CONNECTIONS = 1024
+#: A stream whose unsent data has not drained for this long (its client stopped reading) is cut
+#: and its slot freed; a producer's own silence between items is not idleness.
+DEFAULT_STREAM_IDLE_TIMEOUT_S = 60.0
 #: Routers per deployment (pods): one can restart or move while the other serves.
 DEFAULT_ROUTER_REPLICAS = 2
 DEFAULT_ROUTER_PORT = 8000
 #: ``router.grpcPort`` in pods when unset, as Triton's (local mode takes a free port instead).
 DEFAULT_ROUTER_GRPC_PORT = 8001
+#: The router's control port in pods (``/healthz``, ``/readyz``, ``/metrics``: probes and scrapers).
+DEFAULT_ROUTER_CONTROL_PORT = 9091
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 #: ``router.requestTimeoutSeconds`` when unset: this much past ``loadTimeoutSeconds``, so a slow
 #: load ends with the cache's own 504 (which names the load) and the router's timeout catches
@@ -123,6 +128,18 @@ class ModelSource(_Model):
             raise ValueError(f"must contain {{model_id}} (got {shown!r})")
         _check_placeholder_in_path(uri, scheme, shown)
         return uri
+
+    @property
+    def has_userinfo(self) -> bool:
+        """A user or password in the URI (``https://user:pass@host/...``): refused for new
+        deployments (credentials go through ``secretRef``), a warning on existing ones."""
+        return "@" in urlparse(self.uri).netloc
+
+    @property
+    def uri_without_userinfo(self) -> str:
+        """The URI with its user and password left out (what the spec ConfigMap holds)."""
+        parsed = urlparse(self.uri)
+        return parsed._replace(netloc=parsed.netloc.rpartition("@")[2]).geturl() if self.has_userinfo else self.uri
 
 
 def _check_placeholder_in_path(uri: str, scheme: str, shown: str) -> None:
@@ -264,19 +281,47 @@ class RouterSpec(_Model):
     header_timeout_seconds: float = Field(default=DEFAULT_HEADER_TIMEOUT_S, gt=0, alias="headerTimeoutSeconds")
     idle_timeout_seconds: float = Field(default=DEFAULT_IDLE_TIMEOUT_S, gt=0, alias="idleTimeoutSeconds")
     max_connections: int = Field(default=DEFAULT_MAX_CONNECTIONS, ge=1, alias="maxConnections")
+    # A stream whose unsent data has not drained for this long (its client stopped reading) is
+    # cut and its slot freed (router and replica); a producer's silence between items is not idleness.
+    stream_idle_timeout_seconds: float = Field(default=DEFAULT_STREAM_IDLE_TIMEOUT_S, gt=0,
+                                               alias="streamIdleTimeoutSeconds")
+    # /healthz, /readyz and /metrics, answered however busy the public port is; unset:
+    # DEFAULT_ROUTER_CONTROL_PORT in pods, a free port locally.
+    control_port: int | None = Field(default=None, ge=1, le=65535, alias="controlPort")
     # Loading and unloading models through the router is arbitrary code execution on the
     # replicas (TorchScript is code): off unless asked for, as in Triton.
     model_control: bool = Field(default=False, alias="modelControl")
+    # With auth on, the bearer token and access_token parameter the router read stay at the
+    # router; true passes them on to the handler (an app that reads the same token).
+    forward_credentials: bool = Field(default=False, alias="forwardCredentials")
     auth: RouterAuth | None = None
     cors: Cors = Cors()
     # JSON lines for every request (model control and method calls are logged always).
     access_log: bool = Field(default=False, alias="accessLog")
     load_quota: LoadQuota | None = Field(default=None, alias="loadQuota")
+    # The other deployments of the namespace whose handles may call this one, each as a client
+    # of its own name (auth.models and loadQuota apply to it); a label alone grants nothing.
+    callers: tuple[str, ...] = ()
+
+    @field_validator("callers")
+    @classmethod
+    def _check_callers(cls, callers: tuple[str, ...]) -> tuple[str, ...]:
+        for caller in callers:
+            if len(caller) > MAX_NAME_LENGTH or not _DNS_LABEL.match(caller):
+                raise ValueError(f"each caller must be a deployment's name, a DNS label of at most {MAX_NAME_LENGTH} "
+                                 f"characters (got {caller[:80]!r})")
+            if caller == "internal":
+                raise ValueError("'internal' is the router's name for its own components: no caller may have it")
+        if len(set(callers)) != len(callers):
+            raise ValueError(f"each caller once (got {', '.join(callers)})")
+        return callers
 
     @model_validator(mode="after")
     def _ports_differ(self) -> RouterSpec:
         if self.grpc_port is not None and self.grpc_port == self.port:
             raise ValueError(f"router.grpcPort must differ from router.port (both are {self.port})")
+        if self.control_port is not None and self.control_port in (self.port, self.grpc_port):
+            raise ValueError(f"router.controlPort must differ from router.port and grpcPort (got {self.control_port})")
         return self
 
 

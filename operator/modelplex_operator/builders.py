@@ -30,13 +30,16 @@ from typing import Any, Callable, Sequence
 
 import yaml
 
-from modelplex.wire.credentials import (CLIENT_TOKENS_MOUNT, ENV_CLIENT_TOKENS_DIR, ENV_INTERNAL_TOKEN_FILE,
-                                        INTERNAL_SECRET_KEY, INTERNAL_SECRET_NAME, INTERNAL_TOKEN_MOUNT)
+from modelplex.wire.credentials import (CALLER_TOKENS_MOUNT, CLIENT_TOKENS_MOUNT, ENV_CALLER_TOKENS_DIR,
+                                        ENV_CLIENT_TOKENS_DIR, ENV_INTERNAL_TOKEN_FILE, ENV_LEGACY_TOKEN_FILE,
+                                        INTERNAL_SECRET_KEY, INTERNAL_TOKEN_MOUNT, LEGACY_SECRET_KEY,
+                                        internal_secret_name)
 from modelplex.wire.load import ENV_PRELOAD_FILE, HOT_MODELS_KEY, format_hot_models
-from modelplex.wire.names import (API_GROUP, API_VERSION, ENV_POD_IP, ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_SPEC,
-                                  ENV_WARM_DIR, KIND, LABEL_DEPLOYMENT, LABEL_ROLE, PORT_NAME, REPLICA_CONTROL_PORT,
-                                  REPLICA_PORT, ROLE_REPLICA, ROLE_ROUTER)
-from modelplex.wire.spec import DEFAULT_ROUTER_GRPC_PORT, Deployment, Multiplexing, to_manifest
+from modelplex.wire.names import (API_GROUP, API_VERSION, ENV_POD_IP, ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_SOURCE_URI,
+                                  ENV_SPEC, ENV_WARM_DIR, KIND, LABEL_DEPLOYMENT, LABEL_ROLE, PORT_NAME,
+                                  REPLICA_CONTROL_PORT, REPLICA_PORT, ROLE_REPLICA, ROLE_ROUTER)
+from modelplex.wire.spec import (DEFAULT_ROUTER_CONTROL_PORT, DEFAULT_ROUTER_GRPC_PORT, Deployment, Multiplexing,
+                                 to_manifest)
 from modelplex_operator import MANAGED_BY
 from modelplex_operator.config import DEFAULT_ROUTER_IMAGE
 
@@ -46,18 +49,20 @@ SPEC_MOUNT = "/etc/modelplex"
 SPEC_FILE = "spec.yaml"
 SPEC_PATH = f"{SPEC_MOUNT}/{SPEC_FILE}"
 SPEC_VOLUME = "spec"
-#: A replica's probes and metrics (modelplex_replica.control).
+#: A replica's and a router's probes and metrics (modelplex_replica.control, modelplex_router.control):
+#: the kubelet probes it, the chart's PodMonitor and ServiceMonitor scrape it.
 CONTROL_PORT_NAME = "control"
 #: The router's Open Inference Protocol over gRPC (container and Service port).
 GRPC_PORT_NAME = "grpc"
-#: What the router's gRPC health service reports ready while ``/readyz`` is (its readiness probe).
-GRPC_HEALTH_SERVICE = "inference.GRPCInferenceService"
 #: Before SIGTERM, a pod being deleted waits this long (preStop) while Service endpoints and
 #: routers stop sending to it; then the process drains for gracefulShutdownTimeoutSeconds.
 PRE_STOP_S = 5
 #: Past the drain, for the process to cancel what is left and exit before the kubelet's SIGKILL.
 EXIT_MARGIN_S = 5
 COMPONENT_SPEC = "spec"
+COMPONENT_CREDENTIAL = "credential"
+#: On ``N-internal`` while the deployment upgrades from a namespace credential (then ``done``).
+ANNOTATION_CREDENTIAL_UPGRADE = "modelplex.io/credential-upgrade"
 #: How long the kubelet waits for a replica's /readyz: a loaded node's margin (see its probe).
 REPLICA_READINESS_TIMEOUT_S = 5
 #: The CPU warm tier's disk copies of fetched models (``spec.multiplexing.hostCacheBytes``).
@@ -151,27 +156,39 @@ def _metadata(name: str, namespace: str, object_labels: dict[str, str], owner: d
 # --------------------------------------------------------------------------- the spec and its hash
 
 
-def internal_secret(namespace: str, token: str, owners: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The namespace's internal credential (``modelplex-internal``): one random token that its
-    routers, replicas and handles share. Owned, not controlled, by every MultiplexedDeployment of
-    the namespace, so it goes with the last of them."""
+def internal_secret(deployment: Deployment, owner: dict[str, Any], token: str,
+                    legacy: str | None = None) -> dict[str, Any]:
+    """The deployment's internal credential (``N-internal``): a random token that its routers,
+    replicas and handles share, and that the routers of the deployments listing it as a caller
+    accept from it. ``legacy``: the namespace's token of an earlier version, beside it until
+    the deployment's pods have rolled (:mod:`modelplex_operator.credentials`)."""
+    data = {INTERNAL_SECRET_KEY: token}
+    metadata = _metadata(internal_secret_name(deployment.name), deployment.namespace,
+                         labels(deployment.name, COMPONENT_CREDENTIAL), owner)
+    if legacy is not None:
+        data[LEGACY_SECRET_KEY] = legacy
+        metadata["annotations"] = {ANNOTATION_CREDENTIAL_UPGRADE: "accepting"}
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
-        "metadata": {
-            "name": INTERNAL_SECRET_NAME,
-            "namespace": namespace,
-            "labels": {"app.kubernetes.io/managed-by": MANAGED_BY, "app.kubernetes.io/part-of": "modelplex"},
-            "ownerReferences": [{**owner, "controller": False, "blockOwnerDeletion": False} for owner in owners],
-        },
-        "data": {INTERNAL_SECRET_KEY: base64.b64encode(token.encode()).decode()},
+        "metadata": metadata,
+        "data": {key: base64.b64encode(value.encode()).decode() for key, value in data.items()},
     }
 
 
 def spec_document(deployment: Deployment) -> str:
-    """The ConfigMap's ``spec.yaml``: the deployment in the manifest form the pods read."""
-    return yaml.safe_dump(to_manifest(deployment), sort_keys=True)
+    """The ConfigMap's ``spec.yaml``: the deployment in the manifest form the pods read, with no
+    value from ``env`` or a Secret (the routers mount it too): ``env`` reaches the replicas as
+    their container's environment, and a source URI's user and password (an existing
+    deployment's: new ones are refused) as :data:`~modelplex.wire.names.ENV_SOURCE_URI`."""
+    manifest = to_manifest(deployment)
+    spec = manifest["spec"]
+    spec.pop("env", None)
+    source = deployment.spec.model_source
+    if source is not None and source.has_userinfo:
+        spec["modelSource"] = {**spec["modelSource"], "uri": source.uri_without_userinfo}
+    return yaml.safe_dump(manifest, sort_keys=True)
 
 
 def spec_hash(deployment: Deployment) -> str:
@@ -270,7 +287,10 @@ def service(deployment: Deployment, owner: dict[str, Any]) -> dict[str, Any]:
             "selector": selector(name, ROLE_ROUTER),
             "ports": [{"name": PORT_NAME, "port": port, "targetPort": PORT_NAME, "protocol": "TCP"},
                       {"name": GRPC_PORT_NAME, "port": grpc_port(deployment), "targetPort": GRPC_PORT_NAME,
-                       "protocol": "TCP"}],
+                       "protocol": "TCP"},
+                      # For the chart's ServiceMonitor (the routers' metrics are on this port only).
+                      {"name": CONTROL_PORT_NAME, "port": router_control_port(deployment),
+                       "targetPort": CONTROL_PORT_NAME, "protocol": "TCP"}],
         },
     }
 
@@ -278,6 +298,11 @@ def service(deployment: Deployment, owner: dict[str, Any]) -> dict[str, Any]:
 def grpc_port(deployment: Deployment) -> int:
     """The router's gRPC port in pods: ``spec.router.grpcPort``, else 8001 (Triton's)."""
     return deployment.spec.router.grpc_port or DEFAULT_ROUTER_GRPC_PORT
+
+
+def router_control_port(deployment: Deployment) -> int:
+    """The router's control port in pods (probes, metrics): ``spec.router.controlPort``, else 9091."""
+    return deployment.spec.router.control_port or DEFAULT_ROUTER_CONTROL_PORT
 
 
 def _downward_env() -> list[dict[str, Any]]:
@@ -314,9 +339,17 @@ _TMP_MOUNT = {"name": TMP_VOLUME, "mountPath": "/tmp"}
 #: fsGroup: the mounted Secrets (mode 0440) are readable by the pod's user through its group.
 _NON_ROOT = {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001,
              "seccompProfile": {"type": "RuntimeDefault"}}
-#: The namespace's internal credential (routers and replicas), and a router's client tokens.
+#: The deployment's internal credential (routers and replicas), a router's client tokens and
+#: its callers' credentials.
 INTERNAL_VOLUME = "internal-credential"
 CLIENT_TOKENS_VOLUME = "client-tokens"
+CALLERS_VOLUME = "callers"
+
+
+def _source_uri_env(deployment: Deployment) -> list[dict[str, Any]]:
+    """A source URI with a user and password reaches the replicas here, never the spec ConfigMap."""
+    source = deployment.spec.model_source
+    return [{"name": ENV_SOURCE_URI, "value": source.uri}] if source is not None and source.has_userinfo else []
 
 
 def termination(deployment: Deployment) -> tuple[int, dict[str, Any] | None]:
@@ -340,12 +373,14 @@ def _pod_template(
     grace, lifecycle = termination(deployment)
     if lifecycle is not None:
         container = {**container, "lifecycle": lifecycle}
-    # Every router and replica holds the namespace's internal credential: replicas refuse their
-    # API without it, routers send it, handles in replicas send it to other routers.
+    # Every router and replica holds its deployment's internal credential: replicas refuse their
+    # API without it, routers send it, handles in replicas send it to other routers. During an
+    # upgrade from a namespace credential, that one is in the same Secret (then it goes).
     container = {
         **container,
         # First: spec.env comes last, as the user's own.
         "env": [{"name": ENV_INTERNAL_TOKEN_FILE, "value": f"{INTERNAL_TOKEN_MOUNT}/{INTERNAL_SECRET_KEY}"},
+                {"name": ENV_LEGACY_TOKEN_FILE, "value": f"{INTERNAL_TOKEN_MOUNT}/{LEGACY_SECRET_KEY}"},
                 *container["env"]],
         "volumeMounts": [*container["volumeMounts"],
                          {"name": INTERNAL_VOLUME, "mountPath": INTERNAL_TOKEN_MOUNT, "readOnly": True}],
@@ -356,7 +391,8 @@ def _pod_template(
         "containers": [container],
         "volumes": [{"name": SPEC_VOLUME, "configMap": {"name": config_map_name(name)}},
                     {"name": TMP_VOLUME, "emptyDir": {}},
-                    {"name": INTERNAL_VOLUME, "secret": {"secretName": INTERNAL_SECRET_NAME, "defaultMode": 0o440}}],
+                    {"name": INTERNAL_VOLUME, "secret": {"secretName": internal_secret_name(name),
+                                                         "defaultMode": 0o440}}],
     }
     if pod_security:
         spec["securityContext"] = dict(pod_security)
@@ -414,7 +450,7 @@ def replica_deployment(
         "command": ["modelplex", "replica", "--control-port", str(REPLICA_CONTROL_PORT)],
         "ports": [{"name": PORT_NAME, "containerPort": REPLICA_PORT, "protocol": "TCP"},
                   {"name": CONTROL_PORT_NAME, "containerPort": REPLICA_CONTROL_PORT, "protocol": "TCP"}],
-        "env": _downward_env() + [env.model_dump(exclude_none=True) for env in spec.env],
+        "env": _downward_env() + _source_uri_env(deployment) + [env.model_dump(exclude_none=True) for env in spec.env],
         "volumeMounts": [{"name": SPEC_VOLUME, "mountPath": SPEC_MOUNT, "readOnly": True}, dict(_TMP_MOUNT)],
         # The control port is answered by a loop that never runs user code, so a busy replica
         # answers at once; the margins are for a node whose CPUs the models saturate: a loaded
@@ -459,21 +495,22 @@ def router_deployment(deployment: Deployment, owner: dict[str, Any], settings: B
     spec = deployment.spec
     port = spec.router.port
     grpc = grpc_port(deployment)
+    control = router_control_port(deployment)
     container: dict[str, Any] = {
         "name": ROLE_ROUTER,
         "image": settings.router_image,
         "command": ["modelplex", "router"],
-        "args": ["--port", str(port), "--grpc-port", str(grpc)],
+        "args": ["--port", str(port), "--grpc-port", str(grpc), "--control-port", str(control)],
         "ports": [{"name": PORT_NAME, "containerPort": port, "protocol": "TCP"},
-                  {"name": GRPC_PORT_NAME, "containerPort": grpc, "protocol": "TCP"}],
+                  {"name": GRPC_PORT_NAME, "containerPort": grpc, "protocol": "TCP"},
+                  {"name": CONTROL_PORT_NAME, "containerPort": control, "protocol": "TCP"}],
         "env": _downward_env(),
         "volumeMounts": [{"name": SPEC_VOLUME, "mountPath": SPEC_MOUNT, "readOnly": True}, dict(_TMP_MOUNT)],
-        # The router is ready while a replica is: a Service never sends to a router with none. Asked
-        # over gRPC (its health service says what /readyz says), so a router whose gRPC side does
-        # not answer takes no traffic either; liveness stays on HTTP.
-        "readinessProbe": {"grpc": {"port": grpc, "service": GRPC_HEALTH_SERVICE},
-                           "periodSeconds": 2, "timeoutSeconds": 2, "failureThreshold": 3},
-        "livenessProbe": _probe("/healthz", period=10, failures=3, initial_delay=10),
+        # The router is ready while a replica is: a Service never sends to a router with none. Both
+        # probes ask the control port, which has connections of its own: a public port full of idle
+        # or slow clients never makes the kubelet restart the router or take it out of its Service.
+        "readinessProbe": _probe("/readyz", period=2, failures=3, port=CONTROL_PORT_NAME),
+        "livenessProbe": _probe("/healthz", period=10, failures=3, initial_delay=10, port=CONTROL_PORT_NAME),
         "securityContext": dict(_CONTAINER_SECURITY),
     }
     if settings.image_pull_policy:
@@ -482,6 +519,9 @@ def router_deployment(deployment: Deployment, owner: dict[str, Any], settings: B
         container["env"].append({"name": ENV_CLIENT_TOKENS_DIR, "value": CLIENT_TOKENS_MOUNT})
         container["volumeMounts"].append({"name": CLIENT_TOKENS_VOLUME, "mountPath": CLIENT_TOKENS_MOUNT,
                                           "readOnly": True})
+    if spec.router.callers:
+        container["env"].append({"name": ENV_CALLER_TOKENS_DIR, "value": CALLER_TOKENS_MOUNT})
+        container["volumeMounts"].append({"name": CALLERS_VOLUME, "mountPath": CALLER_TOKENS_MOUNT, "readOnly": True})
     # The router image is ours (docker/router.Dockerfile): it runs as a non-root user.
     template = _pod_template(
         deployment, ROLE_ROUTER, container,
@@ -491,7 +531,18 @@ def router_deployment(deployment: Deployment, owner: dict[str, Any], settings: B
         # A Secret volume follows the Secret's updates: new tokens apply without a restart.
         template["spec"]["volumes"].append({"name": CLIENT_TOKENS_VOLUME, "secret": {
             "secretName": spec.router.auth.secret_ref.name, "defaultMode": 0o440}})
+    if spec.router.callers:
+        template["spec"]["volumes"].append(callers_volume(spec.router.callers))
     return _deployment_object(deployment, owner, ROLE_ROUTER, spec.router.replicas, template)
+
+
+def callers_volume(callers: Sequence[str]) -> dict[str, Any]:
+    """The callers' credentials for the router: one file per calling deployment, named after it,
+    from its ``N-internal`` (optional: a caller made later appears when its Secret does, and a
+    projected volume follows the Secrets' updates, so a rotation needs no restart)."""
+    return {"name": CALLERS_VOLUME, "projected": {"defaultMode": 0o440, "sources": [
+        {"secret": {"name": internal_secret_name(caller), "optional": True,
+                    "items": [{"key": INTERNAL_SECRET_KEY, "path": caller}]}} for caller in callers]}}
 
 
 def disruption_budgets(deployment: Deployment, owner: dict[str, Any]) -> list[dict[str, Any]]:
@@ -533,10 +584,14 @@ def network_policies(deployment: Deployment, owner: dict[str, Any], settings: Bu
     if settings.metrics_from:  # scrapers, on the control port (the kubelet's probes come from the node)
         replica_rules.append({"from": list(settings.metrics_from),
                               "ports": [{"port": REPLICA_CONTROL_PORT, "protocol": "TCP"}]})
+    # Pods of the namespace: its own clients, and handles in other deployments' replicas.
+    router_rules: list[dict[str, Any]] = [{"from": [{"podSelector": {}}]}]
+    if settings.metrics_from:  # scrapers from elsewhere: on the control port only
+        router_rules.append({"from": list(settings.metrics_from),
+                             "ports": [{"port": router_control_port(deployment), "protocol": "TCP"}]})
     rules: dict[str, list[dict[str, Any]]] = {
         ROLE_REPLICA: [{}] if mode == "none" else replica_rules,
-        # Pods of the namespace: its own clients, and handles in other deployments' replicas.
-        ROLE_ROUTER: [{}] if mode != "strict" else [{"from": [{"podSelector": {}}]}],
+        ROLE_ROUTER: [{}] if mode != "strict" else router_rules,
     }
     return _per_role(deployment, owner, "networking.k8s.io/v1", "NetworkPolicy", lambda role, object_name: {
         "spec": {"podSelector": {"matchLabels": selector(deployment.name, role)}, "policyTypes": ["Ingress"],

@@ -23,7 +23,7 @@ from modelplex.cache import ModelCache
 from modelplex.calls import CALL_CONTENT_TYPE, Invocation, check_handler, invocation
 from modelplex.context import set_multiplexed_model_id
 from modelplex.handles import close_handles
-from modelplex.http import error_middleware, from_json, is_json, model_id_of, read_body, status_of, to_json
+from modelplex.http import error_middleware, from_json, is_json, model_id_of, read_body, status_of, to_json, write_chunk
 from modelplex.multiplex import find_cache
 from modelplex.runtime import Runtime, current_runtime
 from modelplex.wire.credentials import TokenFile
@@ -37,6 +37,7 @@ from modelplex.wire.spec import Deployment, SpecError
 from modelplex_replica import oip
 from modelplex_replica.asgi import HttpIngress, ingress_for
 from modelplex_replica.auth import internal_only
+from modelplex_replica.intake import Routed, without_internal_headers
 from modelplex_replica.metrics import ReplicaMetrics
 from modelplex_replica.pins import pin
 from modelplex_replica.preload import preload_hot_models
@@ -204,12 +205,12 @@ async def _load_all(cache: ModelCache, model_ids: Sequence[str]) -> list[Any]:
     return await asyncio.gather(*(cache.get(m) for m in model_ids), return_exceptions=True)
 
 
-async def _read_call(request: web.Request, handler: Any, model_id: str) -> Invocation:
+async def _read_call(request: web.Request, routed: Routed, handler: Any, model_id: str) -> Invocation:
     """What the request asks for: a handle's call envelope, or ``__call__`` with the body (an
     Open Inference Protocol body as an ``InferRequest``)."""
     data = await request.read()  # over client_max_size: HTTPRequestEntityTooLarge → 413
-    if oip.is_oip(request):
-        return oip.oip_invocation(request, handler, data, model_id)
+    if routed.oip:
+        return oip.oip_invocation(request, routed, handler, data, model_id)
     if is_json(request.content_type):
         try:
             data = from_json(data)
@@ -237,6 +238,9 @@ async def _read_body(request: web.Request, state: ReplicaState, model_id: str) -
 async def invoke(request: web.Request) -> web.StreamResponse:
     """One request for the handler; the model id is in the ``serve_multiplexed_model_id`` header."""
     state = request.app[STATE]
+    # First of all: from here on only the client's request exists (user code must never see the
+    # internal credential or any other internal header); what the router said is in ``routed``.
+    request, routed = without_internal_headers(request)
     # No model id: the handler gets an empty one, as in Ray; its @multiplexed loader answers 400
     # naming the header only if it is called without one.
     model_id = checked_model_id(model_id_of(request.headers))
@@ -245,7 +249,7 @@ async def invoke(request: web.Request) -> web.StreamResponse:
         raise NotReady("replica is shutting down", retry_after=1)
     ingress = state.ingress if request.content_type != CALL_CONTENT_TYPE else None
     if ingress is not None:
-        ingress.check(request.headers, request.method)  # 404 outside the route prefix
+        ingress.check(routed)  # 404 outside the route prefix
     # The whole body before a slot or a load: a client trickling its body holds neither.
     await _read_body(request, state, model_id)
     # A request whose model is not loaded waits for the load outside the slots: a load that
@@ -267,10 +271,10 @@ async def invoke(request: web.Request) -> web.StreamResponse:
         in_slot = True
         state.metrics.inflight_now.inc()
         if ingress is not None and ingress.app is not None:
-            response = await ingress.respond(request, model_id, state.models_header)
+            response = await ingress.respond(request, routed, model_id, state.models_header)
             status = 500 if response.get(STREAM_FAILED) else response.status
             return response
-        call = await _read_call(request, state.handler, model_id)
+        call = await _read_call(request, routed, state.handler, model_id)
         if call.streams:
             response = await _stream(request, state, call, model_id)
         else:
@@ -379,10 +383,12 @@ async def _stream(request: web.Request, state: ReplicaState, call: Invocation, m
         if first is None:
             await response.write_eof()
             return response
+        # A client that stops reading (StreamIdle, a ConnectionResetError) has left: 499, slot freed.
+        idle_s = state.deployment.spec.router.stream_idle_timeout_seconds
         try:
-            await response.write(call.frame(first, sse))
+            await write_chunk(request, response, call.frame(first, sse), idle_s)
             async for chunk in chunks:
-                await response.write(call.frame(chunk, sse))
+                await write_chunk(request, response, call.frame(chunk, sse), idle_s)
         except (ConnectionResetError, asyncio.CancelledError):
             raise  # the client went away: the finally below stops the producer
         except Exception as error:  # noqa: BLE001

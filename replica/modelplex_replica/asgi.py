@@ -28,9 +28,9 @@ from modelplex.context import set_multiplexed_model_id
 from modelplex.http import HOP_BY_HOP
 from modelplex.serve.ingress import asgi_app, current_instance
 from modelplex.wire.errors import HandlerError, ModelplexError, NotFound
-from modelplex.wire.forwarded import (ENV_ROUTE_PREFIX, NO_ROUTE, PATH_HEADER, check_route_prefix, is_forwarding_header,
-                                      original, under_prefix)
+from modelplex.wire.forwarded import ENV_ROUTE_PREFIX, NO_ROUTE, check_route_prefix, under_prefix
 from modelplex.wire.names import LOADED_MODELS_HEADER
+from modelplex_replica.intake import Routed
 from modelplex_replica.streams import cut_stream
 from modelplex_replica.usercode import TakingTurns
 
@@ -66,13 +66,12 @@ class HttpIngress:
     _lifespan: asyncio.Task | None = None
     _shutdown: asyncio.Event | None = None
 
-    def check(self, headers: Mapping[str, str], method: str) -> None:
+    def check(self, routed: Routed) -> None:
         """NotFound for a request outside the route prefix (one that did not come through the
         router's catch-all route, such as ``/v1/models/{m}/predict``, has no path to check)."""
-        if PATH_HEADER not in headers and self.prefix != NO_ROUTE:
+        if routed.raw_path is None and self.prefix != NO_ROUTE:
             return
-        _, raw_path = original(headers, method)
-        path = raw_path.partition("?")[0]
+        path = (routed.raw_path or "/").partition("?")[0]
         if not under_prefix(path, self.prefix):
             if self.prefix == NO_ROUTE:
                 raise NotFound("this deployment has no HTTP route (route_prefix=None): call it through a handle")
@@ -84,12 +83,12 @@ class HttpIngress:
 
     # -- requests ----------------------------------------------------------------------------------
 
-    async def respond(self, request: web.Request, model_id: str,
+    async def respond(self, request: web.Request, routed: Routed, model_id: str,
                       loaded_models: Callable[[], str]) -> web.StreamResponse:
-        """The app's answer to ``request``, relayed as the app sends it."""
-        method, raw_path = original(request.headers, request.method)
+        """The app's answer to ``request`` (its client's, no internal header left: see
+        :mod:`modelplex_replica.intake`), relayed as the app sends it."""
         body = await request.read()
-        scope = self._scope(request, method, raw_path)
+        scope = self._scope(request, routed.method, routed.raw_path or "/")
         messages = TakingTurns(lambda: self._serve(scope, body, model_id))
         try:
             start = await _next(messages, "a response")
@@ -122,8 +121,7 @@ class HttpIngress:
 
     def _scope(self, request: web.Request, method: str, raw_path: str) -> dict[str, Any]:
         path, _, query = raw_path.partition("?")
-        headers = [(name.lower().encode("latin-1"), value.encode("latin-1"))
-                   for name, value in request.headers.items() if not is_forwarding_header(name)]
+        headers = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in request.headers.items()]
         transport = request.transport
         peer = transport.get_extra_info("peername") if transport is not None else None
         local = transport.get_extra_info("sockname") if transport is not None else None

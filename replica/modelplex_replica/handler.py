@@ -10,10 +10,12 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import os
 import sys
 from typing import Any
 
 from modelplex.runtime import Runtime
+from modelplex.wire.names import ENV_SOURCE_URI
 from modelplex.wire.spec import Deployment, DeploymentSpec, SpecError
 from modelplex_replica.sizes import ModelSizer, device, device_memory_bytes, give_freed_weights_back
 from modelplex_replica.warm import HostTier
@@ -74,7 +76,9 @@ def build_handler(deployment: Deployment) -> Any:
 
         if spec.model_source is None:  # the spec's own validation refuses this first
             raise SpecError(["modelSource is required when no handler is given"])
-        return TorchScriptHandler(spec.model_source.uri, base_dir=deployment.base_dir)
+        # A URI with a user and password comes through the environment, not the spec file.
+        uri = os.environ.get(ENV_SOURCE_URI) or spec.model_source.uri
+        return TorchScriptHandler(uri, base_dir=deployment.base_dir)
     if deployment.base_dir is not None and str(deployment.base_dir) not in sys.path:
         sys.path.insert(0, str(deployment.base_dir))
     module_name, _, class_name = spec.handler.partition(":")

@@ -2,7 +2,8 @@
 :class:`~modelplex.wire.oip.InferRequest` for the handler, encode what it returns, and answer
 model metadata.
 
-The router marks an OIP request with ``X-Modelplex-Protocol: oip-v2`` on ``/v1/invoke``; the
+The router marks an OIP request with ``X-Modelplex-Protocol: oip-v2`` on ``/v1/invoke`` (read by
+:mod:`modelplex_replica.intake`, as :attr:`~modelplex_replica.intake.Routed.oip`); the
 body is the client's, untouched (JSON, or JSON plus binary tensors). A streaming handler's chunks
 go as OIP answers, one a frame, when the router asks for them with ``Accept:``
 :data:`~modelplex.wire.oip.STREAM_CONTENT_TYPE` (its gRPC ``ModelStreamInfer``).
@@ -19,12 +20,9 @@ from aiohttp import web
 from modelplex.calls import Invocation, invocation, returns_stream
 from modelplex.http import to_json
 from modelplex.wire.errors import BadRequest, HandlerError, ModelplexError
-from modelplex.wire.oip import (HEADER_LENGTH, PROTOCOL, PROTOCOL_HEADER, STREAM_CONTENT_TYPE, VERSION_HEADER,
-                                InferRequest, as_outputs, decode_request, encode_response, stream_frame)
-
-
-def is_oip(request: web.Request) -> bool:
-    return request.headers.get(PROTOCOL_HEADER) == PROTOCOL
+from modelplex.wire.oip import (HEADER_LENGTH, STREAM_CONTENT_TYPE, InferRequest, as_outputs, decode_request,
+                                encode_response, stream_frame)
+from modelplex_replica.intake import Routed
 
 
 @dataclass
@@ -74,11 +72,12 @@ class OipInvocation(Invocation):
         return stream_frame(to_json(error.to_dict()))
 
 
-def oip_invocation(request: web.Request, handler: Any, body: bytes, model_id: str) -> OipInvocation:
-    """The handler's call for an OIP body (400 for a malformed one)."""
+def oip_invocation(request: web.Request, routed: Routed, handler: Any, body: bytes, model_id: str) -> OipInvocation:
+    """The handler's call for an OIP body (400 for a malformed one); ``routed.version``: the
+    version the router was asked for."""
     infer = decode_request(body, request.headers.get(HEADER_LENGTH))
     infer.model_name = model_id
-    infer.model_version = request.headers.get(VERSION_HEADER) or None
+    infer.model_version = routed.version
     plain = invocation(handler, "", infer)
     framed = STREAM_CONTENT_TYPE in request.headers.get("Accept", "")
     if plain.streams and not framed:  # a generator handler: refused before it runs

@@ -6,7 +6,8 @@ Public API (README, "Router API"; the OpenAPI document at ``/openapi.json``):
   by the ``serve_multiplexed_model_id`` header (or its dashed spelling, which proxies keep);
 - ``POST /v1/models/{model}/predict``;
 - the Open Inference Protocol v2 under ``/v2`` (:mod:`modelplex_router.oip`);
-- ``GET /healthz``, ``/readyz`` (a replica is ready), ``/metrics``, ``/v1/replicas``, ``/openapi.json``;
+- ``GET /healthz``, ``/readyz`` (a replica is ready), ``/v1/replicas``, ``/openapi.json`` (``/metrics`` is on
+  the control port only: :mod:`modelplex_router.control`);
 - ``GET /v1/load``: the load report the autoscaler reads (:mod:`modelplex_router.load`).
 
 The router's own paths are not the handler's: a wrong method there is a 405 with ``Allow``,
@@ -22,22 +23,22 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from modelplex.http import error_middleware, model_id_of, read_body
-from modelplex.wire.forwarded import forwarded_headers
+from modelplex.http import error_middleware, read_body
 from modelplex.wire.load import LOAD_PATH
 from modelplex_router import oip
 from modelplex_router.access_log import access_log
-from modelplex_router.auth import access_middleware, external
+from modelplex_router.auth import HANDLER_ROUTES, SERVED, access_middleware, external
 from modelplex_router.browsers import add_cors_headers, preflights
+from modelplex_router.door import Route
 from modelplex_router.keys import ROUTER
-from modelplex_router.measured import measured
-from modelplex_router.metrics import CONTENT_TYPE
+from modelplex_router.measured import admit, measured
 from modelplex_router.openapi import openapi_document
 from modelplex_router.proxy import FORWARDED_REQUEST_HEADERS, REPLICA_HEADER
+from modelplex_router.relayed import relayed_headers
 from modelplex_router.router import Router
 
 #: The router's own paths; everything else (any method) is the handler's.
-RESERVED = r"(?!(?:healthz|readyz|metrics|openapi\.json|v1/replicas|v1/load|v2)(?:/|$)|v1/models/[^/]+/predict$)"
+RESERVED = r"(?!(?:healthz|readyz|openapi\.json|v1/replicas|v1/load|v2)(?:/|$)|v1/models/[^/]+/predict$)"
 
 
 def create_app(router: Router) -> web.Application:
@@ -52,7 +53,6 @@ def create_app(router: Router) -> web.Application:
     routes = app.router
     routes.add_get("/healthz", healthz)
     routes.add_get("/readyz", readyz)
-    routes.add_get("/metrics", metrics)
     routes.add_get("/openapi.json", openapi)
     routes.add_get("/v1/replicas", replicas)
     routes.add_get(LOAD_PATH, load_report)
@@ -61,6 +61,10 @@ def create_app(router: Router) -> web.Application:
     routes.add_get("/v1/models/{model}/predict", predict)
     oip.add_routes(routes, ready=readyz)
     routes.add_route("*", "/{tail:" + RESERVED + ".*}", invoke)
+    # What each handler serves, for the decisions at the door (by the route a request resolved to).
+    handler_routes: dict[object, Route] = {invoke: Route.MODEL, predict: Route.MODEL, replicas: Route.INTERNALS,
+                                           load_report: Route.INTERNALS, **oip.HANDLER_ROUTES}
+    app[HANDLER_ROUTES] = handler_routes
     app.on_response_prepare.append(_hide_routing)
     if config.cors.allow_origins:
         app.on_response_prepare.append(lambda request, response: add_cors_headers(request, response, config.cors))
@@ -81,25 +85,31 @@ async def invoke(request: web.Request) -> web.StreamResponse:
 
     As in Ray Serve, a GET (a browser, ``EventSource``, Ray's docs' ``requests.get``) reaches
     the handler too, with an empty body."""
-    model = model_id_of(request.headers)
-    # The method, path and headers as sent: for a replica's serve.ingress app and route prefix.
-    sent = forwarded_headers(request.method, request.raw_path, request.headers.items(), FORWARDED_REQUEST_HEADERS)
-    return await measured(request, model, lambda: _forward(request, model, sent))
+    return await _forward(request)
 
 
 async def predict(request: web.Request) -> web.StreamResponse:
     """``POST`` (or ``GET``) ``/v1/models/{model}/predict``: the model named in the path; the
     method, path and query string reach the handler as sent."""
-    model = request.match_info["model"]
-    sent = forwarded_headers(request.method, request.raw_path, request.headers.items(), FORWARDED_REQUEST_HEADERS)
-    return await measured(request, model, lambda: _forward(request, model, sent))
+    return await _forward(request)
 
 
-async def _forward(request: web.Request, model: str, headers: dict[str, str] | None = None) -> web.StreamResponse:
+async def _forward(request: web.Request) -> web.StreamResponse:
+    """The request for the handler, for the model decided at the door: the method, path and
+    headers as sent (for a replica's serve.ingress app and route prefix) but what the router
+    keeps (:mod:`modelplex_router.relayed`)."""
     router = request.app[ROUTER]
-    router.cold.admit_request(request, model)
-    body = await read_body(request, router.config.body_timeout_s)
-    return await router.proxy.forward(request, model, body, headers=headers)
+    model = request[SERVED]
+    keep = not router.access.auth_on or router.config.forward_credentials
+    sent = relayed_headers(request.method, request.raw_path, request.headers.items(), FORWARDED_REQUEST_HEADERS,
+                           keep_credentials=keep)
+
+    async def answer() -> web.StreamResponse:
+        admit(request)
+        body = await read_body(request, router.config.body_timeout_s)
+        return await router.proxy.forward(request, model, body, headers=sent)
+
+    return await measured(request, model, answer)
 
 
 # -- operations ------------------------------------------------------------------------------
@@ -118,11 +128,6 @@ async def readyz(request: web.Request) -> web.Response:
 async def openapi(request: web.Request) -> web.Response:
     """The OpenAPI 3 document of this API."""
     return web.json_response(openapi_document(request.app))
-
-
-async def metrics(request: web.Request) -> web.Response:
-    body = request.app[ROUTER].metrics.render()
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
 async def replicas(request: web.Request) -> web.Response:

@@ -4,7 +4,10 @@ origins ``spec.router.cors.allowOrigins`` names.
 A preflight (``OPTIONS`` with ``Origin`` and ``Access-Control-Request-Method``) never reaches a
 handler, whatever the config: with the origin allowed it gets 204 and the CORS headers, else 204
 with none (the browser then refuses the call). It is answered before authentication, since a
-browser sends no credential with it.
+browser sends no credential with it. It allows every request header the README documents, and
+answers to an allowed origin expose the response headers a page needs to read: when to retry,
+the binary tensor extension's header length, how to authenticate, and which replica answered
+where that is shown.
 """
 
 from __future__ import annotations
@@ -13,11 +16,18 @@ from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler, Middleware
 
 from modelplex.wire.names import DASHED_MODEL_ID_HEADER, MODEL_ID_HEADER
+from modelplex.wire.oip import HEADER_LENGTH
 from modelplex.wire.spec import Cors
+from modelplex_router.cold import ON_COLD_HEADER
+from modelplex_router.proxy import REPLICA_HEADER
 
 #: What a browser may send besides the CORS-safelisted headers: the model id (either spelling),
-#: a bearer token, a JSON body, an event stream's Last-Event-ID.
-ALLOWED_HEADERS = ", ".join([MODEL_ID_HEADER, DASHED_MODEL_ID_HEADER, "Authorization", "Content-Type", "Last-Event-ID"])
+#: a bearer token, a JSON body, an event stream's Last-Event-ID, the request's onCold, and the
+#: binary tensor extension's JSON header length (tritonclient's default).
+ALLOWED_HEADERS = ", ".join([MODEL_ID_HEADER, DASHED_MODEL_ID_HEADER, "Authorization", "Content-Type", "Last-Event-ID",
+                             ON_COLD_HEADER, HEADER_LENGTH])
+#: Answer headers a page may read besides the CORS-safelisted ones (the replica's where it is shown).
+EXPOSED_HEADERS = (hdrs.RETRY_AFTER, HEADER_LENGTH, hdrs.WWW_AUTHENTICATE)
 #: A preflight's answer is cached this long by the browser.
 MAX_AGE_S = 600
 
@@ -52,6 +62,12 @@ def preflights(cors: Cors) -> Middleware:
 
 
 async def add_cors_headers(request: web.Request, response: web.StreamResponse, cors: Cors) -> None:
-    """Called as an answer's headers go out: the CORS headers for an allowed origin."""
-    for name, value in cors_headers(cors, request.headers.get(hdrs.ORIGIN)).items():
+    """Called as an answer's headers go out (after the replica header was hidden where it is not
+    for this caller): the CORS headers for an allowed origin, and the headers a page may read."""
+    headers = cors_headers(cors, request.headers.get(hdrs.ORIGIN))
+    if not headers:
+        return
+    exposed = [*EXPOSED_HEADERS, *([REPLICA_HEADER] if REPLICA_HEADER in response.headers else [])]
+    headers[hdrs.ACCESS_CONTROL_EXPOSE_HEADERS] = ", ".join(exposed)
+    for name, value in headers.items():
         response.headers[name] = value

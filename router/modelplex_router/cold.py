@@ -6,6 +6,9 @@ cause loads at all.
   ``hold`` waits for the load, as always; ``reject`` answers 503 ``model_not_loaded`` with
   Retry-After at once and starts the load in the background on the replica the policy picks,
   so that a retry finds the model there. A model being loaded already is not loaded again.
+  A model whose background load came back 404 (no such model) is remembered as not found for
+  ``spec.multiplexing.notFoundCacheSeconds`` (5 s), as a replica remembers its own: ``reject``
+  answers 404 for it meanwhile, not "a load has started" for ever.
 - ``spec.router.loadQuota``: a request that would start a cold load (no ready replica holds
   the model, none is loading it) takes one of its client's loads; a client without one left
   gets 429 ``load_quota_exceeded`` with Retry-After, and no load starts. Requests for models
@@ -22,12 +25,14 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Coroutine, Sequence
 
 from aiohttp import web
 
-from modelplex.wire.errors import BadRequest, LoadQuotaExceeded, ModelNotLoaded
+from modelplex.wire.errors import BadRequest, LoadQuotaExceeded, ModelNotFound, ModelNotLoaded
+from modelplex.wire.spec import DEFAULT_NOT_FOUND_CACHE_S
 from modelplex_router.auth import ANONYMOUS, CALLER, INTERNAL
 from modelplex_router.metrics import RouterMetrics
 from modelplex_router.quota import LoadQuotas
@@ -43,6 +48,8 @@ ON_COLD_VALUES = ("hold", "reject")
 MAX_BACKGROUND_LOADS = 64
 #: Retry-After of a ``model_not_loaded`` answer: a load takes a second or more.
 NOT_LOADED_RETRY_S = 1.0
+#: Model ids remembered as not found, at most (the oldest is forgotten first).
+MAX_NOT_FOUND = 10_000
 
 
 class Action(enum.Enum):
@@ -87,22 +94,55 @@ def decide(replicas: Sequence[Replica], model: str, on_cold: str) -> Action:
     return Action.REJECT_AND_LOAD if would_load(replicas, model) else Action.REJECT
 
 
+class NotFound:
+    """Model ids a replica's load answered 404 for, each remembered for ``ttl_s`` (times from
+    ``clock``), at most :data:`MAX_NOT_FOUND` of them."""
+
+    def __init__(self, ttl_s: float, clock: Callable[[], float]):
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self._until: OrderedDict[str, float] = OrderedDict()
+
+    def remember(self, model: str) -> None:
+        if self.ttl_s <= 0:
+            return
+        self._until.pop(model, None)
+        self._until[model] = self.clock() + self.ttl_s
+        while len(self._until) > MAX_NOT_FOUND:
+            self._until.popitem(last=False)
+
+    def __contains__(self, model: object) -> bool:
+        until = self._until.get(model) if isinstance(model, str) else None
+        if until is None:
+            return False
+        if until <= self.clock():
+            del self._until[model]  # type: ignore[arg-type]
+            return False
+        return True
+
+
 @dataclass(eq=False)
 class ColdGate:
     """Applies ``onCold`` and the load quota to requests before they are routed.
 
     ``load(model)`` loads a model on the replica the policy picks (the proxy's load through the
-    scheduler); the gate runs it in the background, one at a time per model. ``quotas``: the
-    load quota's buckets (None: no quota).
+    scheduler) and returns the replica's status; the gate runs it in the background, one at a
+    time per model, and remembers a 404 for ``not_found_s``. ``quotas``: the load quota's
+    buckets (None: no quota).
     """
 
     table: RoutingTable
     rules: ModelRules
     metrics: RouterMetrics
     clock: Callable[[], float]
-    load: Callable[[str], Coroutine[Any, Any, object]]
+    load: Callable[[str], Coroutine[Any, Any, int]]
     quotas: LoadQuotas | None = None
-    _loads: dict[str, asyncio.Task[object]] = field(default_factory=dict)
+    not_found_s: float = DEFAULT_NOT_FOUND_CACHE_S
+    _loads: dict[str, asyncio.Task[int]] = field(default_factory=dict)
+    _not_found: NotFound = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._not_found = NotFound(self.not_found_s, self.clock)
 
     def admit_request(self, request: web.Request, model: str) -> None:
         """:meth:`admit` for an HTTP request: decided before its body is read, so a refused
@@ -123,6 +163,9 @@ class ColdGate:
             self._take_load(client)
         if action is Action.PASS:
             return
+        if model in self._not_found:
+            raise ModelNotFound(f"model {model!r} was not found: a replica's load of it answered 404 within the last "
+                                f"{self.not_found_s:g} s (spec.multiplexing.notFoundCacheSeconds)")
         self.metrics.cold_rejected(model)
         if action is Action.REJECT_AND_LOAD:
             log.info("model %r is not loaded on any ready replica: rejecting (onCold: reject) and loading it in "
@@ -146,14 +189,20 @@ class ColdGate:
     def _start_load(self, model: str) -> None:
         if model in self._loads or len(self._loads) >= MAX_BACKGROUND_LOADS:
             return  # one is under way (or too many are): a retry starts it later
-        task: asyncio.Task[object] = asyncio.get_running_loop().create_task(self.load(model), name=f"cold load of {model}")
+        task: asyncio.Task[int] = asyncio.get_running_loop().create_task(self.load(model), name=f"cold load of {model}")
         self._loads[model] = task
         task.add_done_callback(lambda done: self._loaded(model, done))
 
-    def _loaded(self, model: str, task: asyncio.Task[object]) -> None:
+    def _loaded(self, model: str, task: asyncio.Task[int]) -> None:
         self._loads.pop(model, None)
-        if not task.cancelled() and task.exception() is not None:
+        if task.cancelled():
+            return
+        if task.exception() is not None:
             log.warning("the background load of %r failed: %s", model, task.exception())
+        elif task.result() == 404:
+            self._not_found.remember(model)  # reject answers 404 for it a while, as the replica would
+        elif task.result() >= 400:
+            log.warning("the background load of %r failed: the replica answered %d", model, task.result())
 
     async def close(self) -> None:
         """Cancel the background loads still running, and wait for them."""

@@ -6,10 +6,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from modelplex.wire.credentials import ENV_CLIENT_TOKENS_DIR, ENV_INTERNAL_TOKEN_FILE
+from modelplex.wire.credentials import (ENV_CALLER_TOKENS_DIR, ENV_CLIENT_TOKENS_DIR, ENV_INTERNAL_TOKEN_FILE,
+                                        ENV_LEGACY_TOKEN_FILE, ENV_RUN_TOKEN_FILE)
 from modelplex.wire.load import DEFAULT_HOLD_AT_ZERO_S
 from modelplex.wire.spec import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_LOAD_TIMEOUT_S, DEFAULT_MAX_REQUEST_BYTES,
-                                 REQUEST_TIMEOUT_MARGIN_S, Cors, Deployment, LoadQuota, RouterAuth)
+                                 DEFAULT_NOT_FOUND_CACHE_S, DEFAULT_STREAM_IDLE_TIMEOUT_S, REQUEST_TIMEOUT_MARGIN_S,
+                                 Cors, Deployment, LoadQuota, RouterAuth)
 from modelplex_router.fairness import ORDERS
 from modelplex_router.policy import POLICIES, Params
 from modelplex_router.rules import ModelRules
@@ -63,14 +65,27 @@ class RouterConfig:
     model_control: bool = False
     #: ``spec.router.bodyTimeoutSeconds``: a body not in by then is a 408.
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    #: ``spec.router.streamIdleTimeoutSeconds``: a stream whose client read nothing this long is cut.
+    stream_idle_timeout_s: float = DEFAULT_STREAM_IDLE_TIMEOUT_S
+    #: ``spec.multiplexing.notFoundCacheSeconds``: how long a model id a replica did not find is
+    #: answered 404 by the cold gate (``onCold: reject``) without asking a replica again.
+    not_found_s: float = DEFAULT_NOT_FOUND_CACHE_S
     #: ``spec.router.cors.allowOrigins`` and ``spec.router.accessLog``.
     cors: Cors = Cors()
     access_log: bool = False
     #: ``spec.router.auth``: client tokens and the models each client may call.
     auth: RouterAuth | None = None
+    #: ``spec.router.forwardCredentials``: the bearer token the router read reaches the handler too.
+    forward_credentials: bool = False
     #: The client tokens (a mounted Secret: one file per client) and the internal credential.
     client_tokens_dir: str | None = None
     internal_token_file: str | None = None
+    #: The namespace's token while the deployment upgrades from it; local mode's run credential.
+    legacy_token_file: str | None = None
+    run_token_file: str | None = None
+    #: ``spec.router.callers`` (and the application's other deployments): their credentials, a
+    #: folder with one file per calling deployment (:class:`~modelplex.wire.credentials.CallerTokens`).
+    caller_tokens_dir: str | None = None
     #: ``spec.models`` entries with ``minCopies``: id -> copies to keep placed (:mod:`modelplex_router.pins`).
     pinned: Mapping[str, int] = field(default_factory=dict)
 
@@ -103,11 +118,17 @@ class RouterConfig:
             hold_at_zero_s=_positive(env, ENV_HOLD_AT_ZERO, DEFAULT_HOLD_AT_ZERO_S) if spec.autoscaling else None,
             model_control=spec.router.model_control,
             body_timeout_s=spec.router.body_timeout_seconds,
+            stream_idle_timeout_s=spec.router.stream_idle_timeout_seconds,
+            not_found_s=spec.multiplexing.not_found_cache_seconds,
             cors=spec.router.cors,
             access_log=spec.router.access_log,
             auth=spec.router.auth,
+            forward_credentials=spec.router.forward_credentials,
             client_tokens_dir=env.get(ENV_CLIENT_TOKENS_DIR) or None,
             internal_token_file=env.get(ENV_INTERNAL_TOKEN_FILE) or None,
+            legacy_token_file=env.get(ENV_LEGACY_TOKEN_FILE) or None,
+            run_token_file=env.get(ENV_RUN_TOKEN_FILE) or None,
+            caller_tokens_dir=env.get(ENV_CALLER_TOKENS_DIR) or None,
             pinned=spec.pinned_models,
         )
 

@@ -1,5 +1,6 @@
 """The one wrapper every request the router answers for a model goes through: its model id
-checked (400) and its outcome counted in the router's metrics (in flight, status, latency)."""
+checked (400) and its outcome counted in the router's metrics (in flight, status, latency);
+and the HTTP front's way to the gate every route that can load a model passes (:func:`admit`)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,21 @@ from aiohttp import web
 
 from modelplex.wire.errors import BadRequest, ModelplexError
 from modelplex.wire.ids import checked_model_id
+from modelplex_router.auth import CALLER, ROUTE, SERVED
+from modelplex_router.cold import ON_COLD_HEADER, quota_client
 from modelplex_router.keys import ROUTER
 from modelplex_router.metrics import RouterMetrics
 from modelplex_router.proxy import ABORTED
 
 T = TypeVar("T")
+
+
+def admit(request: web.Request) -> None:
+    """``onCold`` and the load quota (:meth:`~modelplex_router.router.Router.admit`) for an HTTP
+    request, on the route and model decided at the door; call it before the body is read, so
+    that a refused request holds nothing."""
+    client = quota_client(request.get(CALLER, ""), request.remote)
+    request.app[ROUTER].admit(request[ROUTE], request[SERVED], client, request.headers.get(ON_COLD_HEADER))
 
 
 async def measured(request: web.Request, model: str,

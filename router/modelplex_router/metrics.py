@@ -12,8 +12,11 @@ Requests are counted and timed by ``protocol``: ``http`` (REST, the OIP's includ
 (the OIP over gRPC, whose ``code`` is the HTTP status the same request gets over REST).
 
 A ``model`` label is added only when ``spec.metrics.modelLabel`` is
-on: thousands of models would otherwise swamp Prometheus. Label children are cached, since
-``labels()`` takes a lock and builds a key on every call.
+on: thousands of models would otherwise swamp Prometheus. Even then an id gets a series of its
+own only once a replica has loaded it (:meth:`RouterMetrics.label_loaded_only`), and at most
+:data:`MAX_MODEL_LABELS` ids do: every other request (an id nobody has, a client's made-up ones)
+counts under ``model="other"``, so what clients send cannot grow the series. Label children are
+cached, since ``labels()`` takes a lock and builds a key on every call.
 """
 
 from __future__ import annotations
@@ -36,6 +39,10 @@ PROTOCOLS = ("http", "grpc")
 #: unbounded); the rest are counted under :data:`OTHER_CLIENTS`.
 MAX_CLIENT_LABELS = 100
 OTHER_CLIENTS = "other"
+#: Distinct ``model`` label values (``spec.metrics.modelLabel``); later models count under
+#: :data:`OTHER_MODELS`, as do ids no replica has loaded.
+MAX_MODEL_LABELS = 1000
+OTHER_MODELS = "other"
 
 
 class RouterMetrics:
@@ -93,6 +100,8 @@ class RouterMetrics:
         self._quota_refusals = Counter("modelplex_router_load_quota_refusals_total", quota_help,
                                        ["deployment", "client"], registry=r)
         self._client_labels: set[str] = set()
+        self._model_labels: set[str] = {""}  # "" (no model named) is one series, as ever
+        self._is_loaded: Callable[[str], bool] = lambda model: True
         self._pinned = Gauge(
             "modelplex_router_pinned_copies",
             "Declared copies (spec.models minCopies) this router placed on ready replicas (state=placed) "
@@ -121,9 +130,25 @@ class RouterMetrics:
             child = self._children[key] = metric.labels(self.deployment, *labels)
         return child
 
+    def label_loaded_only(self, is_loaded: Callable[[str], bool]) -> None:
+        """Give a model its own series only once ``is_loaded(model)`` (a replica has loaded it);
+        until then, and past :data:`MAX_MODEL_LABELS`, it counts as :data:`OTHER_MODELS`."""
+        self._is_loaded = is_loaded
+
+    def _labels(self, model: str) -> tuple[str, ...]:
+        """The model label values of a request for ``model``: none without the model label."""
+        if not self.model_label:
+            return ()
+        if model in self._model_labels:
+            return (model,)
+        if len(self._model_labels) < MAX_MODEL_LABELS and self._is_loaded(model):
+            self._model_labels.add(model)
+            return (model,)
+        return (OTHER_MODELS,)
+
     def observe(self, status: int, seconds: float, model: str, *, protocol: str = "http") -> None:
         """One request over ``protocol`` answered with ``status`` after ``seconds``."""
-        labels = (model,) if self.model_label else ()
+        labels = self._labels(model)
         self._child(self._requests, str(status), protocol, *labels).inc()
         self._child(self._latency, protocol, *labels).observe(seconds)
 
@@ -131,7 +156,7 @@ class RouterMetrics:
         """One routing decision of kind ``kind``."""
         if kind is Kind.ANY:
             return
-        labels = (model,) if self.model_label else ()
+        labels = self._labels(model)
         if kind is Kind.HIT:
             self._child(self._hits, *labels).inc()
             return
@@ -141,11 +166,11 @@ class RouterMetrics:
 
     def waited(self, model: str, seconds: float) -> None:
         """A request for ``model`` got its first replica slot after ``seconds`` in the queue."""
-        self._child(self._queue_wait, *((model,) if self.model_label else ())).observe(seconds)
+        self._child(self._queue_wait, *self._labels(model)).observe(seconds)
 
     def cold_rejected(self, model: str) -> None:
         """A request for ``model`` answered 503 ``model_not_loaded``."""
-        self._child(self._cold_rejections, *((model,) if self.model_label else ())).inc()
+        self._child(self._cold_rejections, *self._labels(model)).inc()
 
     def quota_refused(self, client: str) -> None:
         """A request of ``client`` refused for its spent load quota (a bounded label set)."""
@@ -160,7 +185,7 @@ class RouterMetrics:
         """With the model label, the requests waiting per model (``waiting()``: the models that
         have waiters now, read at each scrape: models that wait no more have no series)."""
         if self.model_label:
-            self.registry.register(_ModelQueues(self.deployment, waiting))
+            self.registry.register(_ModelQueues(self.deployment, waiting, lambda model: self._labels(model)[0]))
 
     def retried(self, reason: str) -> None:
         self._child(self._retries, reason).inc()
@@ -172,9 +197,11 @@ class RouterMetrics:
 class _ModelQueues(Collector):
     """``modelplex_router_model_queued_requests``: the waiters of each model now."""
 
-    def __init__(self, deployment: str, waiting: Callable[[], Iterable[tuple[str, int]]]):
+    def __init__(self, deployment: str, waiting: Callable[[], Iterable[tuple[str, int]]],
+                 label: Callable[[str], str]):
         self.deployment = deployment
         self.waiting = waiting
+        self.label = label  # a model's label value: its id, or "other"
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         return iter(())  # unchecked (auto_describe would call collect at registration)
@@ -183,6 +210,10 @@ class _ModelQueues(Collector):
         family = GaugeMetricFamily("modelplex_router_model_queued_requests",
                                    "Requests waiting for a replica slot now, by model.",
                                    labels=["deployment", "model"])
+        counts: dict[str, int] = {}
         for model, count in self.waiting():
-            family.add_metric([self.deployment, model], count)
+            label = self.label(model)
+            counts[label] = counts.get(label, 0) + count
+        for label, count in counts.items():
+            family.add_metric([self.deployment, label], count)
         yield family

@@ -27,9 +27,11 @@ from modelplex.wire.errors import ModelNotFound, ModelplexError, error_object
 from modelplex.wire.ids import checked_model_id
 from modelplex.wire.oip import (HEADER_LENGTH, PROTOCOL, PROTOCOL_HEADER, VERSION_HEADER, error_body, parse_header,
                                 split_body)
+from modelplex_router.auth import CALLER, SERVED
+from modelplex_router.door import Route
 from modelplex_router.endpoints import load_path, metadata_path
 from modelplex_router.keys import ROUTER
-from modelplex_router.measured import measured
+from modelplex_router.measured import admit, measured
 
 SERVER_NAME = "modelplex"
 EXTENSIONS = ("binary_tensor_data", "model_repository")
@@ -128,7 +130,8 @@ def model_version(model: str, version: str | None) -> tuple[str, str | None]:
 
 
 def _model(request: web.Request) -> tuple[str, str | None]:
-    return model_version(request.match_info["model"], request.match_info.get("version"))
+    """The model decided at the door (the path's, decoded once) and the version asked for."""
+    return model_version(request[SERVED], request.match_info.get("version"))
 
 
 def infer_headers(header_length: str | None, version: str | None) -> dict[str, str]:
@@ -167,13 +170,21 @@ async def _metadata(request: web.Request, model: str) -> web.StreamResponse:
 
 
 async def model_metadata(request: web.Request) -> web.StreamResponse:
+    """The model's metadata: it may load the model, so it passes ``onCold`` and the load quota."""
     model, _ = _model(request)
-    return await measured(request, model, lambda: _metadata(request, model))
+
+    async def answer() -> web.StreamResponse:
+        admit(request)
+        return await _metadata(request, model)
+
+    return await measured(request, model, answer)
 
 
 async def model_ready(request: web.Request) -> web.StreamResponse:
-    """Ready when a replica holds the model, or loads it now (so "ready" means "servable")."""
+    """Ready when a replica holds the model, or loads it now (so "ready" means "servable"): a
+    load it would start passes ``onCold`` and the load quota first."""
     model, _ = _model(request)
+    admit(request)
     if request.app[ROUTER].held(model):
         return web.json_response({"name": model, "ready": True})
     response = await _metadata(request, model)
@@ -187,7 +198,7 @@ async def infer(request: web.Request) -> web.StreamResponse:
 
     async def answer() -> web.StreamResponse:
         router = request.app[ROUTER]
-        router.cold.admit_request(request, model)
+        admit(request)
         body = await read_body(request, router.config.body_timeout_s)
         header_length = request.headers.get(HEADER_LENGTH)
         parse_header(split_body(body, header_length)[0])  # a malformed request is refused here, not by a replica
@@ -201,8 +212,8 @@ async def infer(request: web.Request) -> web.StreamResponse:
 
 
 async def repository_index(request: web.Request) -> web.Response:
-    """Every model a replica holds (``READY``) or is loading (``LOADING``)."""
-    states = request.app[ROUTER].repository_states()
+    """Every model a replica holds (``READY``) or is loading (``LOADING``) that the caller may call."""
+    states = request.app[ROUTER].repository_states(request.get(CALLER, ""))
     return web.json_response([{"name": m, "version": VERSION, "state": s} for m, s in states.items()])
 
 
@@ -211,6 +222,7 @@ async def repository_load(request: web.Request) -> web.StreamResponse:
     model, _ = _model(request)
 
     async def answer() -> web.StreamResponse:
+        admit(request)  # an explicit load spends its client's load quota too
         response = _as_oip(await request.app[ROUTER].proxy.forward(request, model, b"", path=load_path(model),
                                                                    buffer=True))
         if response.status >= 400:
@@ -225,3 +237,10 @@ async def repository_unload(request: web.Request) -> web.Response:
     model, _ = _model(request)
     await request.app[ROUTER].unload(model)
     return web.json_response({"name": model, "state": "UNAVAILABLE"})
+
+
+#: What each handler serves, for the decisions at the door (:mod:`modelplex_router.door`); the
+#: health routes are open by path, the server's metadata is :attr:`~modelplex_router.door.Route.SERVER`.
+HANDLER_ROUTES: dict[object, Route] = {model_metadata: Route.MODEL, model_ready: Route.MODEL, infer: Route.MODEL,
+                                       repository_index: Route.INDEX, repository_load: Route.LOAD,
+                                       repository_unload: Route.UNLOAD}

@@ -49,12 +49,16 @@ _ON_COLD = {"name": "x-modelplex-on-cold", "in": "header", "required": False,
             "schema": {"type": "string", "enum": ["hold", "reject"]},
             "description": "When no ready replica has the model loaded: `hold` waits for the load, `reject` answers "
                            "503 `model_not_loaded` at once and starts the load; default: the model's `onCold`."}
-_TAIL = {"name": "path", "in": "path", "required": True, "schema": {"type": "string", "pattern": "^[a-z][a-z0-9-]*$"},
-         "description": "Any sub-path: the whole route prefix `/` reaches the handler."}
+#: The handler's sub-paths: every one but the router's own (``modelplex_router.app.RESERVED``),
+#: whose other methods answer 405 with ``Allow``.
+_TAIL = {"name": "path", "in": "path", "required": True,
+         "schema": {"type": "string", "pattern": "^(?!(?:healthz|readyz|v2)$)[a-z][a-z0-9-]*$"},
+         "description": "Any sub-path but the router's own (`healthz`, `readyz`, `openapi.json`, `v1/replicas`, "
+                        "`v1/load`, `v2/...`): the whole route prefix `/` reaches the handler."}
 
 #: 401 and 403: with router auth on (a missing or wrong token; a model outside the client's globs),
 #: and 403 for a method-call envelope from outside the deployment; 429 a spent load quota.
-_HANDLER_ANSWERS = {"200": _ANY, **_errors(_NATIVE_ERROR, 400, 401, 403, 404, 413, 429, 500, 502, 503, 504)}
+_HANDLER_ANSWERS = {"200": _ANY, **_errors(_NATIVE_ERROR, 400, 401, 403, 404, 408, 413, 429, 500, 502, 503, 504)}
 _HANDLER_BODY = {"required": False, "content": {
     _JSON: {"schema": {}}, "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}
 
@@ -74,7 +78,7 @@ _INFER = {
                    f"`{HEADER_LENGTH}`, each binary tensor's size in `parameters.binary_data_size`.",
     "requestBody": {"required": True, "content": {_JSON: {"schema": _ref("InferenceRequest")}}},
     "responses": {"200": _json(_ref("InferenceResponse"), "The outputs."),
-                  **_errors(_OIP_ERROR, 400, 401, 403, 404, 413, 429, 500, 502, 503, 504)},
+                  **_errors(_OIP_ERROR, 400, 401, 403, 404, 408, 413, 429, 500, 502, 503, 504)},
 }
 _METADATA = {"summary": "Model metadata", "tags": ["oip"],
              "responses": {"200": _json(_ref("ModelMetadata"), "The model's metadata (it loads if needed)."),
@@ -90,8 +94,6 @@ OPERATIONS: dict[tuple[str, str], list[tuple[str, dict]]] = {
     ("GET", "/readyz"): [("/readyz", {"summary": "Readiness: a replica is ready", "tags": ["operations"],
                                       "responses": {"200": _json(_ref("Readiness"), "Ready."),
                                                     "503": _json(_ref("Readiness"), "No replica is ready.")}})],
-    ("GET", "/metrics"): [("/metrics", {"summary": "Prometheus metrics", "tags": ["operations"], "responses": {
-        "200": {"description": "Prometheus text format.", "content": {"text/plain": {"schema": {"type": "string"}}}}}})],
     ("GET", "/openapi.json"): [("/openapi.json", {"summary": "This document", "tags": ["operations"],
                                                   "responses": {"200": _json({"type": "object"}, "OpenAPI 3.")}})],
     ("GET", "/v1/replicas"): [("/v1/replicas", {"summary": "The routing table", "tags": ["operations"],

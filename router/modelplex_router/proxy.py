@@ -1,12 +1,19 @@
 """The streaming proxy: one request to one replica, retried elsewhere while that is still safe.
 
-The client's response is committed only when the replica's first body chunk arrives (or its
-empty body ends): until then nothing has reached the client, so a replica that refuses (503,
-full or not ready) or fails (connection refused or dropped, body cut short) is replaced by
-another one; when only refusing ones are left, they are tried again after a wait that doubles
-with each refusal (50 ms up to 1 s), until the request's queue bound. After that, chunks are
-relayed as they come, ``iter_any()`` to ``write()``, with no per-chunk parsing; the replica's
-status, content type and encoding pass through (the session never decompresses).
+A request is retried on another replica only before the first replica sent a status line: a
+replica that fails before it (connection refused, dropped with the request) may never have
+seen the request, one that sent a status line took it and may have run the handler, whatever
+happens after. A failed request goes to another replica, never the same one twice, and is sent
+at most twice in all (:attr:`Proxy.max_failures`). A replica's 503 (full, not ready) is a
+refusal, not an answer: it ran nothing, and the request is offered again, to the replicas that
+refused it too once no other is left, after a wait that doubles with each refusal (50 ms up to
+1 s), until the request's queue bound.
+
+The client's response is committed when the replica's first body chunk arrives (or its empty
+body ends); after that, chunks are relayed as they come, ``iter_any()`` to ``write()``, with no
+per-chunk parsing; the replica's status, content type and encoding pass through (the session
+never decompresses). A write whose data does not drain within ``streamIdleTimeoutSeconds`` (the
+client stopped reading) cuts the stream: 499, and the replica's slot is freed.
 """
 
 from __future__ import annotations
@@ -21,9 +28,10 @@ from aiohttp import hdrs, web
 from multidict import CIMultiDict
 from yarl import URL
 
-from modelplex.http import HOP_BY_HOP
+from modelplex.http import HOP_BY_HOP, StreamIdle, write_chunk
 from modelplex.wire.errors import ReplicaFailed, UpstreamTimeout
 from modelplex.wire.names import LOADED_MODELS_HEADER, MODEL_ID_HEADER
+from modelplex.wire.spec import DEFAULT_STREAM_IDLE_TIMEOUT_S
 from modelplex.wire.streams import sse_error_frame
 from modelplex_router.endpoints import INVOKE_PATH
 from modelplex_router.events import Answered, ConnectionFailed, SummaryHeard
@@ -69,16 +77,19 @@ class Proxy:
     """Sends requests through ``scheduler`` over one shared ``session``; tells the scheduler's
     table what the replicas' answers show (alive, failed, their loaded-models summary)."""
 
-    #: Connection failures tolerated per request: "retry once on another replica".
+    #: Failures before a status line tolerated per request: sent at most twice in all, each time
+    #: to another replica (a failed one leaves rotation, and the request excludes it).
     max_failures = 1
 
     def __init__(self, scheduler: Scheduler, session: aiohttp.ClientSession, metrics: RouterMetrics,
-                 *, first_byte_timeout_s: float, clock: Callable[[], float]):
+                 *, first_byte_timeout_s: float, clock: Callable[[], float],
+                 stream_idle_timeout_s: float = DEFAULT_STREAM_IDLE_TIMEOUT_S):
         self.scheduler = scheduler
         self.table = scheduler.table
         self.session = session
         self.metrics = metrics
         self.first_byte_timeout_s = first_byte_timeout_s
+        self.stream_idle_timeout_s = stream_idle_timeout_s
         self.clock = clock
         self._urls: dict[str, URL] = {}
 
@@ -169,7 +180,7 @@ class Proxy:
         try:
             upstream, first = await self._send(lease, target, headers, body)
             self._heard(lease, upstream)
-            # Commit: from here on the client has the status line; no more retries.
+            # Commit: from here on the client has the status line.
             answer_headers = _answer_headers(upstream, lease.replica.name)
             if target.buffer or _whole(upstream, first):
                 # The whole (unary) answer came in one read: send headers and body in one write.
@@ -223,7 +234,14 @@ class Proxy:
         try:
             self.table.apply(Answered(replica), self.clock())
             if upstream.status != 503:
-                return upstream, await (upstream.read() if target.buffer else upstream.content.readany())
+                try:
+                    return upstream, await (upstream.read() if target.buffer else upstream.content.readany())
+                except _FAILURES as error:
+                    # Its status line came: the replica took the request and its answer began (a
+                    # handler may have run). Never sent again: the client gets one 502, not two runs.
+                    self.table.apply(ConnectionFailed(replica), self.clock())
+                    raise ReplicaFailed(f"replica {replica.name} failed after its answer began "
+                                        f"({type(error).__name__}); not retried, it may have run the request") from None
             await upstream.read()
         except BaseException:
             upstream.close()  # unread or broken: never hand the connection back
@@ -236,16 +254,19 @@ class Proxy:
                      response: web.StreamResponse) -> bool:
         """Stream the replica's body to the client, chunks as they come. True when it was read
         to its end; False when the stream was cut (``response[ABORTED]`` says why)."""
+        idle_s = self.stream_idle_timeout_s  # only a write's wait to drain counts, never the replica's silence
         try:
             await response.prepare(request)
             if first:
-                await response.write(first)
+                await write_chunk(request, response, first, idle_s)
             async for chunk in upstream.content.iter_any():
-                await response.write(chunk)
+                await write_chunk(request, response, chunk, idle_s)
             return True
-        except ConnectionResetError:
-            # The client went away. Returning (not raising) lets aiohttp close quietly;
-            # closing the replica's connection (the caller) stops the handler there.
+        except ConnectionResetError as error:
+            # The client went away (or stopped reading: StreamIdle). Returning (not raising) lets
+            # aiohttp close quietly; closing the replica's connection (the caller) stops the handler there.
+            if isinstance(error, StreamIdle):
+                log.info("cut a stream of replica %s: %s", lease.replica.name, error)
             response[ABORTED] = 499
         except _FAILURES as error:
             # The replica died mid-stream. The client must see a cut, never a clean end:

@@ -25,15 +25,17 @@ from typing import Any, Callable, Coroutine, TypeVar
 import aiohttp
 
 from modelplex.http import internal_session
-from modelplex.wire.credentials import ClientTokens, TokenFile
+from modelplex.wire.credentials import CallerTokens, ClientTokens, DeploymentCredential, TokenFile
 from modelplex.wire.errors import ReplicaFailed
 from modelplex.wire.load import LoadReport
 from modelplex_router import load
-from modelplex_router.auth import Access
+from modelplex_router.auth import Access, may_see
+from modelplex_router.clients import KnownClients
 from modelplex_router.cold import ColdGate
 from modelplex_router.config import RouterConfig
 from modelplex_router.discovery.base import Discovery
 from modelplex_router.discovery.documents import DocumentFetcher
+from modelplex_router.door import LOADS, Route
 from modelplex_router.endpoints import load_path, model_path
 from modelplex_router.events import Unloaded
 from modelplex_router.metrics import RouterMetrics
@@ -73,6 +75,8 @@ class Router:
         )
         # The scheduler's table: discovery, the document fetcher and the proxy tell it what they see.
         self.table = scheduler.table
+        # A model's own series only once a replica has loaded it: ids clients make up never get one.
+        self.metrics.label_loaded_only(lambda model: any(r.loaded(model) for r in self.table.holders(model)))
         self.metrics.queued.set_function(lambda: scheduler.queued)
         self.metrics.watch_queues(scheduler.waiting)
         #: Keeps ``spec.models`` ``minCopies`` placed and leased (:mod:`modelplex_router.pins`); None: none pinned.
@@ -106,12 +110,14 @@ class Router:
             cookie_jar=aiohttp.DummyCookieJar(),
         )
         self._proxy = proxy = Proxy(self.scheduler, session, self.metrics,
-                                    first_byte_timeout_s=config.first_byte_timeout_s, clock=self.clock)
+                                    first_byte_timeout_s=config.first_byte_timeout_s,
+                                    stream_idle_timeout_s=config.stream_idle_timeout_s, clock=self.clock)
         quota = config.load_quota
         self._cold = ColdGate(
             self.table, config.models, self.metrics, clock=self.clock,
             load=lambda model: proxy.exchange(model, b"", {}, _loaded, path=load_path(model)),
             quotas=LoadQuotas(quota.loads_per_minute, quota.burst, clock=self.clock) if quota else None,
+            not_found_s=config.not_found_s,
         )
         self._spawn(self.discovery.run(self.table, self.clock), "discovery")
         self._spawn(DocumentFetcher().run(self.table, self.clock), "document fetcher")
@@ -186,15 +192,27 @@ class Router:
         """Whether a usable replica holds (or loads) the model now."""
         return any(replica.loaded(model) for replica in self.table.usable(self.clock()))
 
-    def repository_states(self) -> dict[str, str]:
-        """Every model a replica holds (``READY``) or is loading (``LOADING``), by id."""
+    def repository_states(self, caller: str) -> dict[str, str]:
+        """Every model a replica holds (``READY``) or is loading (``LOADING``), by id, that
+        ``caller`` may call (a client sees the models its globs allow, no others)."""
         states: dict[str, str] = {}
         for replica in self.table.usable(self.clock()):
             for model in replica.all_loading():
                 states.setdefault(model, "LOADING")
             for model in replica.all_models():
                 states[model] = "READY"
-        return dict(sorted(states.items()))
+        return {model: state for model, state in sorted(states.items()) if may_see(self.access, caller, model)}
+
+    def admit(self, route: Route, model: str, client: str | None, on_cold: str | None) -> None:
+        """``onCold`` and the load quota for a request on ``route`` for ``model`` from ``client``
+        (:func:`~modelplex_router.cold.quota_client`; None: not limited), ``on_cold``: the
+        request's header or metadata. Every front calls this for every route that can start a
+        load (:data:`~modelplex_router.door.LOADS`), before the request's body is read; 400,
+        429 or 503 when it may not pass. An explicit load (model control) waits for its load
+        whatever ``onCold`` says, and spends its client's quota like any other."""
+        if route not in LOADS or not model:
+            return
+        self.cold.admit(model, client, "hold" if route is Route.LOAD else on_cold)
 
     async def unload(self, model: str) -> None:
         """Evict the model from every replica that holds it (502 naming those that failed)."""
@@ -235,9 +253,21 @@ def access_of(config: RouterConfig) -> Access:
     return Access(
         model_control=config.model_control,
         auth=config.auth,
-        client_tokens=ClientTokens(Path(config.client_tokens_dir)) if config.client_tokens_dir else None,
-        internal=TokenFile(Path(config.internal_token_file)) if config.internal_token_file else None,
+        # A reloaded list naming a client "internal" is refused; the last good one stays.
+        client_tokens=KnownClients(ClientTokens(Path(config.client_tokens_dir))) if config.client_tokens_dir else None,
+        internal=internal_of(config),
+        callers=CallerTokens(Path(config.caller_tokens_dir)) if config.caller_tokens_dir else None,
     )
+
+
+def internal_of(config: RouterConfig) -> DeploymentCredential | None:
+    """What this router takes for its own deployment's components: its deployment's credential,
+    the namespace's during an upgrade from it, local mode's run credential (its scripts)."""
+    if config.internal_token_file is None:
+        return None
+    legacy = TokenFile(Path(config.legacy_token_file)) if config.legacy_token_file else None
+    run = (TokenFile(Path(config.run_token_file)),) if config.run_token_file else ()
+    return DeploymentCredential(Path(config.internal_token_file), legacy, run)
 
 
 def _started(part: T | None) -> T:
@@ -246,10 +276,9 @@ def _started(part: T | None) -> T:
     return part
 
 
-async def _loaded(reply: Reply) -> None:
-    """A background load's answer: a failure is logged by the gate."""
-    if reply.status >= 400:
-        raise RuntimeError(f"replica {reply.replica} answered {reply.status}")
+async def _loaded(reply: Reply) -> int:
+    """A background load's answer, its status: the gate logs a failure and remembers a 404."""
+    return reply.status
 
 
 def _report_crash(task: asyncio.Task[None]) -> None:

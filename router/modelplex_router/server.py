@@ -1,5 +1,6 @@
 """``modelplex router``: serve one deployment's router until SIGINT/SIGTERM: its HTTP API and,
-on the same event loop, the Open Inference Protocol over gRPC (:mod:`modelplex_router.grpc`).
+on the same event loop, the Open Inference Protocol over gRPC (:mod:`modelplex_router.grpc`) and
+the control port (:mod:`modelplex_router.control`: probes and metrics).
 
 It composes the parts: the :class:`~modelplex_router.router.Router`, started first and closed
 last; both fronts over it; on SIGTERM both drain (not ready at once, new calls refused, those in
@@ -21,6 +22,7 @@ from modelplex.wire.names import ENV_POD_NAMESPACE
 from modelplex.wire.spec import Deployment
 from modelplex_router.app import create_app
 from modelplex_router.config import RouterConfig
+from modelplex_router.control import ControlPort
 from modelplex_router.discovery.base import Discovery
 from modelplex_router.grpc.server import GrpcServer
 from modelplex_router.router import Router
@@ -41,9 +43,10 @@ def make_discovery(deployment: Deployment, replica_urls: list[str], config: Rout
 
 
 def run_router(deployment: Deployment, *, host: str, port: int, replica_urls: list[str] | None = None,
-               grpc_port: int = 0) -> int:
-    """Run the router of ``deployment`` on ``host:port`` (HTTP) and ``host:grpc_port`` (gRPC;
-    0: a free port, logged); blocks, returns the exit code.
+               grpc_port: int = 0, control_port: int | None = 0) -> int:
+    """Run the router of ``deployment`` on ``host:port`` (HTTP), ``host:grpc_port`` (gRPC; 0: a
+    free port, logged) and ``host:control_port`` (probes and metrics; 0: a free port, logged;
+    None: none); blocks, returns the exit code.
 
     On SIGTERM it turns not-ready, stops listening, and gives the requests it is relaying
     (streams included) ``spec.gracefulShutdownTimeoutSeconds`` to finish."""
@@ -60,11 +63,15 @@ def run_router(deployment: Deployment, *, host: str, port: int, replica_urls: li
     router = Router(config, discovery)
     app = create_app(router)
     grpc_server = GrpcServer(router, host, grpc_port)
+    limits = ConnectionLimits.of(deployment.spec.router)
+    # Its own listener and connection cap: probes and scrapes are answered however full the public port is.
+    control = ControlPort(router, host, control_port, limits)
 
     async def running(_: web.Application) -> AsyncIterator[None]:
-        # With the HTTP server: the Router first (the fronts serve through it), the gRPC front
-        # inside its lifetime; closed in the reverse order once the HTTP requests are done.
-        async with router, grpc_server:
+        # With the HTTP server: the Router first (the fronts serve through it), the gRPC front and
+        # the control port inside its lifetime; closed in the reverse order once the HTTP requests
+        # are done (the control port answers probes, 503 on /readyz, through the whole drain).
+        async with router, control, grpc_server:
             yield
 
     app.cleanup_ctx.append(running)
@@ -76,9 +83,10 @@ def run_router(deployment: Deployment, *, host: str, port: int, replica_urls: li
         # (the proxy then closes the replica's connection, which stops the handler there).
         serve(app, host=host, port=port, grace_s=deployment.spec.graceful_shutdown_timeout_seconds,
               drain=lambda deadline: _drain(router, grpc_server, deadline), name=f"router of {deployment.name!r}",
-              limits=ConnectionLimits.of(deployment.spec.router))
+              limits=limits)
     except OSError as error:
-        log.error("cannot serve on %s (HTTP port %d, gRPC port %s): %s", host, port, grpc_port or "any", error)
+        log.error("cannot serve on %s (HTTP port %d, gRPC port %s, control port %s): %s", host, port,
+                  grpc_port or "any", control_port if control_port is not None else "none", error)
         return 1
     return 0
 

@@ -33,6 +33,8 @@ class Proc:
     popen: subprocess.Popen
     log: Path
     url: str = ""
+    #: A router's control port (its ``/metrics``; ``/healthz`` and ``/readyz`` too), else "".
+    control_url: str = ""
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -71,12 +73,18 @@ class Processes:
             argv += ["--control-port", str(control_port)]
         return self.start(name, argv, env, url=f"http://127.0.0.1:{port}")
 
-    def router(self, manifest: Path, port: int, replicas: list[str], env: dict | None = None) -> Proc:
-        """A router over static replicas (``NAME=URL`` or ``URL``)."""
-        argv = [*MODELPLEX, "router", "--spec", str(manifest), "--host", "127.0.0.1", "--port", str(port)]
+    def router(self, manifest: Path, port: int, replicas: list[str], env: dict | None = None,
+               control_port: int | None = None) -> Proc:
+        """A router over static replicas (``NAME=URL`` or ``URL``); its control port (metrics) is
+        ``control_port``, else a free one (:attr:`Proc.control_url`)."""
+        control_port = control_port or free_port()
+        argv = [*MODELPLEX, "router", "--spec", str(manifest), "--host", "127.0.0.1", "--port", str(port),
+                "--control-port", str(control_port)]
         for replica in replicas:
             argv += ["--replica", replica]
-        return self.start("router", argv, env, url=f"http://127.0.0.1:{port}")
+        proc = self.start("router", argv, env, url=f"http://127.0.0.1:{port}")
+        proc.control_url = f"http://127.0.0.1:{control_port}"
+        return proc
 
     @staticmethod
     def stop(proc: Proc, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:

@@ -23,9 +23,15 @@ class Stack:
     urls: dict[str, str]
     folder: Path
     grpc: dict[str, str] = field(default_factory=dict)
+    #: Each router's control port (``host:port``): its ``/healthz``, ``/readyz`` and ``/metrics``.
+    control: dict[str, str] = field(default_factory=dict)
 
     def url(self, deployment: str) -> str:
         return self.urls[deployment]
+
+    def control_url(self, deployment: str) -> str:
+        """The base URL of the router's control port: where its metrics are."""
+        return f"http://{self.control[deployment]}"
 
     def report(self) -> str:
         return f"--- modelplex local (exit {self.proc.popen.poll()}) ---\n{self.proc.tail(150)}"
@@ -57,7 +63,7 @@ def start_local(processes: Processes, manifest: Path, deployments: int, env: dic
     ready = wait_for(lambda: read_ready_file(ready_file), START_TIMEOUT_S, 0.1,
                      f"modelplex local ready (its output: {proc.log})", guard=proc.check_running)
     assert len(ready.deployments) == deployments, proc.tail(150)
-    return Stack(proc, ready.urls, manifest.parent, ready.grpc)
+    return Stack(proc, ready.urls, manifest.parent, ready.grpc, ready.control)
 
 
 def manifest(name: str, handler: str, **spec) -> dict:

@@ -97,15 +97,13 @@ install and the Role of each watched namespace.
 - apiGroups: [""]
   resources: ["services", "serviceaccounts", "configmaps"]
   verbs: ["get", "create", "patch"]
-# The namespace's internal credential, modelplex-internal: made once (create cannot be limited
-# to a name), then read back and given more owners; no other Secret.
+# Each deployment's internal credential, N-internal: made once, read back (the operator's own
+# calls send it), patched once to end an upgrade from the namespace's modelplex-internal (read
+# then); a deployment's auth Secret read for its client names. Names are the users' (no
+# resourceNames); never listed or watched.
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["create"]
-- apiGroups: [""]
-  resources: ["secrets"]
-  resourceNames: ["modelplex-internal"]
-  verbs: ["get", "patch"]
+  verbs: ["create", "get", "patch"]
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["get", "create", "patch"]

@@ -30,16 +30,18 @@ class OperatorContext:
     scaled: dict[Key, int] = field(default_factory=dict)
     #: What the autoscaler adds to a resource's status: ``{"status": block, "condition": cond}``.
     autoscaling: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    #: Warning conditions the last reconcile found (type -> condition), e.g. a source URI with a password.
+    warnings: dict[Key, dict[str, dict[str, Any]]] = field(default_factory=dict)
     _locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
-    #: The namespaces' internal credentials (made on apply, sent on the operator's own calls).
+    #: The deployments' internal credentials (made on apply, sent on the operator's own calls).
     credentials: InternalCredentials = field(init=False)
     #: The one client of the pods (routers, replicas): closed at the operator's cleanup.
     pods: PodClient = field(init=False)
 
     def __post_init__(self) -> None:
         self.credentials = InternalCredentials(self.kube)
-        # The credential of a deployment's pods: its namespace's, for now (one line to change).
-        self.pods = PodClient(credential=lambda key: self.credentials.token(key[0]))
+        # The credential of a deployment's pods: the deployment's own.
+        self.pods = PodClient(credential=self.credentials.token)
 
     @property
     def build_settings(self) -> BuildSettings:
@@ -71,6 +73,8 @@ class OperatorContext:
         self.outcomes.pop(key, None)
         self.scaled.pop(key, None)
         self.autoscaling.pop(key, None)
+        self.credentials.forget(key)
+        self.warnings.pop(key, None)
         lock = self._locks.get(key)
         if lock is not None and not lock.locked():
             del self._locks[key]

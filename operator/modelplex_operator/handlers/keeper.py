@@ -20,12 +20,13 @@ import datetime
 import logging
 from typing import Any, Awaitable, Callable, Mapping
 
+from modelplex_operator.credentials import upgrade_condition
 from modelplex_operator.documents import ReplicaDocuments
 from modelplex_operator.handlers.context import OperatorContext
 from modelplex_operator.handlers.observe import read_spec, resource_of
 from modelplex_operator.handlers.reconcile import post
 from modelplex_operator.kube import KubeError
-from modelplex_operator.status import Key, compute_status, status_differs, transitions
+from modelplex_operator.status import Key, compute_status, merge_conditions, status_differs, transitions
 
 log = logging.getLogger("modelplex.operator.status")
 
@@ -141,6 +142,22 @@ class StatusKeeper:
             for key in self.ctx.indexes.resource_keys():
                 self.poke(key, repair=True)
 
+    async def _operator_conditions(self, key: Key, view: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """What the operator itself reports beside the serving conditions: ``CredentialUpgrade``
+        (whose upgrade from a namespace credential ends here, once every pod has rolled) and the
+        warnings of the last reconcile (:attr:`OperatorContext.warnings`)."""
+        credentials, generation = self.ctx.credentials, int(view["metadata"].get("generation") or 1)
+        ended = False
+        if credentials.state(key) == "accepting":  # (an apply may be writing its Secret: not meanwhile)
+            async with self.ctx.lock(key):
+                ended = await asyncio.to_thread(credentials.settle, key, self.ctx.indexes.deployments_of(key)
+                                                if self.ctx.indexes is not None else [])
+        if ended:
+            post(view, [("Normal", "CredentialUpgraded", "every pod has rolled: the namespace's credential is "
+                         "refused from now on")])
+        upgrade = upgrade_condition(credentials.state(key), key[1], generation)
+        return [*([upgrade] if upgrade is not None else []), *self.ctx.warnings.get(key, {}).values()]
+
     # ------------------------------------------------------------------ one resource
 
     async def refresh(self, key: Key, *, repair: bool = False) -> dict[str, Any] | None:
@@ -189,6 +206,8 @@ class StatusKeeper:
             desired["conditions"].append(autoscaling["condition"])
         elif base.get("autoscaling") is not None:
             desired["autoscaling"] = None  # autoscaling turned off: a merge patch drops the block
+        desired["conditions"].extend(merge_conditions(base.get("conditions") or [],
+                                                      await self._operator_conditions(key, view), self.clock()))
         if not status_differs(base, desired):
             return None
         try:

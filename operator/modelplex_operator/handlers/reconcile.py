@@ -19,11 +19,13 @@ from typing import Any, Iterable, Mapping, cast
 
 import kopf
 
+from modelplex.wire.names import LABEL_ROLE
 from modelplex.wire.spec import Deployment, SpecError
 from modelplex_operator import builders
 from modelplex_operator.handlers.context import OperatorContext
 from modelplex_operator.handlers.pinned import before_scale_down
 from modelplex_operator.kube import ApplyResult, KubeError, NotOwned
+from modelplex_operator.references import check_references
 from modelplex_operator.status import CONFLICT, INVALID, OK, REJECTED, RETRYING, Key, Outcome
 from modelplex_operator.validation import problems_of, validate
 
@@ -60,8 +62,8 @@ async def apply_all(ctx: OperatorContext, body: Mapping[str, Any], deployment: D
     owner = builders.owner_reference({"metadata": dict(meta)})
     results = []
     async with ctx.lock(key_of(body)):
-        # The pods mount the namespace's internal credential: it exists before them.
-        await ctx.credentials.ensure(deployment.namespace, owner)
+        # The pods mount the deployment's internal credential: it exists before them.
+        await ctx.credentials.ensure(deployment, owner)
         # A scale-down of declared copies pins them on the pods that stay before any pod goes.
         await before_scale_down(ctx, key_of(body), deployment)
         # Under the lock the autoscaler takes to scale: the count an apply keeps is its latest.
@@ -69,6 +71,10 @@ async def apply_all(ctx: OperatorContext, body: Mapping[str, Any], deployment: D
                                            replicas=ctx.autoscaled_replicas(key_of(body)))
         for obj in objects:
             results.append((obj, await ctx.kube.aapply(obj, meta["uid"])))
+        # Which templates the pods must run before an upgrade from a namespace credential ends.
+        ctx.credentials.applied(key_of(body), {
+            obj["metadata"]["labels"].get(LABEL_ROLE, ""): int((result.after.get("metadata") or {}).get("generation") or 0)
+            for obj, result in results if obj["kind"] == "Deployment"})
     return results
 
 
@@ -157,12 +163,16 @@ async def reconcile(ctx: OperatorContext, body: Mapping[str, Any], retry: int) -
     generation = int(meta.get("generation") or 1)
     try:
         deployment = validate(body)
+        warnings = await check_references(ctx.kube, deployment, body)
     except SpecError as error:
         message = problems_of(error)
         ctx.record(key, Outcome(meta["uid"], generation, INVALID, "InvalidSpec", message))
         post(body, [("Warning", "InvalidSpec", message)])
         log.warning("%s/%s: invalid spec (generation %s): %s", *key, generation, message)
         raise kopf.PermanentError(f"invalid spec: {message}") from None
+    if warnings.keys() - ctx.warnings.get(key, {}).keys():
+        post(body, [("Warning", cond["reason"], cond["message"]) for cond in warnings.values()])
+    ctx.warnings[key] = warnings
 
     delay = backoff(retry)
     applied = await apply_and_record(ctx, body, deployment, retrying=f"retry {retry + 1} in {delay:.0f}s")

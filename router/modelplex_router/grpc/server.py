@@ -4,9 +4,10 @@ port):`` serves while the Router runs (:mod:`modelplex_router.server` nests it i
 lifetime).
 
 It serves :class:`~modelplex_router.grpc.service.InferenceService` and the standard health
-service (``grpc.health.v1.Health``): the empty service name is ``SERVING`` while the process
-runs; ``inference.GRPCInferenceService`` is ``SERVING`` while ``/readyz`` says ready (the pods'
-readiness probe asks for it), ``NOT_SERVING`` from the start of a drain.
+service (``grpc.health.v1.Health``, :mod:`modelplex_router.grpc.health`): the empty service name
+is ``SERVING`` while the process runs; ``inference.GRPCInferenceService`` is ``SERVING`` while
+``/readyz`` says ready, from the moment it does (a Check asks readiness itself; a Watch hears it
+within :data:`HEALTH_INTERVAL_S`), ``NOT_SERVING`` from the start of a drain.
 
 The port is bound without ``SO_REUSEPORT`` (grpcio sets it by default), so a port in use is an
 error, not a second server sharing it. Messages up to ``spec.maxRequestBytes`` are accepted,
@@ -20,18 +21,17 @@ import logging
 from types import TracebackType
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2_grpc
 
 from modelplex_router.grpc import messages
+from modelplex_router.grpc.health import NOT_SERVING, SERVING, ReadinessHealth
 from modelplex_router.grpc.service import InferenceService, handler
 from modelplex_router.router import Router
 
 log = logging.getLogger("modelplex.router.grpc")
 
-#: How often the health service's readiness follows the routing table.
-HEALTH_INTERVAL_S = 1.0
-_SERVING = health_pb2.HealthCheckResponse.SERVING
-_NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+#: How often a Watch of the inference service hears readiness (a Check asks it at once).
+HEALTH_INTERVAL_S = 0.25
 
 
 class GrpcServer:
@@ -42,7 +42,7 @@ class GrpcServer:
         self.router = router
         self.host = host
         self.port = port
-        self.health = health.aio.HealthServicer()
+        self.health = ReadinessHealth(lambda: bool(router.readiness()["ready"]))
         self._server: grpc.aio.Server | None = None
         self._stopping: asyncio.Task | None = None
         self._follower: asyncio.Task | None = None
@@ -72,8 +72,8 @@ class GrpcServer:
                           "available") from None
         await server.start()
         self._server = server
-        await self.health.set("", _SERVING)
-        await self._update_readiness()
+        await self.health.set("", SERVING)
+        await self.health.follow()
         self._follower = asyncio.create_task(self._follow_readiness(), name="grpc health")
         log.info("gRPC (inference.GRPCInferenceService, grpc.health.v1.Health) on %s:%d", self.host, self.port)
 
@@ -83,7 +83,7 @@ class GrpcServer:
             self._stopping = asyncio.create_task(self._drain(grace_s), name="grpc drain")
 
     async def _drain(self, grace_s: float) -> None:
-        await self.health.set(messages.SERVICE_NAME, _NOT_SERVING)
+        await self.health.set(messages.SERVICE_NAME, NOT_SERVING)
         if self._server is not None:
             await self._server.stop(grace_s)
 
@@ -101,11 +101,7 @@ class GrpcServer:
         while self._stopping is None:  # bounded by the server's life: cancelled when it stops
             await asyncio.sleep(HEALTH_INTERVAL_S)
             if self._stopping is None:
-                await self._update_readiness()
-
-    async def _update_readiness(self) -> None:
-        status = _SERVING if self.router.readiness()["ready"] else _NOT_SERVING
-        await self.health.set(messages.SERVICE_NAME, status)
+                await self.health.follow()
 
 
 def _bracketed(host: str) -> str:

@@ -4,9 +4,13 @@ Model ids, versions, replica endpoints, readiness and the repository's rules are
 :mod:`modelplex_router.oip`'s and the :class:`~modelplex_router.router.Router`'s; requests go through
 its :class:`~modelplex_router.proxy.Proxy`
 (the same scheduler, queue bounds and retries) and are counted in its metrics under
-``protocol="grpc"``. Access is the REST request's (:func:`modelplex_router.auth.authorize` of the
-REST path each RPC stands for): the bearer token and the internal credential come as metadata
-(``authorization: Bearer <token>``), and model control is off unless ``spec.router.modelControl``.
+``protocol="grpc"``. The decisions are the REST request's, through the same functions: each RPC
+is a kind of route (:class:`~modelplex_router.door.Route`) for one model id (the request's name;
+a model-id metadata entry that differs is refused), authorized by
+:func:`modelplex_router.auth.authorize` (the bearer token and the internal credential come as
+metadata, ``authorization: Bearer <token>``; model control is off unless
+``spec.router.modelControl``, and every attempt at it is in the audit log), and every RPC that
+can load a model passes :meth:`~modelplex_router.router.Router.admit` (``onCold``, the load quota).
 A router error, or a replica's error answer, ends the call with the JSON
 error's message under the code :func:`~modelplex_router.grpc.status.code_for` gives; in
 ``ModelStreamInfer`` it is the stream's ``error_message`` for that request, as Triton does, and the
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, AsyncIterator, Awaitable, Callable
 from urllib.parse import quote
 
@@ -29,8 +34,11 @@ from modelplex.wire.errors import (BadRequest, ModelNotFound, ModelplexError, Re
                                    error_object)
 from modelplex.wire.oip import HEADER_LENGTH, STREAM_CONTENT_TYPE, StreamFrames, split_body
 from modelplex_router import oip
+from modelplex_router.access_log import line
+from modelplex_router.access_log import log as access_log
 from modelplex_router.auth import Asked, authorize
 from modelplex_router.cold import ON_COLD_HEADER, quota_client
+from modelplex_router.door import MODEL_CONTROL, Route, header_models, served_model
 from modelplex_router.endpoints import load_path, metadata_path
 from modelplex_router.grpc import messages
 from modelplex_router.grpc.status import code_for, retry_metadata
@@ -60,16 +68,16 @@ class InferenceService:
         return messages.ServerReadyResponse(ready=self.router.readiness()["ready"])
 
     async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async def answer() -> Any:
+        async def answer(caller: str) -> Any:
             return messages.ServerMetadataResponse(**oip.server_metadata_document())
 
-        return await self._answer(context, answer, path="/v2")
+        return await self._answer(context, answer, Route.SERVER, path="/v2")
 
     # -- models ------------------------------------------------------------------------------
 
     async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """Ready when a replica holds the model or can load it; not ready when none can."""
-        async def answer() -> Any:
+        async def answer(caller: str) -> Any:
             model, _ = oip.model_version(request.name, request.version or None)
             if self.router.held(model):
                 return messages.ModelReadyResponse(ready=True)
@@ -81,10 +89,11 @@ class InferenceService:
                 return messages.ModelReadyResponse(ready=False)  # no replica can serve it
             return messages.ModelReadyResponse(ready=True)
 
-        return await self._answer(context, answer, path=_model_path(request.name, "/ready"), named=request.name)
+        return await self._answer(context, answer, Route.MODEL, path=_model_path(request.name, "/ready"),
+                                  named=request.name)
 
     async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async def answer() -> Any:
+        async def answer(caller: str) -> Any:
             model, _ = oip.model_version(request.name, request.version or None)
             document = await self._metadata(model)
             response = messages.ModelMetadataResponse(name=document.get("name", model),
@@ -96,7 +105,7 @@ class InferenceService:
                                                  shape=tensor["shape"])
             return response
 
-        return await self._answer(context, answer, path=_model_path(request.name), model=request.name)
+        return await self._answer(context, answer, Route.MODEL, path=_model_path(request.name), model=request.name)
 
     async def _metadata(self, model: str) -> dict:
         """The model's metadata from a replica (one that holds it, else one that loads it now)."""
@@ -107,7 +116,7 @@ class InferenceService:
                                                 path=metadata_path(model))
 
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async def answer() -> Any:
+        async def answer(caller: str) -> Any:
             model, version = oip.model_version(request.model_name, request.model_version or None)
             body, header_length = request_body(request)
 
@@ -120,8 +129,8 @@ class InferenceService:
             return await self.router.proxy.exchange(model, body, oip.infer_headers(str(header_length), version),
                                                     _checked(unary))
 
-        return await self._answer(context, answer, path=_model_path(request.model_name, "/infer"),
-                                  model=request.model_name, cold=True)
+        return await self._answer(context, answer, Route.MODEL, path=_model_path(request.model_name, "/infer"),
+                                  model=request.model_name)
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> None:
         """Every request of the stream at once; each one's answers as they come, then (when it
@@ -140,7 +149,7 @@ class InferenceService:
                           context: grpc.aio.ServicerContext) -> None:
         async def answer() -> None:
             model, version = oip.model_version(request.model_name, request.model_version or None)
-            self._admit(context, metadata, caller, model)
+            self._admit(context, metadata, caller, Route.MODEL, model)
             body, header_length = request_body(request)
             headers = {**oip.infer_headers(str(header_length), version), "Accept": STREAM_CONTENT_TYPE}
 
@@ -160,7 +169,8 @@ class InferenceService:
 
         try:
             metadata = _metadata(context)
-            caller = self._authorize(metadata, _model_path(request.model_name, "/infer"), request.model_name)
+            caller = self._authorize(metadata, Route.MODEL, _model_path(request.model_name, "/infer"),
+                                     request.model_name)
             await counted(self.router.metrics, request.model_name, answer, protocol="grpc", status_of=lambda _: 200)
         except ModelplexError as error:
             await write(messages.ModelStreamInferResponse(error_message=error.message,
@@ -174,74 +184,82 @@ class InferenceService:
 
     async def RepositoryIndex(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """Every model a replica holds (``READY``) or is loading (``LOADING``; not with ``ready``)."""
-        async def answer() -> Any:
+        async def answer(caller: str) -> Any:
             response = messages.RepositoryIndexResponse()
-            for model, state in self.router.repository_states().items():
+            for model, state in self.router.repository_states(caller).items():
                 if state == "READY" or not request.ready:
                     response.models.add(name=model, version=oip.VERSION, state=state)
             return response
 
-        return await self._answer(context, answer, path="/v2/repository/index")
+        return await self._answer(context, answer, Route.INDEX, path="/v2/repository/index")
 
     async def RepositoryModelLoad(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """Load the model on the replica the router would send its requests to."""
-        async def answer() -> Any:
+        async def answer(caller: str) -> Any:
             model, _ = oip.model_version(request.model_name, None)
             await self.router.proxy.exchange(model, b"", {}, _checked(lambda reply: None), path=load_path(model))
             return messages.RepositoryModelLoadResponse()
 
-        return await self._answer(context, answer, path=_repository_path(request.model_name, "load"),
+        return await self._answer(context, answer, Route.LOAD, path=_repository_path(request.model_name, "load"),
                                   model=request.model_name)
 
     async def RepositoryModelUnload(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """Evict the model from every replica that holds it."""
-        async def answer() -> Any:
+        async def answer(caller: str) -> Any:
             model, _ = oip.model_version(request.model_name, None)
             await self.router.unload(model)
             return messages.RepositoryModelUnloadResponse()
 
-        return await self._answer(context, answer, path=_repository_path(request.model_name, "unload"),
-                                  named=request.model_name)
+        return await self._answer(context, answer, Route.UNLOAD,
+                                  path=_repository_path(request.model_name, "unload"), named=request.model_name)
 
     # -- errors ------------------------------------------------------------------------------
 
-    def _authorize(self, metadata: dict[str, Any], path: str, model: str = "") -> str:
-        """Refuse (401/403) what the REST request at ``path`` would be refused, from the call's
-        ``metadata``; the caller's name (:func:`~modelplex_router.auth.authorize`)."""
+    def _authorize(self, metadata: dict[str, Any], route: Route, path: str, model: str = "") -> str:
+        """Refuse what the same REST request would be refused, from the call's ``metadata``: a
+        model-id entry that differs from the request's model (400), no or a bad credential
+        (401), what the caller may not do (403); the caller's name
+        (:func:`~modelplex_router.auth.authorize`). ``path``: the REST path, for messages."""
+        model = served_model(model, header_models(metadata)) if model else ""
         scheme, _, token = str(metadata.get("authorization", "")).partition(" ")
         bearer = token.strip() if scheme.lower() == "bearer" and token.strip() else None
         internal = metadata.get(INTERNAL_TOKEN_HEADER.lower())
-        return authorize(self.router.access, Asked(path=path, bearer=bearer, model=model,
+        return authorize(self.router.access, Asked(route, path=path, bearer=bearer, model=model,
                                                  internal_token=internal if isinstance(internal, str) else None))
 
-    def _admit(self, context: grpc.aio.ServicerContext, metadata: dict[str, Any], caller: str, model: str) -> None:
-        """``onCold`` (the ``x-modelplex-on-cold`` metadata) and the load quota, as over REST."""
+    def _admit(self, context: grpc.aio.ServicerContext, metadata: dict[str, Any], caller: str, route: Route,
+               model: str) -> None:
+        """``onCold`` (the ``x-modelplex-on-cold`` metadata) and the load quota: the Router's gate,
+        as over REST."""
         on_cold = metadata.get(ON_COLD_HEADER)
-        cold = self.router.cold
         client = None  # whose quota: read only where there is one (the peer's address costs a parse per call)
-        if cold.quotas is not None:
-            address = (context.peer() or "").rpartition(":")[0].partition(":")[2].strip("[]") or None
-            client = quota_client(caller, address)
-        cold.admit(model, client, on_cold if isinstance(on_cold, str) else None)
+        if self.router.cold.quotas is not None:
+            client = quota_client(caller, _peer_address(context))
+        self.router.admit(route, model, client, on_cold if isinstance(on_cold, str) else None)
 
-    async def _answer(self, context: grpc.aio.ServicerContext, answer: Callable[[], Awaitable[Any]], *,
-                      path: str, model: str | None = None, named: str = "", cold: bool = False) -> Any:
-        """``answer()`` once the REST request at ``path`` (for the model ``named``) would pass,
-        counted in the metrics when it names a ``model``; its error as the call's status.
-        ``cold``: an inference, subject to ``onCold`` and the load quota."""
+    async def _answer(self, context: grpc.aio.ServicerContext, answer: Callable[[str], Awaitable[Any]],
+                      route: Route, *, path: str, model: str | None = None, named: str = "") -> Any:
+        """``answer(caller)`` once the request on ``route`` (for the model ``model`` or ``named``)
+        passes the door, counted in the metrics when it names a ``model``; its error as the
+        call's status. A route that can load the model passes ``onCold`` and the load quota;
+        model control is in the audit log, refused or not."""
+        started, status, caller = time.perf_counter(), 500, ""
         try:
             metadata = _metadata(context)  # once per call: the access check and the cold gate read it
-            caller = self._authorize(metadata, path, model or named)
-            if model is None:
-                return await answer()
+            caller = self._authorize(metadata, route, path, model or named)
 
             async def admitted() -> Any:  # refused here, the call is counted like any other
-                if cold:
-                    self._admit(context, metadata, caller, model)
-                return await answer()
+                self._admit(context, metadata, caller, route, model or named)
+                return await answer(caller)
 
-            return await counted(self.router.metrics, model, admitted, protocol="grpc", status_of=lambda _: 200)
+            if model is None:
+                result = await admitted()
+            else:
+                result = await counted(self.router.metrics, model, admitted, protocol="grpc", status_of=lambda _: 200)
+            status = 200
+            return result
         except ModelplexError as error:
+            status = error.status
             await context.abort(code_for(error.status), error.message,
                                 trailing_metadata=retry_metadata(error.retry_after))
         except (grpc.aio.AbortError, asyncio.CancelledError):
@@ -249,6 +267,15 @@ class InferenceService:
         except Exception:  # noqa: BLE001 - never a traceback to the client
             log.exception("a gRPC request failed")
             await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the router log")
+        finally:
+            if route in MODEL_CONTROL:  # audited always, as over REST
+                access_log.info("%s", line(caller or _peer_address(context) or "", "grpc", path, model or named,
+                                           status, time.perf_counter() - started, time.time()))
+
+
+def _peer_address(context: grpc.aio.ServicerContext) -> str | None:
+    """The caller's address, from the call's peer (``ipv4:1.2.3.4:5``, ``ipv6:[::1]:5``)."""
+    return (context.peer() or "").rpartition(":")[0].partition(":")[2].strip("[]") or None
 
 
 def _metadata(context: grpc.aio.ServicerContext) -> dict[str, Any]:

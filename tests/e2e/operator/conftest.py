@@ -11,6 +11,7 @@ RBAC is what it really gets.
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ from kubernetes import client
 
 from modelplex_cluster.testing import wait_for
 
-from e2e.operator.helpers import CHART, E2E_HANDLER_DIR, E2E_REPLICA_IMAGE, HERE, READY_TIMEOUT
+from e2e.operator.helpers import CHART, E2E_HANDLER_DIR, E2E_REPLICA_IMAGE, HERE, METRICS_FROM, READY_TIMEOUT
 
 
 @dataclass
@@ -74,7 +75,9 @@ def modelplex_operator(control_plane, project_images):
     namespace = f"modelplex-system-{uuid.uuid4().hex[:6]}"
     release = "modelplex"
     helm(control_plane, "install", release, str(CHART), "--namespace", namespace, "--create-namespace",
-         "--wait", "--timeout", f"{READY_TIMEOUT}s", "--set", "logLevel=debug")
+         "--wait", "--timeout", f"{READY_TIMEOUT}s", "--set", "logLevel=debug",
+         # Scrapers (test_network_policy's, in a namespace of their own) on the control ports only.
+         "--set-json", f"networkPolicy.metricsFrom={json.dumps(METRICS_FROM)}")
     op = OperatorRelease(release, namespace, deployment="modelplex")
     api = control_plane.api_client()
     try:

@@ -33,6 +33,12 @@ OWNED_KINDS = ("ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", 
 # Not :latest, whose default pull policy is Always (nothing can be pulled here).
 E2E_REPLICA_IMAGE = "modelplex.local/replica-e2e:1"
 E2E_HANDLER_DIR = "/opt/modelplex-e2e"
+#: The scrapers the operator's NetworkPolicies admit on control ports (the chart's
+#: ``networkPolicy.metricsFrom``, set by conftest.py): pods so labelled in namespaces so labelled.
+SCRAPER_NAMESPACE_LABELS = {"modelplex-e2e/monitoring": "true"}
+SCRAPER_POD_LABELS = {"modelplex-e2e/scraper": "true"}
+METRICS_FROM = [{"namespaceSelector": {"matchLabels": SCRAPER_NAMESPACE_LABELS},
+                 "podSelector": {"matchLabels": SCRAPER_POD_LABELS}}]
 
 
 def manifest(name: str, replicas: int = 2, **spec: Any) -> dict[str, Any]:

@@ -102,9 +102,9 @@ def get_json(url: str, timeout: float = 3, token: str | None = None):
         return json.loads(answer.read())
 
 
-def internal_token(api, ns: str) -> str:
-    """The namespace's internal credential: a replica's API answers nobody else."""
-    secret = client.CoreV1Api(api).read_namespaced_secret("modelplex-internal", ns)
+def internal_token(api, ns: str, name: str) -> str:
+    """The deployment's internal credential: a replica's API answers nobody else."""
+    secret = client.CoreV1Api(api).read_namespaced_secret(f"{name}-internal", ns)
     return base64.b64decode(secret.data["token"]).decode()
 
 
@@ -113,7 +113,7 @@ def heat_by_pod(api, ns: str, name: str) -> tuple[dict[str, float], dict[str, in
     request rate of each model it holds, shared among the pods holding a copy. And its cost now."""
     replicas = [p for p in pods(api, ns, name) if p.status.pod_ip]
     routers = [p for p in pods(api, ns, name, role="router") if p.status.pod_ip]
-    token = internal_token(api, ns)
+    token = internal_token(api, ns, name)
     held = {p.metadata.name: set(get_json(f"http://{p.status.pod_ip}:9000/v1/models", token=token)["models"])
             for p in replicas}
     rates: Counter[str] = Counter()

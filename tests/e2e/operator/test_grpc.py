@@ -1,12 +1,15 @@
 """The Open Inference Protocol over gRPC end to end: the operator's router pods serve it on
-``spec.router.grpcPort`` (default 8001), ready by the gRPC health service their probe asks, and
-a Triton gRPC client infers through the router Service's ClusterIP."""
+``spec.router.grpcPort`` (default 8001), their gRPC health service serving as their readiness
+(which the kubelet reads on the control port), and a Triton gRPC client infers through the
+router Service's ClusterIP."""
 
 from __future__ import annotations
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kubernetes import client
 
 from modelplex_cluster.testing import wait_for
@@ -21,8 +24,8 @@ def test_a_grpc_infer_through_the_router_service(control_plane, modelplex_operat
     kubectl_apply(control_plane, ns, manifest(name, replicas=1, handler="mxd_handler:Tensors", batching={}))
     wait_settled(api, ns, name, replicas=1)
     probe = pods(api, ns, name, role="router")[0].spec.containers[0].readiness_probe
-    # The router pods are ready as the gRPC health service says (wait_settled saw them ready).
-    assert (probe.grpc.port, probe.grpc.service) == (8001, "inference.GRPCInferenceService")
+    # The kubelet asks the control port (wait_settled saw the pods ready); gRPC health says the same (below).
+    assert (probe.http_get.port, probe.http_get.path) == ("control", "/readyz")
 
     router_url(control_plane, ns, name)  # the Service has a ready endpoint and kube-proxy's rules
     svc = client.CoreV1Api(api).read_namespaced_service(name, ns)
@@ -36,6 +39,10 @@ def test_a_grpc_infer_through_the_router_service(control_plane, modelplex_operat
                 return False
 
         wait_for(ready, timeout=120, what=f"gRPC ServerReady through Service {ns}/{name}")
+        with grpc.insecure_channel(f"{svc.spec.cluster_ip}:{port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service="inference.GRPCInferenceService"), timeout=10)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
         rows = np.arange(8, dtype=np.float32).reshape(2, 4)
         tensor = triton.InferInput("x", list(rows.shape), "FP32")
         tensor.set_data_from_numpy(rows)

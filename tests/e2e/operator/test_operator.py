@@ -167,7 +167,8 @@ def test_delete_removes_every_owned_object(control_plane, modelplex_operator, ku
 def test_a_handle_reaches_another_deployment_through_cluster_dns(control_plane, modelplex_operator,
                                                                   kube_namespace, api):
     ns = kube_namespace
-    kubectl_apply(control_plane, ns, manifest("echo", replicas=1))
+    # echo lists caller: the caller's handle sends its own deployment's credential.
+    kubectl_apply(control_plane, ns, manifest("echo", replicas=1, router={"callers": ["caller"]}))
     caller = manifest("caller", replicas=1, handler="mxd_handler:Caller")
     del caller["spec"]["batching"]
     caller["spec"]["env"].append({"name": "TARGET_DEPLOYMENT", "value": "echo"})

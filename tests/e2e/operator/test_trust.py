@@ -61,10 +61,10 @@ def test_the_default_deployment_keeps_model_control_and_method_calls_inside(
     assert "status 401" in out, out
     assert call(replica_url + "/readyz", method="GET")[0] == 200  # probes stay open
 
-    # The credential: one Secret for the namespace, made and owned by the operator, mounted read-only.
+    # The credential: one Secret for the deployment, made and controlled by the operator, mounted read-only.
     core = client.CoreV1Api(api)
-    secret = core.read_namespaced_secret("modelplex-internal", ns)
-    assert [ref.name for ref in secret.metadata.owner_references] == [name]
+    secret = core.read_namespaced_secret(f"{name}-internal", ns)
+    assert [(ref.name, ref.controller) for ref in secret.metadata.owner_references] == [(name, True)]
     token = base64.b64decode(secret.data["token"]).decode()
     assert len(token) >= 40
     status, held = call(replica_url + "/v1/models", method="GET", headers={"X-Modelplex-Internal-Token": token})
@@ -104,7 +104,7 @@ attempt("own-label", lambda: api.patch_namespaced_pod(own, ns, {"metadata": {"la
 attempt("own-spec", lambda: api.patch_namespaced_pod(own, ns, {"spec": {"activeDeadlineSeconds": 5}}))
 attempt("other-loaded-models", annotate(other, "modelplex.io/loaded-models", held))
 attempt("read-pod", lambda: api.read_namespaced_pod(other, ns))
-attempt("read-secret", lambda: api.read_namespaced_secret("modelplex-internal", ns))
+attempt("read-secret", lambda: api.read_namespaced_secret(sys.argv[5], ns))
 attempt("list-secrets", lambda: api.list_namespaced_secret(ns))
 """
 
@@ -129,7 +129,7 @@ def test_a_replica_s_token_changes_only_its_own_pod_s_annotation_and_the_router_
     held = replica.metadata.annotations["modelplex.io/loaded-models"]
 
     out = control_plane.kubectl("exec", "-n", ns, replica.metadata.name, "--", "python3", "-c", TOKEN_PROBE,
-                                ns, replica.metadata.name, router.metadata.name, held).stdout
+                                ns, replica.metadata.name, router.metadata.name, held, f"{name}-internal").stdout
     answers = dict(line.split() for line in out.splitlines() if line.strip())
     assert answers == {
         "own-loaded-models": "200",  # what a replica does

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 
 import aiohttp
@@ -105,8 +106,10 @@ async def test_an_idle_pool_is_at_zero_a_request_is_held_until_a_replica_serves_
         assert len(replica_processes(local.popen.pid)) == 1
         # The held request's model was hot: the new replica pre-loaded it before it turned
         # ready, so the request was routed as a cache hit.
-        assert await metric(session, url, "modelplex_router_cache_hits_total") == 1
-        assert await metric(session, url, "modelplex_router_cache_misses_total") == 0
+        # The router's metrics are on its control port, which the ready line names.
+        control = "http://" + re.search(r"  control (\S+:\d+)", local.log.read_text()).group(1)
+        assert await metric(session, control, "modelplex_router_cache_hits_total") == 1
+        assert await metric(session, control, "modelplex_router_cache_misses_total") == 0
 
         # Idle: the 2 s average empties, 4 s later the replica is stopped.
         await wait_until(lambda: output_has("scaled: 1 -> 0 replica(s) (idle for 4 s): stopping scaled-0"),

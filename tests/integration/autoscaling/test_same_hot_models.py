@@ -11,6 +11,7 @@ and the operator 3 (the spec's default)."""
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -147,13 +148,13 @@ async def test_local_mode_and_the_operator_list_the_same_hot_models_for_a_handle
                     60, 0.5, "the CRD served", retry_on=(Exception,))
     router_pod_at(api, "127.0.0.1")
     ctx = OperatorContext(config=OperatorConfig(), kube=Kube(api))
-    # Local mode's routers answer their run's internal credential: the operator sends it as a
-    # namespace's own (a reconcile would have read it from the namespace's Secret).
+    # Local mode's routers answer their run's internal credential: the operator sends it as the
+    # deployment's own (a reconcile would have read it from the deployment's Secret).
     internal = next(line.split(": ", 1)[1].split()[0] for line in local.log.read_text().splitlines()
                     if line.startswith("internal credential: "))
     token = TokenFile(Path(internal)).token()
     assert token
-    ctx.credentials.remember(NS, builders.internal_secret(NS, token, []))
+    ctx.credentials.remember((NS, NAME), {"data": {"token": base64.b64encode(token.encode()).decode()}})
     ctx.scaled[(NS, NAME)] = 1
     loop = AutoscaleLoop(ctx)
     try:

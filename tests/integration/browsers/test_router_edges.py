@@ -187,3 +187,55 @@ async def test_headless_chromium_is_refused_by_a_router_without_cors_and_the_han
     async with aiohttp.ClientSession() as session:
         async with session.post(router + "/", json={}, headers={"serve_multiplexed_model_id": "m9"}) as response:
             assert (await response.json())["calls"] == before + 1  # the browser's call never reached it
+
+
+DOCUMENTED_REQUEST_HEADERS = ("serve_multiplexed_model_id", "serve-multiplexed-model-id", "authorization",
+                              "content-type", "x-modelplex-on-cold", "inference-header-content-length")
+
+
+async def test_a_preflight_allows_every_documented_request_header_and_answers_expose_what_a_page_reads(stack):
+    router = stack.url("open")
+    asked = {**PREFLIGHT, "Access-Control-Request-Headers": ", ".join(DOCUMENTED_REQUEST_HEADERS)}
+    async with aiohttp.ClientSession() as session:
+        async with session.options(router + "/v2/models/m1/infer", headers=asked) as response:
+            assert response.status == 204
+            allowed = {name.strip().lower() for name in response.headers["Access-Control-Allow-Headers"].split(",")}
+            assert set(DOCUMENTED_REQUEST_HEADERS) <= allowed, allowed
+        async with session.post(router + "/", json={}, headers={"Origin": ORIGIN, "serve_multiplexed_model_id": "m1",
+                                                               "x-modelplex-on-cold": "hold"}) as response:
+            assert response.status == 200
+            exposed = {name.strip().lower() for name in response.headers["Access-Control-Expose-Headers"].split(",")}
+            await response.read()
+    assert {"retry-after", "inference-header-content-length", "www-authenticate", "x-modelplex-replica"} <= exposed
+
+
+ON_COLD_PAGE = """<!doctype html><html><body><p id="result">pending</p><script>
+fetch("%(router)s/", {method: "POST", body: "{}",
+      headers: {"Content-Type": "application/json", "serve_multiplexed_model_id": "m9", "x-modelplex-on-cold": "hold",
+                "Inference-Header-Content-Length": "2"}})
+  .then((r) => r.text().then(() => {
+    document.getElementById("result").textContent = "answered " + r.status + " by " + r.headers.get("X-Modelplex-Replica");
+  }))
+  .catch((error) => { document.getElementById("result").textContent = "blocked"; });
+</script></body></html>"""
+
+
+async def test_headless_chromium_sends_the_documented_headers_and_reads_the_exposed_ones(stack, tmp_path):
+    dom = await browse(ON_COLD_PAGE % {"router": stack.url("open")}, tmp_path)
+    found = re.search(r'<p id="result">answered 200 by (\S+)</p>', dom)
+    assert found and found.group(1) not in ("null", ""), dom
+
+
+async def test_the_openapi_document_leaves_the_router_s_own_paths_out_of_the_handler_s_catch_all(stack):
+    router = stack.url("plain")
+    async with aiohttp.ClientSession() as session:
+        async with session.get(router + "/openapi.json") as response:
+            document = await response.json()
+        async with session.post(router + "/v2") as response:  # the router's own path: 405 with Allow
+            assert response.status == 405 and "GET" in response.headers["Allow"]
+    tail = next(p for p in document["paths"]["/{path}"]["post"]["parameters"] if p["name"] == "path")
+    pattern = re.compile(tail["schema"]["pattern"])
+    for own in ("v2", "healthz", "readyz", "openapi.json"):
+        assert not pattern.search(own), own
+    assert pattern.search("generate") and pattern.search("metrics")  # the handler's, as in Ray
+    assert "/metrics" not in document["paths"]  # on the control port only

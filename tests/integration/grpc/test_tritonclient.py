@@ -294,8 +294,18 @@ def test_grpc_requests_are_counted_under_the_same_names_with_a_protocol_label(st
         zoo.infer("mlp-a", [features()], client_timeout=WAIT_S)
         with pytest.raises(InferenceServerException):
             zoo.infer("no-such-model", [features()], client_timeout=WAIT_S)
-    with urllib.request.urlopen(stack.url("zoo") + "/metrics", timeout=WAIT_S) as response:
+    with urllib.request.urlopen(stack.control_url("zoo") + "/metrics", timeout=WAIT_S) as response:
         text = response.read().decode()
     assert metric_value(text, 'modelplex_router_requests_total{code="200",deployment="zoo",protocol="grpc"}') >= 1
     assert metric_value(text, 'modelplex_router_requests_total{code="404",deployment="zoo",protocol="grpc"}') >= 1
     assert 'modelplex_router_request_latency_seconds_count{deployment="zoo",protocol="grpc"}' in text
+
+
+def test_a_generator_handler_through_one_shot_model_infer_is_invalid_argument_naming_model_stream_infer(stack):
+    # One-shot ModelInfer cannot carry a stream: refused before the handler runs, once (never a
+    # retried UNAVAILABLE), and the stream RPC still serves the same handler.
+    with client(stack, "countdown") as countdown:
+        with pytest.raises(InferenceServerException) as raised:
+            countdown.infer("any", countdown_inputs(2, None), client_timeout=WAIT_S)
+    assert raised.value.status() == "StatusCode.INVALID_ARGUMENT", raised.value
+    assert "ModelStreamInfer" in raised.value.message(), raised.value.message()

@@ -33,6 +33,8 @@ class Deployment:
     router_url: str
     replica_url: str
     folder: Path
+    #: The router's control port: its /metrics.
+    router_control_url: str = ""
 
 
 def build_mlp(seed: int) -> torch.jit.ScriptModule:
@@ -76,11 +78,11 @@ def deploy(processes: Processes, name: str, spec: dict) -> Deployment:
                                     "metadata": {"name": name}, "spec": {"image": "local", **spec}}))
     replica = processes.replica(manifest, name=f"{name}-replica")
     port = free_port()
-    processes.router(manifest, port, [f"r0={replica.url}"])
-    processes.procs[-1].name = f"{name}-router"
+    router = processes.router(manifest, port, [f"r0={replica.url}"])
+    router.name = f"{name}-router"
     url = f"http://127.0.0.1:{port}"
     _wait_ready(processes, url)
-    return Deployment(name, url, replica.url, folder)
+    return Deployment(name, url, replica.url, folder, router.control_url)
 
 
 @pytest.fixture(scope="package")

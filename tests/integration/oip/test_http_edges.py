@@ -64,7 +64,7 @@ async def test_wrong_methods_on_the_routers_own_paths_are_405_with_allow(zoo):
     cases = {
         ("POST", "/healthz"): {"GET", "HEAD"},
         ("POST", "/v1/replicas"): {"GET", "HEAD"},
-        ("DELETE", "/metrics"): {"GET", "HEAD"},
+        ("DELETE", "/readyz"): {"GET", "HEAD"},  # (/metrics is the control port's: here, the handler's)
         ("DELETE", "/v1/models/mlp-a/predict"): {"GET", "HEAD", "POST"},
         ("GET", "/v2/models/mlp-a/infer"): {"POST"},
         ("POST", "/v2/health/ready"): {"GET", "HEAD"},

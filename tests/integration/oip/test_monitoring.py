@@ -48,7 +48,7 @@ def promtool() -> str:
 async def test_router_and_replica_metrics_pass_promtool(zoo):
     async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
         await traffic(session, zoo)
-        for url in (zoo.router_url, zoo.replica_url):
+        for url in (zoo.router_control_url, zoo.replica_url):
             text = await scrape(session, url)
             run = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, text=True,
                                  timeout=60)
@@ -67,12 +67,12 @@ def _series(text: str) -> dict[str, float]:
 
 async def test_a_request_is_counted_once_per_component_and_never_under_a_shared_name(zoo):
     async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
-        router_before = _series(await scrape(session, zoo.router_url))
+        router_before = _series(await scrape(session, zoo.router_control_url))
         replica_before = _series(await scrape(session, zoo.replica_url))
         async with session.post(zoo.router_url + "/", json={"inputs": [0.1] * 16},
                                 headers={MODEL_ID_HEADER: "mlp-a"}) as resp:
             assert resp.status == 200
-        router, replica = _series(await scrape(session, zoo.router_url)), _series(await scrape(session, zoo.replica_url))
+        router, replica = _series(await scrape(session, zoo.router_control_url)), _series(await scrape(session, zoo.replica_url))
     router_key = 'modelplex_router_requests_total{code="200",deployment="zoo",protocol="http"}'
     replica_key = 'modelplex_replica_requests_total{code="200",deployment="zoo"}'
     assert router[router_key] - router_before.get(router_key, 0) == 1
@@ -84,7 +84,7 @@ async def test_a_request_is_counted_once_per_component_and_never_under_a_shared_
 async def test_counters_exist_at_zero_before_any_event(stack):
     async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
         replica = _series(await scrape(session, stack["hello"].replica_url))
-        router = _series(await scrape(session, stack["hello"].router_url))
+        router = _series(await scrape(session, stack["hello"].router_control_url))
     for key in ('modelplex_model_loads_total{deployment="hello",tier="cold"}',
                 'modelplex_model_evictions_total{deployment="hello"}',
                 'modelplex_model_load_failures_total{deployment="hello"}'):
@@ -99,7 +99,7 @@ async def test_the_dashboard_loads_and_every_panel_graphs_a_series_we_expose(zoo
     async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
         await traffic(session, zoo)
         exposed = set()
-        for url in (zoo.router_url, zoo.replica_url):
+        for url in (zoo.router_control_url, zoo.replica_url):
             exposed |= {key.split("{")[0] for key in _series(await scrape(session, url))}
     assert len(dashboard["panels"]) >= 10
     titles = " ".join(p["title"].lower() for p in dashboard["panels"])

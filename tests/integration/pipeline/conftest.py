@@ -46,9 +46,10 @@ def _composition_stack(_processes: Processes) -> Stack:
     shutil.copy(HERE / "composition.py", folder / "composition.py")
     path = write_documents(folder / "composition.yaml", [
         manifest("upstream", "composition:Upstream"),
-        manifest("downstream", "composition:Downstream", replicas=2, multiplexing={"maxModelsPerReplica": 2}),
+        manifest("downstream", "composition:Downstream", replicas=2, multiplexing={"maxModelsPerReplica": 2},
+                 router={"callers": ["upstream"]}),  # upstream's handles call it
         manifest("collector", "composition:Collector"),
-        manifest("producer", "composition:Producer"),
+        manifest("producer", "composition:Producer", router={"callers": ["collector"]}),
     ])
     return start_local(_processes, path, deployments=4)
 

@@ -35,6 +35,12 @@ DEPLOYMENTS = {
 #: Spec fields per deployment, beyond one replica of its handler.
 SPECS = {"loader": {"replicas": 2, "maxOngoingRequests": 1}, "lru": {"multiplexing": {"maxModelsPerReplica": 2}},
          "text-streamer": {"replicas": 2}, "async-text-streamer": {"replicas": 2}, "streaming-app": {"replicas": 2}}
+#: Who calls whom through handles (parity.py): a router takes the credentials of the callers it lists.
+CALLERS = {"async-streamer": ["streaming-app", "delegate", "async-text-streamer"],
+           "sync-streamer": ["streaming-app", "delegate", "async-text-streamer"],
+           "sync-gen-function": ["delegate"], "async-gen-function": ["delegate"], "echo": ["delegate"]}
+for _name, _callers in CALLERS.items():
+    SPECS.setdefault(_name, {})["router"] = {"callers": _callers}
 
 
 @pytest.fixture(scope="package", autouse=True)

@@ -54,6 +54,11 @@ class Cluster:
     router_proc: Proc
     processes: Processes
 
+    @property
+    def router_control_url(self) -> str:
+        """The router's control port: its /metrics (and /healthz, /readyz)."""
+        return self.router_proc.control_url
+
 
 async def table(session: aiohttp.ClientSession, router_url: str) -> dict[str, dict]:
     async with session.get(router_url + "/v1/replicas") as resp:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from modelplex import get_multiplexed_model_id, multiplexed
+from modelplex.wire.errors import ModelNotFound
 
 LOAD_S = float(os.environ.get("TEST_LOAD_S", "0.05"))
 GATE_TIMEOUT_S = 60.0
@@ -31,6 +32,8 @@ class Echo:
     @multiplexed(max_num_models_per_replica=2)
     async def load_model(self, model_id: str) -> dict:
         await asyncio.sleep(LOAD_S)
+        if model_id.startswith("missing-"):  # a model its source does not have: 404
+            raise ModelNotFound(f"no model {model_id!r}")
         return {"id": model_id, "loaded_at": time.time()}
 
     async def __call__(self, body):
@@ -65,8 +68,9 @@ class Streamer:
         if body.get("gate"):
             opened = await _wait_for_file(body["gate"])
             yield {"gate_opened": opened}
+        pad = "x" * int(body.get("pad", 0))  # a large stream: this much more per chunk
         for i in range(1, int(body.get("chunks", 3))):
-            yield {"chunk": i}
+            yield {"chunk": i, "pad": pad} if pad else {"chunk": i}
 
 
 class Forward:
@@ -100,3 +104,15 @@ class ForwardStream(Forward):
         chunks = int(body.get("chunks", 20)) if isinstance(body, dict) else 20
         for index in range(chunks):
             yield {"chunk": index, "sum": self.forward()}
+
+
+class DiesAfterHead:
+    """Notes each run in the file the body names, sends its status line and headers (an empty
+    first chunk), then its process dies before any byte of the body: an answer that has begun."""
+
+    async def __call__(self, body):
+        with open(body["runs"], "a") as runs:
+            runs.write(f"{os.getpid()}\n")
+        yield b""
+        await asyncio.sleep(0.3)  # the head is on its way
+        os._exit(1)

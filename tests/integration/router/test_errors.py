@@ -71,7 +71,7 @@ async def test_the_model_can_be_named_in_the_path(plex):
             assert (await resp.json())["model"] == "m-hdr"
         async with session.post(url + "/", json={"c": 3}) as resp:  # no model: an empty id, as in Ray
             assert resp.status == 200 and (await resp.json())["model"] is None
-        async with session.get(url + "/metrics") as resp:
+        async with session.get(cluster.router_control_url + "/metrics") as resp:
             text = await resp.text()
         ok = [line for line in text.splitlines()
               if line.startswith("modelplex_router_requests_total{") and 'code="200"' in line and 'deployment="plex"' in line

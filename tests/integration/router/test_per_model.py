@@ -56,7 +56,7 @@ async def test_a_request_that_will_not_wait_for_a_load_gets_503_at_once_and_a_lo
         await plex.wait_until(answered, timeout=30, what="a retry to find the loaded model")
         status, body, _ = await call(session, cluster.router_url, "typo", on_cold="later")
         assert status == 400 and "x-modelplex-on-cold" in body["error"]["message"]
-        assert await plex.metric(session, cluster.router_url, "modelplex_router_cold_rejections_total") >= 1
+        assert await plex.metric(session, cluster.router_control_url, "modelplex_router_cold_rejections_total") >= 1
 
 
 async def test_a_client_over_its_load_quota_gets_429_and_no_load_while_loaded_models_answer(plex):
@@ -76,4 +76,21 @@ async def test_a_client_over_its_load_quota_gets_429_and_no_load_while_loaded_mo
             assert status == 200 and body["model"] == "first"
         held = await loaded_models(session, cluster.replica_urls)
         assert not any("second" in models for models in held.values()), held
-        assert await plex.metric(session, cluster.router_url, "modelplex_router_load_quota_refusals_total") == 2
+        assert await plex.metric(session, cluster.router_control_url, "modelplex_router_load_quota_refusals_total") == 2
+
+
+async def test_with_reject_a_model_no_replica_can_find_answers_404_once_its_load_came_back_404(plex):
+    cluster = await plex.start(replicas=1)
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        status, body, _ = await call(session, cluster.router_url, "missing-model", on_cold="reject")
+        assert status == 503 and body["error"]["code"] == "model_not_loaded", body
+
+        async def not_found() -> dict | None:
+            status, body, _ = await call(session, cluster.router_url, "missing-model", on_cold="reject")
+            assert status in (503, 404), body
+            return body if status == 404 else None
+
+        # The background load's 404 is remembered: reject answers 404 naming the model, not
+        # "a load has started, retry later" for ever.
+        body = await plex.wait_until(not_found, timeout=30, interval=0.1, what="reject to answer 404")
+        assert body["error"]["code"] == "model_not_found" and "'missing-model'" in body["error"]["message"]

@@ -35,7 +35,7 @@ async def test_a_model_with_min_copies_2_stays_on_both_replicas_through_500_othe
 
     # Placed by the router alone: nobody asked for "keep".
     await plex.wait_until(held_everywhere, timeout=60, what="'keep' loaded on both replicas")
-    async with session.get(cluster.router_url + "/metrics") as resp:
+    async with session.get(cluster.router_control_url + "/metrics") as resp:
         assert 'modelplex_router_pinned_copies{deployment="plex",state="placed"} 2.0' in await resp.text()
 
     statuses: Counter[int] = Counter()
@@ -91,8 +91,8 @@ async def test_a_pin_request_the_replica_cannot_parse_is_a_400_naming_the_field(
 async def test_in_local_mode_with_the_internal_credential_the_router_pins_the_declared_copies(plex, session):
     path = plex.write_manifest(name="pins", replicas=2, capacity=2, models=PINNED)
     stack = start_local(plex.processes, path, deployments=1, env=FAST_LOADS)
-    (credential,) = re.findall(r"^internal credential: (\S+)", stack.proc.log.read_text(), flags=re.M)
-    internal = {INTERNAL_TOKEN_HEADER: Path(credential).read_text().strip()}
+    (credentials,) = re.findall(r"^deployment credentials: (\S+)/<name>", stack.proc.log.read_text(), flags=re.M)
+    internal = {INTERNAL_TOKEN_HEADER: (Path(credentials) / "pins").read_text().strip()}
 
     async def placed() -> list[dict]:
         async with session.get(stack.url("pins") + "/v1/replicas", headers=internal) as resp:

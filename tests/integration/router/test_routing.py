@@ -36,8 +36,8 @@ async def test_each_model_lands_on_one_replica_and_later_requests_hit_it(plex):
         assert all(len(replicas) == 1 for replicas in served.values()), served
         # The fewest-models rule puts two models on each replica: no evictions, no reloads.
         assert sorted(Counter(next(iter(r)) for r in served.values()).values()) == [2, 2]
-        assert await plex.metric(session, cluster.router_url, "modelplex_router_cache_misses_total") == 4
-        assert await plex.metric(session, cluster.router_url, "modelplex_router_cache_hits_total") == 16
+        assert await plex.metric(session, cluster.router_control_url, "modelplex_router_cache_misses_total") == 4
+        assert await plex.metric(session, cluster.router_control_url, "modelplex_router_cache_hits_total") == 16
         for url in cluster.replica_urls.values():
             assert await plex.metric(session, url, "modelplex_model_loads_total") == 2
 
@@ -108,7 +108,7 @@ async def test_a_hot_model_under_load_ends_up_on_two_replicas(plex):
             if len(replicas) == 2:
                 break
         assert replicas == {"r0", "r1"}
-        assert await plex.metric(session, cluster.router_url, "modelplex_router_fallbacks_total") >= 1
+        assert await plex.metric(session, cluster.router_control_url, "modelplex_router_fallbacks_total") >= 1
         for url in cluster.replica_urls.values():
             async with session.get(url + "/v1/models") as resp:
                 assert "hot" in (await resp.json())["models"]
@@ -145,7 +145,7 @@ async def test_killing_a_replica_under_load_loses_no_request(plex):
 
         assert len(statuses) == total
         assert Counter(statuses) == {200: total}
-        assert await plex.metric(session, cluster.router_url, "modelplex_router_retries_total") >= 1
+        assert await plex.metric(session, cluster.router_control_url, "modelplex_router_retries_total") >= 1
         view = await plex.table(session, cluster.router_url)
         assert not view["r0"]["ready"] and view["r1"]["ready"]
 

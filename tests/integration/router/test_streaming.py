@@ -105,6 +105,6 @@ async def test_a_client_hanging_up_frees_its_slot_in_the_router(plex, tmp_path):
         async def freed():
             return (await plex.table(session, cluster.router_url))["r0"]["inflight"] == 0
         await plex.wait_until(freed, timeout=30, what="the router to free the slot")
-        assert await plex.metric(session, cluster.router_url, "modelplex_router_inflight_requests") == 0
-        async with session.get(cluster.router_url + "/metrics") as r:
+        assert await plex.metric(session, cluster.router_control_url, "modelplex_router_inflight_requests") == 0
+        async with session.get(cluster.router_control_url + "/metrics") as r:
             assert 'code="499"' in await r.text()

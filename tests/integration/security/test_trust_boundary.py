@@ -51,6 +51,13 @@ def internal_token(stack: Stack) -> str:
     return Path(path).read_text().strip()
 
 
+def deployment_token(stack: Stack, name: str) -> str:
+    """A deployment's own internal credential (its replicas answer nobody else), from the
+    folder ``modelplex local`` names."""
+    (folder,) = re.findall(r"^deployment credentials: (\S+)/<name>", stack.proc.log.read_text(), flags=re.M)
+    return (Path(folder) / name).read_text().strip()
+
+
 async def replicas_of(session: aiohttp.ClientSession, router: str, token: str | None = None) -> list[dict]:
     headers = {"X-Modelplex-Internal-Token": token} if token else None
     async with session.get(router + "/v1/replicas", headers=headers) as response:
@@ -85,7 +92,7 @@ async def test_an_external_method_call_is_forbidden_whatever_it_sends_and_change
 
 
 async def test_a_replica_answers_its_internal_api_only_to_holders_of_the_credential(stack):
-    token = internal_token(stack)
+    token = deployment_token(stack, "open")
     async with aiohttp.ClientSession() as session:
         (replica,) = await replicas_of(session, stack.url("open"))
         url = replica["url"]
@@ -98,6 +105,10 @@ async def test_a_replica_answers_its_internal_api_only_to_holders_of_the_credent
             assert response.status == 401
         async with session.get(url + "/v1/models", headers={"X-Modelplex-Internal-Token": token}) as response:
             assert response.status == 200 and "m2" not in (await response.json())["models"]
+        # Not another deployment's, nor the run's (which the routers take, for scripts' handles).
+        for other in (deployment_token(stack, "guarded"), internal_token(stack)):
+            async with session.get(url + "/v1/models", headers={"X-Modelplex-Internal-Token": other}) as response:
+                assert response.status == 401
         for probe in ("/healthz", "/readyz"):
             async with session.get(url + probe) as response:
                 assert response.status == 200
@@ -126,13 +137,15 @@ async def test_with_router_auth_a_client_needs_its_token_and_stays_within_its_mo
             assert "'bob'" in message and "'private-2'" in message
         async with session.get(router + "/v1/replicas", headers=alice) as response:
             assert response.status == 403  # routing internals: for the deployment's components
-        for probe in ("/healthz", "/readyz", "/metrics"):
+        for probe in ("/healthz", "/readyz"):
             async with session.get(router + probe) as response:
                 assert response.status == 200
+        async with session.get(stack.control_url("guarded") + "/metrics") as response:
+            assert response.status == 200  # the control port: open to whoever the network lets in
         (replica,) = await replicas_of(session, router, internal_token(stack))
         assert "private-2" not in replica["models"] and "private-1" in replica["models"]
         # No token reaches the metrics.
-        async with session.get(router + "/metrics") as response:
+        async with session.get(stack.control_url("guarded") + "/metrics") as response:
             page = await response.text()
         assert not any(token in page for token in TOKENS.values())
     log = stack.proc.log.read_text()

@@ -115,10 +115,10 @@ def test_local_mode_starts_at_zero_scales_from_a_held_request_and_stops_the_cold
     with replica_server(local.plans[0].replica_ports[0]) as loads:
         round_with(local, clock, caches)
         # Before they stop, the hottest model only a leaving replica holds is loaded on the one
-        # that stays (one: its capacity is unknown), with the run's internal credential.
+        # that stays (one: its capacity is unknown), with the deployment's own internal credential.
         assert running(local) == ["scaled-0", "scaled-1", "scaled-2"]
         assert scaler.preparing.result(timeout=30) == ("scaled-1", "scaled-2")
-    assert loads == [("/v1/models/m-warm/load", local.internal_token.token())]
+    assert loads == [("/v1/models/m-warm/load", local.token_of("scaled"))]
     assert running(local) == ["scaled-0", "scaled-1", "scaled-2"]
     local._scale(scaler)  # the next round stops them
     assert running(local) == ["scaled-0"]

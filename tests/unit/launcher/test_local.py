@@ -49,16 +49,26 @@ def test_a_grpc_port_given_is_used_and_one_not_given_is_a_free_one(tmp_path):
     assert plans[1].grpc_port not in (given, port, port + 1) and port_free("127.0.0.1", plans[1].grpc_port)
 
 
-def test_a_grpc_port_in_use_is_an_error_that_names_it(tmp_path):
+@pytest.mark.parametrize("key", ["grpcPort", "controlPort"])
+def test_a_grpc_or_control_port_in_use_is_an_error_that_names_it(tmp_path, key):
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         busy = holder.getsockname()[1]
-        with pytest.raises(SpecError, match=f"port {busy} on 127.0.0.1 is in use \\(spec.router.grpcPort of 'a'\\)"):
-            plan([_manifests(tmp_path, {"a": {"grpcPort": busy}})], host="127.0.0.1", port=consecutive_free_ports(1))
+        with pytest.raises(SpecError, match=f"port {busy} on 127.0.0.1 is in use \\(spec.router.{key} of 'a'\\)"):
+            plan([_manifests(tmp_path, {"a": {key: busy}})], host="127.0.0.1", port=consecutive_free_ports(1))
 
 
 def test_a_grpc_port_that_is_another_router_s_http_port_is_an_error(tmp_path):
     port = consecutive_free_ports(2)
     with pytest.raises(SpecError, match=f"port {port + 1} \\(spec.router.grpcPort of 'a'\\) is another router's"):
         plan([_manifests(tmp_path, {"a": {"grpcPort": port + 1}, "b": {}})], host="127.0.0.1", port=port)
+
+
+def test_a_control_port_given_is_used_and_one_not_given_is_a_free_one_apart_from_the_others(tmp_path):
+    given = free_port()
+    port = consecutive_free_ports(2)
+    plans = plan([_manifests(tmp_path, {"a": {"controlPort": given}, "b": {}})], host="127.0.0.1", port=port)
+    assert plans[0].control_port == given and plans[0].control_address == f"127.0.0.1:{given}"
+    others = {given, port, port + 1, plans[0].grpc_port, plans[1].grpc_port}
+    assert plans[1].control_port not in others and port_free("127.0.0.1", plans[1].control_port)

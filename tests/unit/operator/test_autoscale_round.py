@@ -13,7 +13,7 @@ import kopf
 import pytest
 from aiohttp import web
 from kopf._core.engines import posting
-from unit.operator.objects import body
+from unit.operator.objects import body, deployment_of
 
 from modelplex.wire.credentials import INTERNAL_TOKEN_HEADER
 from modelplex.wire.load import LOAD_PATH, LoadReport, ReplicaLoad
@@ -182,7 +182,8 @@ async def test_costs_follow_the_caches_heat_and_the_coldest_pods_hot_model_moves
         ReplicaLoad("recs-replica-cold", models=("m-warm",), capacity=4),
     ), model_rates={"m-hot": 2.0, "m-warm": 0.5})
     ctx = OperatorContext(config=OperatorConfig(), kube=api.kube())
-    ctx.credentials.remember("team-a", builders.internal_secret("team-a", INTERNAL_TOKEN, []))  # as a reconcile does
+    ctx.credentials.remember(("team-a", "recs"), builders.internal_secret(  # as a reconcile does
+        deployment_of(body()), builders.owner_reference(body()), INTERNAL_TOKEN))
     with kopf_events() as events:
         async with replica_at("127.0.0.42", loads):
             decisions = await rounds_until_scaled(ctx, api, resource(router.port), clock)

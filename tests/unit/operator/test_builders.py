@@ -92,8 +92,13 @@ def test_the_config_map_holds_the_manifest_the_pods_read(tmp_path):
     path.write_text(cm["data"]["spec.yaml"])
     read_back = load_manifest(path)
     assert read_back.name == "recs" and read_back.namespace == "team-a"
-    assert read_back.spec == deployment_of(doc).spec
-    assert yaml.safe_load(cm["data"]["spec.yaml"]) == to_manifest(deployment_of(doc))
+    # Everything but spec.env, whose values the routers (which mount it too) must not hold: the
+    # replicas get them as their container's environment.
+    assert read_back.spec == deployment_of(doc).spec.model_copy(update={"env": ()})
+    expected = to_manifest(deployment_of(doc))
+    expected["spec"].pop("env")
+    assert yaml.safe_load(cm["data"]["spec.yaml"]) == expected
+    assert "info" not in cm["data"]["spec.yaml"] and "LOG_LEVEL" not in cm["data"]["spec.yaml"]
 
 
 def test_replica_deployment_runs_modelplex_replica():
@@ -130,8 +135,10 @@ def test_replica_deployment_runs_modelplex_replica():
     assert template["spec"]["volumes"] == [
         {"name": "spec", "configMap": {"name": "recs-spec"}},
         {"name": "tmp", "emptyDir": {}},
-        {"name": "internal-credential", "secret": {"secretName": "modelplex-internal", "defaultMode": 0o440}}]
+        {"name": "internal-credential", "secret": {"secretName": "recs-internal", "defaultMode": 0o440}}]
     assert env["MODELPLEX_INTERNAL_TOKEN_FILE"]["value"] == "/var/run/modelplex/internal/token"
+    # The namespace's credential of an upgrade, while the deployment's Secret holds it.
+    assert env["MODELPLEX_LEGACY_TOKEN_FILE"]["value"] == "/var/run/modelplex/internal/namespace-token"
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert template["spec"]["securityContext"]["runAsNonRoot"] is True
@@ -158,28 +165,45 @@ def test_router_deployment_and_service():
     assert dep["spec"]["selector"] == {"matchLabels": {LABEL_DEPLOYMENT: "recs", LABEL_ROLE: "router"}}
     c = container(dep)
     assert c["command"] == ["modelplex", "router"]
-    assert c["args"] == ["--port", "8100", "--grpc-port", "8001"]
+    assert c["args"] == ["--port", "8100", "--grpc-port", "8001", "--control-port", "9091"]
     assert c["image"] == "registry.example.com/modelplex/router:0.1.0"
     assert c["ports"] == [{"name": "http", "containerPort": 8100, "protocol": "TCP"},
-                          {"name": "grpc", "containerPort": 8001, "protocol": "TCP"}]
-    # Ready as the gRPC health service says (what /readyz says); alive as /healthz says.
-    assert c["readinessProbe"]["grpc"] == {"port": 8001, "service": "inference.GRPCInferenceService"}
-    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+                          {"name": "grpc", "containerPort": 8001, "protocol": "TCP"},
+                          {"name": "control", "containerPort": 9091, "protocol": "TCP"}]
+    # The kubelet asks the control port, which a public port full of idle clients cannot block.
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "control"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "control"}
     assert "LOG_LEVEL" not in env_of(c)  # spec.env is the replica's
     assert dep["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
     svc = objects["Service", "recs"]
     assert svc["spec"]["selector"] == {LABEL_DEPLOYMENT: "recs", LABEL_ROLE: "router"}
     assert svc["spec"]["ports"] == [{"name": "http", "port": 8100, "targetPort": "http", "protocol": "TCP"},
-                                    {"name": "grpc", "port": 8001, "targetPort": "grpc", "protocol": "TCP"}]
+                                    {"name": "grpc", "port": 8001, "targetPort": "grpc", "protocol": "TCP"},
+                                    {"name": "control", "port": 9091, "targetPort": "control", "protocol": "TCP"}]
 
 
-def test_a_router_grpc_port_from_the_spec_reaches_the_container_probe_and_service():
+def test_a_router_grpc_port_from_the_spec_reaches_the_container_and_service():
     objects = by_kind_name(build(body(router={"grpcPort": 9001})))
     c = container(objects["Deployment", "recs-router"])
-    assert c["args"][-2:] == ["--grpc-port", "9001"]
+    assert c["args"][2:4] == ["--grpc-port", "9001"]
     assert {"name": "grpc", "containerPort": 9001, "protocol": "TCP"} in c["ports"]
-    assert c["readinessProbe"]["grpc"]["port"] == 9001
     assert {"name": "grpc", "port": 9001, "targetPort": "grpc", "protocol": "TCP"} in objects["Service", "recs"]["spec"]["ports"]
+
+
+def test_a_router_control_port_from_the_spec_reaches_the_container_its_probes_the_service_and_the_policy():
+    scraper = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    objects = by_kind_name(build(body(router={"controlPort": 9191}, networkPolicy={"mode": "strict"}),
+                                 BuildSettings(metrics_from=(scraper,))))
+    c = container(objects["Deployment", "recs-router"])
+    assert c["args"][-2:] == ["--control-port", "9191"]
+    assert {"name": "control", "containerPort": 9191, "protocol": "TCP"} in c["ports"]
+    assert c["readinessProbe"]["httpGet"]["port"] == c["livenessProbe"]["httpGet"]["port"] == "control"
+    assert {"name": "control", "port": 9191, "targetPort": "control", "protocol": "TCP"} in \
+        objects["Service", "recs"]["spec"]["ports"]
+    # strict: the namespace's pods on every port, the named scrapers on the control port only.
+    assert objects["NetworkPolicy", "recs-router"]["spec"]["ingress"] == [
+        {"from": [{"podSelector": {}}]},
+        {"from": [scraper], "ports": [{"port": 9191, "protocol": "TCP"}]}]
 
 
 def test_the_router_discovers_the_replica_port_by_its_name():

@@ -126,6 +126,9 @@ def test_defaults_are_the_spec_defaults(spec_schema):
     assert _default(spec_schema, "router", "port") == spec.router.port
     # Unset gRPC port: 8001 in pods, a free one in local mode; a default would hide that.
     assert _default(spec_schema, "router", "grpcPort") == "<none>" and spec.router.grpc_port is None
+    # Unset control port: 9091 in pods, a free one in local mode.
+    assert _default(spec_schema, "router", "controlPort") == "<none>" and spec.router.control_port is None
+    assert _default(spec_schema, "router", "streamIdleTimeoutSeconds") == spec.router.stream_idle_timeout_seconds
     assert _default(spec_schema, "metrics", "modelLabel") is spec.metrics.model_label is False
     # Unset sizes mean "the decorator's argument": no default may hide that.
     assert _default(spec_schema, "multiplexing", "maxModelsPerReplica") == "<none>"
@@ -153,6 +156,7 @@ def _constraint(model, name: str, kind: str):
         (("router", "replicas"), RouterSpec, "replicas"),
         (("router", "port"), RouterSpec, "port"),
         (("router", "grpcPort"), RouterSpec, "grpc_port"),
+        (("router", "controlPort"), RouterSpec, "control_port"),
         (("autoscaling", "minReplicas"), Autoscaling, "min_replicas"),
         (("autoscaling", "maxReplicas"), Autoscaling, "max_replicas"),
         (("autoscaling", "initialReplicas"), Autoscaling, "initial_replicas"),

@@ -95,7 +95,8 @@ async def pod_on_ipv6():
 
 def context() -> OperatorContext:
     ctx = OperatorContext(config=OperatorConfig(), kube=None)
-    ctx.credentials.remember("team-a", builders.internal_secret("team-a", TOKEN, []))  # as a reconcile does
+    ctx.credentials.remember(("team-a", "recs"), builders.internal_secret(  # as a reconcile does
+        deployment_of(body()), builders.owner_reference(body()), TOKEN))
     return ctx
 
 

@@ -4,6 +4,7 @@ with the real client against an API server's HTTP shape on loopback."""
 
 from __future__ import annotations
 
+import base64
 import copy
 
 import kopf
@@ -11,8 +12,6 @@ import pytest
 from unit.operator.objects import UID, body, deployment_of
 
 from modelplex_operator import builders
-from modelplex_operator.config import OperatorConfig
-from modelplex_operator.handlers.context import OperatorContext
 from modelplex_operator.handlers.reconcile import backoff, describe_changes, key_of, reconcile, repair
 from modelplex_operator.kube import ApplyResult
 from modelplex_operator.status import CONFLICT, OK, REJECTED, RETRYING, Outcome
@@ -77,29 +76,20 @@ def test_scale_only_rolls_nothing():
 # --------------------------------------------------------------------------- apply and record
 
 
-@pytest.fixture
-def posted(monkeypatch) -> list[tuple[str, str, str]]:
-    """Events (kopf's poster runs only inside a running operator)."""
-    events: list[tuple[str, str, str]] = []
-    monkeypatch.setattr(kopf, "event", lambda obj, type, reason, message: events.append((type, reason, message)))
-    return events
-
-
-@pytest.fixture
-def ctx(api) -> OperatorContext:
-    return OperatorContext(config=OperatorConfig(), kube=api.kube())
-
-
 def internal_secret(labels: dict | None = None, owners: list | None = None) -> dict:
-    """The namespace's internal credential as the API answers it."""
-    return {"apiVersion": "v1", "kind": "Secret", "data": {"token": "c2VjcmV0"},
-            "metadata": {"name": "modelplex-internal", "namespace": "team-a", "resourceVersion": "7",
-                         "labels": {"app.kubernetes.io/managed-by": "modelplex-operator"} if labels is None else labels,
-                         "ownerReferences": owners or []}}
+    """The deployment's internal credential as the API answers it."""
+    made = builders.internal_secret(deployment_of(body()), builders.owner_reference(body()), "secret")
+    metadata = {**made["metadata"], "resourceVersion": "7"}
+    if labels is not None:
+        metadata["labels"] = labels
+    if owners is not None:
+        metadata["ownerReferences"] = owners
+    return {**made, "metadata": metadata}
 
 
-#: The namespace's internal credential is made first: the API does not have it, then creates it.
-CREDENTIAL_MADE = [(404, "no Secret yet"), (201, internal_secret())]
+#: The deployment's internal credential is made first: the API does not have it, nor the
+#: deployment's pods (a new deployment: no namespace credential to upgrade from), then creates it.
+CREDENTIAL_MADE = [(404, "no Secret yet"), (404, "no replica Deployment yet"), (201, internal_secret())]
 
 
 def owned_by_another() -> dict:
@@ -134,11 +124,12 @@ async def test_an_object_another_controller_owns_is_a_conflict_retried_later(ctx
 
 async def test_a_secret_of_the_credential_s_name_that_modelplex_did_not_make_is_left_alone_and_reported(
         ctx, api, posted):
-    api.answers = [(200, internal_secret(labels={"team": "theirs"}))]
+    api.answers = [(200, internal_secret(labels={"team": "theirs"}, owners=[]))]
     with pytest.raises(kopf.TemporaryError):
         await reconcile(ctx, body(), retry=0)
     assert (ctx.outcomes[KEY].state, ctx.outcomes[KEY].reason) == (CONFLICT, "ObjectConflict")
-    assert "modelplex-internal" in ctx.outcomes[KEY].message and "not made by Modelplex" in ctx.outcomes[KEY].message
+    assert "Secret recs-internal" in ctx.outcomes[KEY].message
+    assert "not made by Modelplex" in ctx.outcomes[KEY].message
     assert api.writes() == [] and posted == [("Warning", "ObjectConflict", ctx.outcomes[KEY].message)]
 
 
@@ -156,17 +147,29 @@ async def test_a_same_named_object_without_the_operator_s_labels_is_left_alone_a
     assert not any(write.method in ("PATCH", "PUT") for write in api.writes())  # theirs untouched
 
 
-async def test_a_second_deployment_of_the_namespace_becomes_an_owner_of_its_credential(ctx, api, posted):
-    theirs = {"apiVersion": "modelplex.io/v1alpha1", "kind": "MultiplexedDeployment", "name": "other", "uid": "u-2",
-              "controller": False, "blockOwnerDeletion": False}
-    api.answers = [(200, internal_secret(owners=[theirs])), (200, internal_secret(owners=[theirs]))]
+async def test_a_credential_that_an_earlier_deployment_of_the_name_controls_is_a_conflict(ctx, api, posted):
+    earlier = {**builders.owner_reference(body()), "uid": "u-earlier"}
+    api.answers = [(200, internal_secret(owners=[earlier]))]
+    with pytest.raises(kopf.TemporaryError):
+        await reconcile(ctx, body(), retry=0)
+    assert "Secret recs-internal exists and is controlled by" in ctx.outcomes[KEY].message
+    assert api.writes() == [] and ctx.pods.credential(KEY) is None
+
+
+async def test_each_deployment_of_a_namespace_gets_a_credential_of_its_own_which_the_operator_sends(
+        ctx, api, posted):
     await reconcile(ctx, body(), retry=0)
-    patch = api.writes()[0]
-    assert patch.method == "PATCH" and "/secrets/modelplex-internal" in patch.path
-    owners = patch.body["metadata"]["ownerReferences"]
-    assert [owner["name"] for owner in owners] == ["other", "recs"]
-    assert not any(owner["controller"] for owner in owners)  # owned by each, controlled by none
-    assert ctx.credentials.token("team-a") == "secret"
+    other = body(name="other")
+    other["metadata"]["uid"] = "u-2"
+    await reconcile(ctx, other, retry=0)
+    made = [request for request in api.writes() if request.path.split("?")[0] == "/api/v1/namespaces/team-a/secrets"]
+    assert [request.body["metadata"]["name"] for request in made] == ["recs-internal", "other-internal"]
+    assert [[owner["uid"] for owner in request.body["metadata"]["ownerReferences"]] for request in made] == [
+        [UID], ["u-2"]]  # each controlled by its deployment alone, and gone with it
+    tokens = [base64.b64decode(request.body["data"]["token"]).decode() for request in made]
+    assert tokens[0] != tokens[1] and all(len(token) >= 40 for token in tokens)
+    assert (ctx.pods.credential(KEY), ctx.pods.credential(("team-a", "other"))) == tuple(tokens)
+    assert not any(token in message for token in tokens for _, _, message in posted)
 
 
 async def test_an_api_that_may_answer_later_is_retried_with_a_growing_delay(ctx, api, posted):
@@ -212,28 +215,12 @@ async def test_a_repair_from_a_lagging_view_does_not_hide_a_newer_generations_ou
     assert ctx.outcomes[KEY] == newer
 
 
-async def test_the_next_deployment_of_a_namespace_adds_itself_to_the_credential_it_knows_without_reading_it(
-        ctx, api, posted):
-    await reconcile(ctx, body(), retry=0)  # made the Secret: known now
-    api.reset()
-    other = body(name="other")
-    other["metadata"]["uid"] = "u-2"
-    await reconcile(ctx, other, retry=0)
-    secrets = [(request.method, request.path.split("?")[0]) for request in api.requests if "/secrets" in request.path]
-    assert secrets == [("PATCH", "/api/v1/namespaces/team-a/secrets/modelplex-internal")]
-    assert [owner["uid"] for owner in api.requests[0].body["metadata"]["ownerReferences"]] == [UID, "u-2"]
-
-
-async def test_a_credential_changed_since_it_was_known_is_read_again_before_adding_an_owner(ctx, api, posted):
+async def test_a_rotated_credential_is_sent_from_the_next_apply(ctx, api, posted):
     await reconcile(ctx, body(), retry=0)
+    rotated = internal_secret()
+    rotated["data"] = {"token": base64.b64encode(b"rotated-token").decode()}
     api.reset()
-    rotated = internal_secret(owners=[builders.owner_reference(body())])
-    rotated["metadata"]["resourceVersion"] = "9"
-    api.answers = [(409, "the object has been modified"), (200, rotated)]
-    other = body(name="other")
-    other["metadata"]["uid"] = "u-2"
-    await reconcile(ctx, other, retry=0)
-    secrets = [request for request in api.requests if "/secrets" in request.path]
-    assert [request.method for request in secrets] == ["PATCH", "GET", "PATCH"]
-    assert secrets[-1].body["metadata"]["resourceVersion"] == "9"
-    assert ctx.outcomes[("team-a", "other")].state == OK
+    api.answers = [(200, rotated)]
+    await repair(ctx, body())
+    assert ctx.pods.credential(KEY) == "rotated-token"
+    assert not [request for request in api.writes() if "/secrets" in request.path]  # read, never rewritten

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from modelplex.wire.errors import BadRequest, LoadQuotaExceeded, ModelNotLoaded
+from modelplex.wire.errors import BadRequest, LoadQuotaExceeded, ModelNotFound, ModelNotLoaded
 from modelplex.wire.loaded import LoadedModels
 from modelplex.wire.spec import ModelEntry, parse_deployment
 from modelplex_router.cold import ColdGate, quota_client
@@ -32,18 +32,22 @@ class FakeClock:
 class Gate:
     """A gate over replicas "r0" (holding "hot") and "r1", recording the loads it starts."""
 
-    def __init__(self, *, rules: ModelRules = ModelRules(), quota: tuple[float, int] | None = None):
+    def __init__(self, *, rules: ModelRules = ModelRules(), quota: tuple[float, int] | None = None,
+                 load_status: int = 200):
         self.clock = FakeClock()
         self.table = RoutingTable()
         self.table.apply(ReplicaSeen("r0", "http://r0", True, Held.of(LoadedModels(1, 4, ("hot",)))), self.clock())
         self.table.apply(ReplicaSeen("r1", "http://r1", True, Held.of(LoadedModels(1, 4))), self.clock())
         self.loads: list[str] = []
+        self.load_status = load_status
         self.metrics = RouterMetrics("d")
         quotas = LoadQuotas(quota[0], quota[1], clock=self.clock) if quota else None
-        self.gate = ColdGate(self.table, rules, self.metrics, clock=self.clock, load=self._load, quotas=quotas)
+        self.gate = ColdGate(self.table, rules, self.metrics, clock=self.clock, load=self._load, quotas=quotas,
+                             not_found_s=5.0)
 
-    async def _load(self, model: str) -> None:
+    async def _load(self, model: str) -> int:
         self.loads.append(model)
+        return self.load_status
 
     def metric(self, name: str) -> float:
         return sum(s.value for m in self.metrics.registry.collect() for s in m.samples if s.name == name)
@@ -57,6 +61,35 @@ async def test_reject_answers_503_model_not_loaded_at_once_and_starts_the_load()
     await asyncio.sleep(0)
     assert g.loads == ["cold"]
     assert g.metric("modelplex_router_cold_rejections_total") == 1
+
+
+async def test_with_reject_a_model_whose_load_answered_404_is_404_for_the_not_found_time_then_tried_again():
+    g = Gate(load_status=404)
+    with pytest.raises(ModelNotLoaded):
+        g.gate.admit("nope", "alice", "reject")
+    for _ in range(3):
+        await asyncio.sleep(0)  # the background load ends, with 404
+    assert g.loads == ["nope"]
+    for _ in range(2):  # remembered: 404 naming the model, no new load
+        with pytest.raises(ModelNotFound, match="'nope'.*notFoundCacheSeconds") as raised:
+            g.gate.admit("nope", "alice", "reject")
+        assert raised.value.status == 404
+    g.gate.admit("nope", "alice", "hold")  # hold asks a replica, whose own answer is the 404
+    g.clock.now += 5.0  # forgotten: a load is tried again
+    with pytest.raises(ModelNotLoaded):
+        g.gate.admit("nope", "alice", "reject")
+    await asyncio.sleep(0)
+    assert g.loads == ["nope", "nope"]
+
+
+async def test_a_load_that_failed_otherwise_is_not_remembered_as_not_found():
+    g = Gate(load_status=500)
+    with pytest.raises(ModelNotLoaded):
+        g.gate.admit("broken", "alice", "reject")
+    for _ in range(3):
+        await asyncio.sleep(0)
+    with pytest.raises(ModelNotLoaded):  # not a 404: still "a load has started"
+        g.gate.admit("broken", "alice", "reject")
 
 
 async def test_reject_passes_a_request_for_a_model_a_replica_holds():

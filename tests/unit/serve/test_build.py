@@ -134,6 +134,16 @@ def test_two_applications_built_by_name_may_share_deployment_names(tmp_path, mon
     assert FromApp(parse_deployment(decode)).codec == "vp9"
 
 
+def test_the_deployments_of_one_application_list_each_other_as_callers_and_no_one_else(tmp_path):
+    (tmp_path / "videos.py").write_text(TWO_VIDEO_APPS)
+    orchestrator, decode = documents(f"{tmp_path}/videos.py:streaming", image="img", name="video-streaming")
+    assert orchestrator["spec"]["router"]["callers"] == ["video-streaming-decode-video"]
+    assert decode["spec"]["router"]["callers"] == ["video-streaming-orchestrator"]
+    assert parse_deployment(decode).spec.router.callers == ("video-streaming-orchestrator",)
+    (alone,) = documents(f"{tmp_path}/videos.py:naive", image="img", name="solo")[1:]
+    assert alone["spec"]["router"]["callers"] == ["solo-orchestrator"]  # its own application only
+
+
 def test_rays_matching_timeout_variable_sets_the_spec_and_a_bad_value_is_refused_by_name(monkeypatch, capsys):
     monkeypatch.setenv("RAY_SERVE_MULTIPLEXED_MODEL_ID_MATCHING_TIMEOUT_S", "2.5")
     monkeypatch.setenv("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "5")

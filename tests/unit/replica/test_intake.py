@@ -1,0 +1,66 @@
+"""The replica's intake removes every internal header before user code sees a request: a real
+replica app on loopback, guarded by an internal credential, whose ``serve.ingress`` app echoes
+the headers of its ASGI scope."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from modelplex.serve.ingress import ingress
+from modelplex.wire.credentials import INTERNAL_TOKEN_HEADER, TokenFile, write_token_file
+from modelplex.wire.forwarded import ENV_ROUTE_PREFIX, METHOD_HEADER, PATH_HEADER
+from modelplex.wire.names import MODEL_ID_HEADER
+from modelplex.wire.oip import PROTOCOL_HEADER, VERSION_HEADER
+from modelplex.wire.spec import parse_deployment
+from modelplex_replica.app import create_app
+
+DEPLOYMENT = parse_deployment({"apiVersion": "modelplex.io/v1alpha1", "kind": "MultiplexedDeployment",
+                               "metadata": {"name": "echo"}, "spec": {"image": "x", "handler": "m:Echo"}})
+TOKEN = "internal-credential-0123456789"
+
+
+async def echo_headers(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    await receive()
+    body = json.dumps({"headers": [[k.decode(), v.decode()] for k, v in scope["headers"]],
+                       "method": scope["method"], "path": scope["path"]}).encode()
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+@ingress(echo_headers)
+class Echo:
+    pass
+
+
+@pytest.fixture
+async def replica(monkeypatch, tmp_path):
+    monkeypatch.setenv(ENV_ROUTE_PREFIX, "/")
+    internal = TokenFile(write_token_file(tmp_path / "internal", TOKEN))
+    async with TestClient(TestServer(create_app(DEPLOYMENT, Echo(), internal=internal), host="127.0.0.1")) as client:
+        yield client
+
+
+async def test_an_ingress_app_sees_the_clients_headers_and_no_internal_one(replica):
+    sent = {INTERNAL_TOKEN_HEADER: TOKEN, METHOD_HEADER: "PUT", PATH_HEADER: "/items/a%2Fb?q=1",
+            PROTOCOL_HEADER: "oip-v2", VERSION_HEADER: "1", "X-Modelplex-Anything-Later": "x",
+            "x-modelplex-on-cold": "reject", "Cookie": "session=1", "Authorization": "Basic Zm9vOmJhcg==",
+            MODEL_ID_HEADER: "m1"}
+    async with replica.post("/v1/invoke", data=b"{}", headers=sent) as response:
+        assert response.status == 200, await response.text()
+        echoed = await response.json()
+    names = {name for name, _ in echoed["headers"]}
+    assert not any(name.startswith("x-modelplex-") for name in names - {"x-modelplex-on-cold"})
+    assert TOKEN not in json.dumps(echoed)
+    assert {"cookie", "authorization", "x-modelplex-on-cold", MODEL_ID_HEADER} <= names
+    # What the router said still applies: the client's method and path.
+    assert (echoed["method"], echoed["path"]) == ("PUT", "/items/a/b")
+
+
+async def test_a_request_without_the_credential_never_reaches_the_app(replica):
+    async with replica.post("/v1/invoke", data=b"{}", headers={METHOD_HEADER: "GET", PATH_HEADER: "/"}) as response:
+        assert response.status == 401
