@@ -271,7 +271,8 @@ async def invoke(request: web.Request) -> web.StreamResponse:
         in_slot = True
         state.metrics.inflight_now.inc()
         if ingress is not None and ingress.app is not None:
-            response = await ingress.respond(request, routed, model_id, state.models_header)
+            response = await ingress.respond(request, routed, model_id, state.models_header,
+                                             stream_idle_s=state.deployment.spec.router.stream_idle_timeout_seconds)
             status = 500 if response.get(STREAM_FAILED) else response.status
             return response
         call = await _read_call(request, routed, state.handler, model_id)

@@ -25,11 +25,12 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from modelplex.context import set_multiplexed_model_id
-from modelplex.http import HOP_BY_HOP
+from modelplex.http import HOP_BY_HOP, write_chunk
 from modelplex.serve.ingress import asgi_app, current_instance
 from modelplex.wire.errors import HandlerError, ModelplexError, NotFound
 from modelplex.wire.forwarded import ENV_ROUTE_PREFIX, NO_ROUTE, check_route_prefix, under_prefix
 from modelplex.wire.names import LOADED_MODELS_HEADER
+from modelplex.wire.spec import DEFAULT_STREAM_IDLE_TIMEOUT_S
 from modelplex_replica.intake import Routed
 from modelplex_replica.streams import cut_stream
 from modelplex_replica.usercode import TakingTurns
@@ -84,9 +85,11 @@ class HttpIngress:
     # -- requests ----------------------------------------------------------------------------------
 
     async def respond(self, request: web.Request, routed: Routed, model_id: str,
-                      loaded_models: Callable[[], str]) -> web.StreamResponse:
+                      loaded_models: Callable[[], str], *,
+                      stream_idle_s: float = DEFAULT_STREAM_IDLE_TIMEOUT_S) -> web.StreamResponse:
         """The app's answer to ``request`` (its client's, no internal header left: see
-        :mod:`modelplex_replica.intake`), relayed as the app sends it."""
+        :mod:`modelplex_replica.intake`), relayed as the app sends it; a streamed answer whose
+        client reads nothing for ``stream_idle_s`` is cut (:func:`modelplex.http.write_chunk`)."""
         body = await request.read()
         scope = self._scope(request, routed.method, routed.raw_path or "/")
         messages = TakingTurns(lambda: self._serve(scope, body, model_id))
@@ -106,9 +109,9 @@ class HttpIngress:
             response.enable_chunked_encoding()
             await response.prepare(request)
             try:
-                await response.write(first.get("body", b""))
+                await write_chunk(request, response, first.get("body", b""), stream_idle_s)
                 async for message in messages:
-                    await response.write(message.get("body", b""))
+                    await write_chunk(request, response, message.get("body", b""), stream_idle_s)
             except (ConnectionResetError, asyncio.CancelledError):
                 raise  # the client went away: closing the stream (below) cancels the app
             except Exception as error:  # noqa: BLE001 - the user's app

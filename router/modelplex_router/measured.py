@@ -59,7 +59,7 @@ async def counted(metrics: RouterMetrics, model: str, answer: Callable[[], Await
     except web.HTTPException as error:  # 413 from read(), mostly
         status = error.status
         raise
-    except asyncio.CancelledError:  # the client hung up (or the router is stopping)
+    except (asyncio.CancelledError, ConnectionResetError):  # the client hung up or stopped reading (StreamIdle)
         status = 499
         raise
     finally:

@@ -29,6 +29,7 @@ from urllib.parse import quote
 import grpc
 import orjson
 
+from modelplex.http import StreamIdle
 from modelplex.wire.credentials import INTERNAL_TOKEN_HEADER
 from modelplex.wire.errors import (BadRequest, ModelNotFound, ModelplexError, ReplicaFailed, error_for_status,
                                    error_object)
@@ -136,14 +137,26 @@ class InferenceService:
         """Every request of the stream at once; each one's answers as they come, then (when it
         asks with ``triton_enable_empty_final_response``) an empty one marked final."""
         lock = asyncio.Lock()
+        idle_s = self.router.config.stream_idle_timeout_s
 
         async def write(message: Any) -> None:
             async with lock:  # one message at a time on the stream
-                await context.write(message)
+                # Only the wait for the client to take a message is bounded, never a handler's
+                # silence: a client that stops reading frees its requests' slots.
+                try:
+                    async with asyncio.timeout(idle_s):
+                        await context.write(message)
+                except TimeoutError:
+                    raise StreamIdle(f"the client read nothing for {idle_s:g} s "
+                                     "(spec.router.streamIdleTimeoutSeconds): stream cut") from None
 
-        async with asyncio.TaskGroup() as group:
-            async for request in requests:
-                group.create_task(self._stream_one(request, write, context))
+        try:
+            async with asyncio.TaskGroup() as group:
+                async for request in requests:
+                    group.create_task(self._stream_one(request, write, context))
+        except* StreamIdle as idle:
+            log.info("ModelStreamInfer from %s: %s", context.peer(), idle.exceptions[0])
+            await context.abort(grpc.StatusCode.CANCELLED, str(idle.exceptions[0]))
 
     async def _stream_one(self, request: Any, write: Callable[[Any], Awaitable[None]],
                           context: grpc.aio.ServicerContext) -> None:
@@ -172,6 +185,8 @@ class InferenceService:
             caller = self._authorize(metadata, Route.MODEL, _model_path(request.model_name, "/infer"),
                                      request.model_name)
             await counted(self.router.metrics, request.model_name, answer, protocol="grpc", status_of=lambda _: 200)
+        except StreamIdle:
+            raise  # the client stopped reading: the whole call ends (ModelStreamInfer)
         except ModelplexError as error:
             await write(messages.ModelStreamInferResponse(error_message=error.message,
                                                           infer_response=_identity(request)))

@@ -36,6 +36,10 @@ def save_models(folder: Path) -> None:
             torch.jit.save(module, str(folder / f"{model_id}.pt"))
 
 
+#: The ``flood`` deployment's spec.router.streamIdleTimeoutSeconds (its test says so too).
+FLOOD_IDLE_TIMEOUT_S = 2.0
+
+
 @pytest.fixture(scope="package")
 def stack(tmp_path_factory) -> Iterator[Stack]:
     processes = Processes(tmp_path_factory.mktemp("grpc"))
@@ -50,9 +54,11 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
             "auth": {"secretRef": {"name": "echo-clients"}, "models": {"bob": ["public-*"]}}})
         path = write_documents(processes.folder / "grpc.yaml",
                                [zoo, manifest("echo", "handlers:Echo", maxRequestBytes=65536),
-                                manifest("countdown", "handlers:Countdown"), secret, guarded])
-        stack = start_local(processes, path, deployments=4)
-        assert set(stack.grpc) == {"zoo", "echo", "countdown", "guarded"}, stack.report()
+                                manifest("countdown", "handlers:Countdown"), secret, guarded,
+                                manifest("flood", "handlers:Flood", maxOngoingRequests=1,
+                                         router={"streamIdleTimeoutSeconds": FLOOD_IDLE_TIMEOUT_S})])
+        stack = start_local(processes, path, deployments=5)
+        assert set(stack.grpc) == {"zoo", "echo", "countdown", "guarded", "flood"}, stack.report()
         yield stack
     finally:
         processes.stop_all()

@@ -42,3 +42,12 @@ class Countdown:
             yield {"step": np.array([step], dtype=np.int32), "square": np.array([float(step * step)])}
             if start == 13:
                 raise ValueError("13 is unlucky: no more steps")
+
+
+class Flood:
+    """Streams ``count`` blocks of 256 KB, each computed as it goes (a client that stops reading
+    soon leaves the router's writes waiting)."""
+
+    async def __call__(self, body: InferRequest):
+        for step in range(int(body["count"].reshape(-1)[0])):
+            yield {"block": np.full(65536, step, dtype=np.float32)}

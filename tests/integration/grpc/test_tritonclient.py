@@ -4,6 +4,7 @@ repository extension, and a generator deployment's answers streamed chunk by chu
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import time
 import urllib.request
@@ -22,6 +23,7 @@ from support.servers import metric_value
 
 ROWS = np.linspace(-1, 1, 3 * 16, dtype=np.float32).reshape(3, 16)
 WAIT_S = 120.0  # a cold model load on two busy cores: generous
+FLOOD_IDLE_S = 2.0  # the flood deployment's streamIdleTimeoutSeconds (conftest.py)
 
 
 def client(stack, deployment: str) -> triton.InferenceServerClient:
@@ -309,3 +311,36 @@ def test_a_generator_handler_through_one_shot_model_infer_is_invalid_argument_na
             countdown.infer("any", countdown_inputs(2, None), client_timeout=WAIT_S)
     assert raised.value.status() == "StatusCode.INVALID_ARGUMENT", raised.value
     assert "ModelStreamInfer" in raised.value.message(), raised.value.message()
+
+
+def flood_inputs(count: int) -> list:
+    tensor = triton_aio.InferInput("count", [1], "INT64")
+    tensor.set_data_from_numpy(np.array([count], dtype=np.int64))
+    return [tensor]
+
+
+async def test_a_stream_client_that_stops_reading_frees_its_slot_within_the_stream_idle_timeout(stack):
+    """``flood`` has one slot (maxOngoingRequests 1) and a 2 s streamIdleTimeoutSeconds: a
+    ModelStreamInfer client that takes one answer and then reads no more is cut, its slot freed
+    for the next stream, and the cut counted as 499 under protocol="grpc"."""
+    async def one(count: int, request_id: str):
+        yield {"model_name": "flood", "inputs": flood_inputs(count), "request_id": request_id}
+        await asyncio.sleep(3600)  # keep the request side open: the stream ends from the server
+
+    async with triton_aio.InferenceServerClient(stack.grpc["flood"]) as stalled:
+        answers = stalled.stream_infer(one(1_000_000, "stalled"), stream_timeout=WAIT_S)
+        result, error = await asyncio.wait_for(answers.__anext__(), WAIT_S)
+        assert error is None and result.as_numpy("block")[0] == 0  # the stream began; now nobody reads it
+        stopped = time.monotonic()
+        async with triton_aio.InferenceServerClient(stack.grpc["flood"]) as second:
+            blocks = []
+            async for result, error in second.stream_infer(one(2, "second"), stream_timeout=WAIT_S):
+                assert error is None, error
+                blocks.append(float(result.as_numpy("block")[0]))
+                if len(blocks) == 2:
+                    break
+        assert blocks == [0.0, 1.0]
+        assert time.monotonic() - stopped <= FLOOD_IDLE_S + 30  # freed by the cut, not by the end of the flood
+    with urllib.request.urlopen(stack.control_url("flood") + "/metrics", timeout=WAIT_S) as response:
+        text = response.read().decode()
+    assert metric_value(text, 'modelplex_router_requests_total{code="499",deployment="flood",protocol="grpc"}') >= 1

@@ -4,6 +4,7 @@ plain callable (no framework), requests sent as the router forwards them."""
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import aiohttp
 import pytest
@@ -118,3 +119,50 @@ async def test_a_failed_lifespan_startup_fails_the_replicas_start():
     with pytest.raises(RuntimeError, match="startup failed: no weights"):
         await asyncio.wait_for(server.start_server(), 30)
     await server.close()
+
+
+async def test_an_ingress_stream_whose_client_stops_reading_is_cut_after_the_stream_idle_timeout(monkeypatch):
+    """A streaming ingress app whose client reads nothing for streamIdleTimeoutSeconds: the
+    replica cuts the stream and cancels the app (its slot is free again)."""
+    monkeypatch.setenv(ENV_ROUTE_PREFIX, "/api")
+    cancelled = asyncio.Event()
+
+    async def flood(scope, receive, send):
+        if scope["type"] == "lifespan":
+            assert (await receive())["type"] == "lifespan.startup"
+            await send({"type": "lifespan.startup.complete"})
+            await receive()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        try:
+            for step in range(1_000_000):
+                await send({"type": "http.response.body", "body": bytes([step % 256]) * 65536, "more_body": True})
+        finally:
+            cancelled.set()
+
+    @ingress(flood)
+    class Flood:
+        def method(self):
+            return 1
+
+    deployment = parse_deployment({"apiVersion": "modelplex.io/v1alpha1", "kind": "MultiplexedDeployment",
+                                   "metadata": {"name": "flood"},
+                                   "spec": {"image": "x", "handler": "m:Flood",
+                                            "router": {"streamIdleTimeoutSeconds": 0.5}}})
+    server = TestServer(create_app(deployment, Flood()), host="127.0.0.1")
+    await server.start_server()
+    loop = asyncio.get_running_loop()
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    client.setblocking(False)  # the replica runs on this loop: the client never blocks it
+    try:
+        await loop.sock_connect(client, ("127.0.0.1", server.port))
+        await loop.sock_sendall(client, f"POST /v1/invoke HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+                                        f"{METHOD_HEADER}: GET\r\n{PATH_HEADER}: /api/flood\r\n\r\n".encode())
+        assert (await loop.sock_recv(client, 64)).startswith(b"HTTP/1.1 200")  # then it reads no more
+        await asyncio.wait_for(cancelled.wait(), 0.5 + 10)
+    finally:
+        client.close()
+        await server.close()
