@@ -1,13 +1,17 @@
 """Build-stage installer for the images in docker/: a virtual environment with Modelplex in it.
 
-    python3 install_deps.py --venv /opt/modelplex --requirements replica.txt  # dependencies (a cached layer)
+    python3 install_deps.py --venv /opt/modelplex --requirements replica.lock  # dependencies (a cached layer)
     python3 install_deps.py --venv /opt/modelplex --project /src --target /opt/app  # the project
-    python3 docker/install_deps.py --write-requirements   # after a change to pyproject's dependencies
+    .venv/bin/python docker/install_deps.py --write-requirements   # after a change to pyproject's dependencies
 
 The dependencies are the lists in docker/requirements/, written from pyproject.toml by
---write-requirements (a unit test fails while they differ), so the images never drift from it. They
-go in before the sources are copied, and only they: a source change, or an edit to pyproject.toml
-that leaves the dependencies as they are, does not download torch again. The project goes
+--write-requirements (a unit test fails while they differ), so the images never drift from it,
+and each list's lock (``*.lock``): every package the list needs, pinned, with the hashes of its
+Linux x86-64 CPython 3.11 files (``uv pip compile --generate-hashes``, with the uv of the dev
+venv). An image installs its lock with ``--require-hashes``: a file on the index that changed
+under the same version fails the build. They go in before the sources are copied, and only
+they: a source change, or an edit to pyproject.toml that leaves the dependencies as they are,
+does not download torch again. The project goes
 into a folder of its own (on PYTHONPATH in the image), so that the final stage copies the large
 virtual environment as a layer that a source change leaves as it is.
 
@@ -19,7 +23,9 @@ Build arguments it reads from the environment:
 - TORCH_INDEX_URL: where `cpu` gets torch from, e.g. https://download.pytorch.org/whl/cpu (a
   CPU-only build, about 1/10 the size). Empty: PyPI's torch without the packages that only a GPU
   ever loads (see GPU_ONLY): with PyPI alone that is all that can be trimmed, since libtorch itself
-  links the CUDA, cuBLAS, cuDNN and NCCL libraries.
+  links the CUDA, cuBLAS, cuDNN and NCCL libraries. The lock holds PyPI's files: a torch from
+  another index is installed by its version alone (the one thing not checked by hash), the rest
+  from the lock.
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ def requirements(pyproject: dict, extras: list[str]) -> list[str]:
 def requirements_file(pyproject: dict, extras: list[str]) -> str:
     """The text of a docker/requirements/ file: one requirement per line, after a header."""
     named = f" with the {', '.join(extras)} extra" if extras else ""
-    header = (f"# pyproject.toml's dependencies{named}: written by `python3 docker/install_deps.py "
+    header = (f"# pyproject.toml's dependencies{named}: written by `.venv/bin/python docker/install_deps.py "
               "--write-requirements`; edit pyproject.toml, not this file.\n")
     return header + "".join(f"{r}\n" for r in requirements(pyproject, extras))
 
@@ -76,6 +82,41 @@ def write_requirements(pyproject_path: Path, directory: Path = REQUIREMENTS_DIR)
         path.write_text(requirements_file(pyproject, extras))
         written.append(path)
     return written
+
+
+#: What the images run: the platform and Python a lock's hashes are for.
+LOCK_PLATFORM = ("--python-version", "3.11", "--python-platform", "x86_64-manylinux_2_28")
+
+
+def write_locks(directory: Path = REQUIREMENTS_DIR, uv: Path = Path(sys.executable).with_name("uv")) -> list[Path]:
+    """Each list's lock, beside it: ``uv pip compile --generate-hashes`` (needs the package index)."""
+    written = []
+    for name in REQUIREMENTS:
+        lock = directory / f"{name}.lock"
+        subprocess.run([str(uv), "pip", "compile", "--quiet", "--generate-hashes", *LOCK_PLATFORM,
+                        "--custom-compile-command", ".venv/bin/python docker/install_deps.py --write-requirements",
+                        str(directory / f"{name}.txt"), "-o", str(lock)], check=True,
+                       env=dict(os.environ, UV_NATIVE_TLS="1"))
+        written.append(lock)
+    return written
+
+
+def locked(lock_text: str) -> dict[str, list[str]]:
+    """A lock's packages (lower-case names) and their hashes."""
+    packages: dict[str, list[str]] = {}
+    current = None
+    for raw in lock_text.splitlines():
+        line = raw.split("#", 1)[0].strip().rstrip("\\").strip()
+        if not line:
+            continue
+        if line.startswith("--hash="):
+            if current is not None:
+                packages[current].append(line.removeprefix("--hash="))
+            continue
+        current = line.split("==")[0].strip().lower()
+        packages[current] = []
+        packages[current] += [part.removeprefix("--hash=") for part in line.split()[1:] if part.startswith("--hash=")]
+    return packages
 
 
 def is_torch(requirement: str) -> bool:
@@ -108,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="write docker/requirements/ from pyproject.toml and exit")
     args = parser.parse_args(argv)
     if args.write_requirements:
-        for path in write_requirements(REQUIREMENTS_DIR.parent.parent / "pyproject.toml"):
+        for path in write_requirements(REQUIREMENTS_DIR.parent.parent / "pyproject.toml") + write_locks():
             print(f"wrote {path}")
         return
     if args.venv is None or (args.requirements is None) == (args.project is None):
@@ -136,10 +177,15 @@ def main(argv: list[str] | None = None) -> None:
             pip("install", "--no-deps", *(["--target", str(args.target)] if args.target else []), str(args.project))
             return
         wanted = read_requirements(args.requirements)
-        torch = [r for r in wanted if is_torch(r)]
+        torch = [r.split()[0] for r in wanted if is_torch(r)]  # from a lock: "torch==V" and its hashes
         if torch and variant == "cpu" and index_url:
-            pip("install", "--index-url", index_url, *torch)
-        pip("install", *wanted)
+            # Another index's build of the locked version: taken by version (its files are not
+            # PyPI's, so the lock has no hash for them); the lock then finds torch installed.
+            pip("install", "--no-deps", "--index-url", index_url, *torch)
+        if args.requirements.suffix == ".lock":
+            pip("install", "--require-hashes", "--no-deps", "-r", str(args.requirements))
+        else:
+            pip("install", *wanted)
         if torch and variant == "cpu":
             pip("uninstall", "--yes", *GPU_ONLY)
         if torch:

@@ -17,9 +17,9 @@ FROM ${BASE_IMAGE} AS build
 ARG TORCH_VARIANT=cuda
 ARG TORCH_INDEX_URL=""
 WORKDIR /src
-COPY docker/install_deps.py docker/requirements/replica.txt ./
+COPY docker/install_deps.py docker/requirements/replica.lock ./
 COPY docker/ca/ ./ca/
-RUN python3 install_deps.py --venv /opt/modelplex --requirements replica.txt
+RUN python3 install_deps.py --venv /opt/modelplex --requirements replica.lock
 COPY pyproject.toml README.md ./
 COPY modelplex ./modelplex
 COPY replica ./replica

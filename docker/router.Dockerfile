@@ -9,10 +9,10 @@ ARG BASE_IMAGE=python:3.11-slim
 
 FROM ${BASE_IMAGE} AS build
 WORKDIR /src
-COPY docker/install_deps.py docker/requirements/base.txt ./
+COPY docker/install_deps.py docker/requirements/base.lock ./
 COPY docker/ca/ ./ca/
 # No torch: the router never imports the replica.
-RUN python3 install_deps.py --venv /opt/modelplex --requirements base.txt
+RUN python3 install_deps.py --venv /opt/modelplex --requirements base.lock
 COPY pyproject.toml README.md ./
 COPY modelplex ./modelplex
 COPY replica ./replica

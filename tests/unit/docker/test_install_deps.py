@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import tomllib
 from pathlib import Path
 
@@ -41,8 +42,22 @@ def test_the_dockerfiles_install_the_lists_before_the_sources_and_pyproject():
         lines = (ROOT / "docker" / f"{component}.Dockerfile").read_text().splitlines()
         copies = [i for i, line in enumerate(lines) if line.startswith("COPY ")]
         first = lines[copies[0]]
-        assert f"docker/requirements/{listed}.txt" in first and "pyproject" not in first, first
+        assert f"docker/requirements/{listed}.lock" in first and "pyproject" not in first, first
         assert any("pyproject.toml" in lines[i] for i in copies[1:]), component
+
+
+@pytest.mark.parametrize("listed", sorted(install_deps.REQUIREMENTS))
+def test_each_list_has_a_lock_that_pins_every_package_it_needs_with_hashes(listed):
+    """The images install the locks with --require-hashes: every requirement of the list is in
+    its lock, every locked package pinned to one version with at least one hash."""
+    lock_text = (ROOT / "docker" / "requirements" / f"{listed}.lock").read_text()
+    packages = install_deps.locked(lock_text)
+    wanted = install_deps.read_requirements(ROOT / "docker" / "requirements" / f"{listed}.txt")
+    names = {re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0].lower().replace("_", "-") for requirement in wanted}
+    assert names <= set(packages), names - set(packages)
+    assert all(hashes and all(h.startswith("sha256:") for h in hashes) for hashes in packages.values())
+    pinned = [line for line in lock_text.splitlines() if line and not line.startswith((" ", "#"))]
+    assert len(pinned) == len(packages) and all("==" in line for line in pinned)
 
 
 def test_an_unknown_extra_is_an_error_that_names_it():

@@ -75,9 +75,9 @@ def test_dockerfiles(name):
     installs = [rest for op, rest in steps if op == "RUN" and "install_deps.py" in rest]
     assert installs[-1].endswith("--project . --target /opt/app")
     if name == "replica":
-        assert "--requirements replica.txt" in installs[0] and {"TORCH_VARIANT", "TORCH_INDEX_URL"} <= set(args)
+        assert "--requirements replica.lock" in installs[0] and {"TORCH_VARIANT", "TORCH_INDEX_URL"} <= set(args)
     else:
-        assert "--requirements base.txt" in installs[0]  # no torch outside the replica
+        assert "--requirements base.lock" in installs[0]  # no torch outside the replica
     # Every COPY source exists and gets through the Dockerfile's .dockerignore.
     rules = parse_dockerignore((path.parent / f"{path.name}.dockerignore").read_text())
     for op, rest in steps:
