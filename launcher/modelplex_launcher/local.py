@@ -216,7 +216,9 @@ def plan(manifest_paths: list[str], *, host: str, port: int) -> list[Plan]:
         taken.add(grpc_port)
         control_port = _router_port(deployment, host, taken, deployment.spec.router.control_port, "controlPort")
         taken.add(control_port)
-        plans.append(Plan(deployment, manifest, host, router_port, free_ports(slots),
+        replica_ports = _fresh_ports(deployment, slots, taken)
+        taken.update(replica_ports)
+        plans.append(Plan(deployment, manifest, host, router_port, replica_ports,
                           client_tokens=_client_tokens(deployment, secrets), source_env=_source_env(deployment, secrets),
                           grpc_port=grpc_port, control_port=control_port))
     return plans
@@ -230,6 +232,16 @@ def _source_env(deployment: Deployment, secrets: dict[tuple[str, str], SecretDoc
         return {}
     secret = secrets.get((deployment.namespace, source.secret_ref.name))
     return dict(secret.data) if secret is not None else {}
+
+
+def _fresh_ports(deployment: Deployment, count: int, taken: set[int]) -> list[int]:
+    """``count`` free ports for the replicas, none another port of this run: nothing holds a
+    planned port until its process binds it, so a later draw could hand it out again."""
+    for _ in range(50):
+        ports = free_ports(count)
+        if taken.isdisjoint(ports):
+            return ports
+    raise SpecError([f"found no {count} free ports for the replicas of {deployment.name!r}"])
 
 
 def _router_port(deployment: Deployment, host: str, taken: set[int], given: int | None, key: str) -> int:

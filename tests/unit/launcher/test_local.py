@@ -72,3 +72,20 @@ def test_a_control_port_given_is_used_and_one_not_given_is_a_free_one_apart_from
     assert plans[0].control_port == given and plans[0].control_address == f"127.0.0.1:{given}"
     others = {given, port, port + 1, plans[0].grpc_port, plans[1].grpc_port}
     assert plans[1].control_port not in others and port_free("127.0.0.1", plans[1].control_port)
+
+
+def test_no_two_planned_ports_are_the_same_even_when_a_draw_repeats_a_replica_s(tmp_path, monkeypatch):
+    """Nothing holds a planned port until its process binds it: a later draw that hands out an
+    earlier deployment's replica port again is drawn anew (it was a router's gRPC port, and the
+    replica then could not bind)."""
+    from modelplex_launcher import local
+
+    singles = iter([36001, 36002, 35001, 36003, 36004, 36005, 36006])
+    groups = iter([[35001], [35002]])
+    monkeypatch.setattr(local, "free_port", lambda host="127.0.0.1": next(singles))
+    monkeypatch.setattr(local, "free_ports", lambda count, host="127.0.0.1": next(groups))
+    port = consecutive_free_ports(2)
+    plans = plan([_manifests(tmp_path, {"a": {}, "b": {}})], host="127.0.0.1", port=port)
+    ports = [p for plan_ in plans for p in (plan_.router_port, plan_.grpc_port, plan_.control_port, *plan_.replica_ports)]
+    assert len(ports) == len(set(ports)), ports
+    assert plans[1].grpc_port == 36003
