@@ -596,6 +596,7 @@ class ControlPlane:
         comp = self._launch("containerd", ["containerd", "--config", str(config)])
         self._wait("containerd's socket", lambda: node.ctr(self.containerd_socket, "version", timeout=10),
                    deadline, comp)
+        self._wait("containerd's CRI", lambda: node.cri_version(self.containerd_socket), deadline, comp)
         if node.PAUSE_IMAGE not in node.image_names(self.containerd_socket):
             node.import_image(self.containerd_socket, node.pause_image())
 

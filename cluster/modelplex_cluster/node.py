@@ -391,6 +391,18 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 """
 
 
+def cri_version(socket: Path, timeout: float = 5.0) -> bytes:
+    """containerd's CRI answering ``RuntimeService/Version`` (raises until it does). Its socket
+    answers ``ctr`` before the CRI plugin has initialised; a kubelet started then exits with
+    "server is not initialized yet". The request is empty, so no CRI proto is needed."""
+    import grpc
+
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        version = channel.unary_unary("/runtime.v1.RuntimeService/Version",
+                                      request_serializer=bytes, response_deserializer=bytes)
+        return version(b"", timeout=timeout) or b"answered"
+
+
 def ctr(socket: Path, *args: str, input: bytes | None = None, check: bool = True, timeout: float = 600) -> str:
     return run("ctr", "--address", str(socket), "--namespace", "k8s.io", *args, input=input, check=check,
                timeout=timeout)

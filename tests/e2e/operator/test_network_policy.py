@@ -101,8 +101,10 @@ except OSError as e:
 
 def pod_monitor_endpoint(control_plane) -> tuple[str, str]:
     """The port name and path the chart's PodMonitor scrapes (``helm template`` with it on)."""
-    rendered = subprocess.run([str(control_plane.bin_dir / "helm"), "template", "mx", str(CHART),
-                               "--set", "monitoring.podMonitor.enabled=true", "--show-only", "templates/monitoring.yaml"],
+    # helm template assumes an old server unless told (the chart needs 1.25+): the node's version.
+    rendered = subprocess.run([str(control_plane.bin_dir / "helm"), "template", "mx", str(CHART), "--kube-version",
+                               "1.33.0", "--set", "monitoring.podMonitor.enabled=true",
+                               "--show-only", "templates/monitoring.yaml"],
                               capture_output=True, text=True, timeout=120, check=True).stdout
     (monitor,) = [doc for doc in yaml.safe_load_all(rendered) if doc and doc["kind"] == "PodMonitor"]
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
