@@ -29,11 +29,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Coroutine, Sequence
 
-from aiohttp import web
-
 from modelplex.wire.errors import BadRequest, LoadQuotaExceeded, ModelNotFound, ModelNotLoaded
 from modelplex.wire.spec import DEFAULT_NOT_FOUND_CACHE_S
-from modelplex_router.auth import ANONYMOUS, CALLER, INTERNAL
+from modelplex_router.auth import ANONYMOUS, INTERNAL
 from modelplex_router.metrics import RouterMetrics
 from modelplex_router.quota import LoadQuotas
 from modelplex_router.record import Replica
@@ -143,11 +141,6 @@ class ColdGate:
 
     def __post_init__(self) -> None:
         self._not_found = NotFound(self.not_found_s, self.clock)
-
-    def admit_request(self, request: web.Request, model: str) -> None:
-        """:meth:`admit` for an HTTP request: decided before its body is read, so a refused
-        request holds nothing."""
-        self.admit(model, quota_client(request.get(CALLER, ""), request.remote), request.headers.get(ON_COLD_HEADER))
 
     def admit(self, model: str, client: str | None, header: str | None) -> None:
         """Let a request for ``model`` from ``client`` (None: not limited) through, or raise:
