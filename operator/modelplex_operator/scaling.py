@@ -71,12 +71,17 @@ def cost_patches(pods: Iterable[ReplicaPod], wanted: Mapping[str, int]) -> dict[
     return {name: str(wanted[name]) for name in sorted(due)}
 
 
-def scale_event(decision: ScaleDecision, routers: str) -> tuple[str, str, str]:
-    """``(type, reason, message)`` of a replica count change."""
+def scale_event(decision: ScaleDecision, routers: str, leaving: Mapping[str, int] | None = None
+                ) -> tuple[str, str, str]:
+    """``(type, reason, message)`` of a replica count change; a scale-down names the pods it
+    expects to go (``leaving``: name -> pod-deletion-cost, the coldest caches)."""
     reason = "ScaledUp" if decision.direction == "up" else "ScaledDown"
     message = (f"replicas {decision.current} -> {decision.desired}: {decision.reason} "
                f"(ongoing {decision.average_ongoing:g} on average, {decision.queued} queued; "
                f"load reports from {routers} routers)")
+    if leaving:
+        coldest = ", ".join(f"{pod} (cost {cost})" for pod, cost in leaving.items())
+        message += f"; the coldest caches go: {coldest}"
     return "Normal", reason, message
 
 

@@ -176,7 +176,7 @@ class AutoscaleLoop:
         if decision.changed:
             await self._before_scale_down(key, deployment, plan, replicas)
             try:
-                await self._scale(key, view, deployment, state, decision, plan.heard)
+                await self._scale(key, view, deployment, state, decision, plan)
             except KubeError as error:
                 why = f"could not scale to {decision.desired} replicas ({error}): keeping {current}"
                 log.warning("autoscaling %s/%s: %s", *key, why)
@@ -241,12 +241,12 @@ class AutoscaleLoop:
                      "; ".join(pinned))
 
     async def _scale(self, key: Key, view: dict[str, Any], deployment: Deployment, state: ScaleState,
-                     decision: ScaleDecision, heard: str) -> None:
+                     decision: ScaleDecision, plan: RoundPlan) -> None:
         async with self.ctx.lock(key):  # the reconcile's applies keep this count from now on
             await self.ctx.kube.ascale(deployment.namespace, builders.replica_name(deployment.name), decision.desired)
             self.ctx.scaled[key] = decision.desired
         state.last_scale = scaling.LastScale(self.wall(), decision.reason)
-        event = scaling.scale_event(decision, heard)
+        event = scaling.scale_event(decision, plan.heard, {pod: plan.costs.get(pod, 0) for pod in plan.leaving})
         post(view, [event])
         log.info("autoscaling %s/%s: %s", *key, event[2])
 

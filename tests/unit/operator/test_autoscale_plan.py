@@ -59,7 +59,8 @@ def test_the_status_block_and_the_event_carry_the_inputs():
     assert (etype, reason) == ("Normal", "ScaledUp")
     assert "replicas 1 -> 3" in message and "7.46 on average" in message and "2 queued" in message
     assert "2/2 routers" in message
-    assert scaling.scale_event(ScaleDecision(0, 1, "idle for 10 s", 0.0, 0, 20.0), "1/2")[1] == "ScaledDown"
+    down = scaling.scale_event(ScaleDecision(0, 1, "idle for 10 s", 0.0, 0, 20.0), "1/2", {"r-a": 57})
+    assert down[1] == "ScaledDown" and down[2].endswith("the coldest caches go: r-a (cost 57)"), down
 
 
 def test_the_condition_keeps_its_transition_time_until_it_flips():
