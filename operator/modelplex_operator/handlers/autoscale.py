@@ -173,7 +173,10 @@ class AutoscaleLoop:
         state.failing = False
 
         await self._annotate(namespace, replicas, plan.costs)
-        if decision.changed:
+        if decision.changed and not scaling.costs_in_place(replicas, plan.leaving, plan.report):
+            log.info("autoscaling %s/%s: the scale-down to %d waits a round: %s must carry the lowest "
+                     "pod-deletion-cost first", *key, decision.desired, ", ".join(plan.leaving))
+        elif decision.changed:
             await self._before_scale_down(key, deployment, plan, replicas)
             try:
                 await self._scale(key, view, deployment, state, decision, plan)
