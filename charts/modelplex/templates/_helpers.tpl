@@ -119,6 +119,12 @@ install and the Role of each watched namespace.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+# The Gateway API Inference Extension's InferencePool of a deployment with
+# spec.router.endpointPicker on (its CRD is not the chart's): applied, and deleted once the picker
+# is turned off (only the operator's own, by uid). Without the CRD these rights grant nothing.
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
+  verbs: ["get", "create", "patch", "delete"]
 {{- end }}
 
 {{/*

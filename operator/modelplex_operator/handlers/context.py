@@ -14,6 +14,7 @@ from modelplex_operator.credentials import InternalCredentials
 from modelplex_operator.handlers.observe import Indexes
 from modelplex_operator.kube import Kube
 from modelplex_operator.pods import PodClient
+from modelplex_operator.pools import InferencePools
 from modelplex_operator.status import Key, Outcome
 
 
@@ -37,11 +38,14 @@ class OperatorContext:
     credentials: InternalCredentials = field(init=False)
     #: The one client of the pods (routers, replicas): closed at the operator's cleanup.
     pods: PodClient = field(init=False)
+    #: The deployments' InferencePools (with the Endpoint Picker on), applied apart: their CRD may be missing.
+    pools: InferencePools = field(init=False)
 
     def __post_init__(self) -> None:
         self.credentials = InternalCredentials(self.kube)
         # The credential of a deployment's pods: the deployment's own.
         self.pods = PodClient(credential=self.credentials.token)
+        self.pools = InferencePools(self.kube)
 
     @property
     def build_settings(self) -> BuildSettings:
@@ -74,6 +78,7 @@ class OperatorContext:
         self.scaled.pop(key, None)
         self.autoscaling.pop(key, None)
         self.credentials.forget(key)
+        self.pools.forget(key)
         self.warnings.pop(key, None)
         lock = self._locks.get(key)
         if lock is not None and not lock.locked():

@@ -13,6 +13,7 @@ status keeper (an owned Deployment was deleted, or the periodic resync).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, cast
@@ -25,6 +26,7 @@ from modelplex_operator import builders
 from modelplex_operator.handlers.context import OperatorContext
 from modelplex_operator.handlers.pinned import before_scale_down
 from modelplex_operator.kube import ApplyResult, KubeError, NotOwned
+from modelplex_operator.pools import ENDPOINT_PICKER
 from modelplex_operator.references import check_references
 from modelplex_operator.status import CONFLICT, INVALID, OK, REJECTED, RETRYING, Key, Outcome
 from modelplex_operator.validation import problems_of, validate
@@ -71,11 +73,28 @@ async def apply_all(ctx: OperatorContext, body: Mapping[str, Any], deployment: D
                                            replicas=ctx.autoscaled_replicas(key_of(body)))
         for obj in objects:
             results.append((obj, await ctx.kube.aapply(obj, meta["uid"])))
+        results.extend(await apply_pool(ctx, body, deployment, owner))
         # Which templates the pods must run before an upgrade from a namespace credential ends.
         ctx.credentials.applied(key_of(body), {
             obj["metadata"]["labels"].get(LABEL_ROLE, ""): int((result.after.get("metadata") or {}).get("generation") or 0)
             for obj, result in results if obj["kind"] == "Deployment"})
     return results
+
+
+async def apply_pool(ctx: OperatorContext, body: Mapping[str, Any], deployment: Deployment,
+                     owner: dict[str, Any]) -> list[tuple[dict, ApplyResult]]:
+    """The InferencePool (:mod:`modelplex_operator.pools`): applied with the picker on, deleted
+    with it off; its ``EndpointPicker`` condition kept with the reconcile's warnings, and a
+    Warning Event when it turns False (the CRD missing, say). Never raises for the pool: nothing
+    else fails for it."""
+    synced = await asyncio.to_thread(ctx.pools.sync, deployment, owner, int(body["metadata"].get("generation") or 1))
+    warnings = ctx.warnings.setdefault(key_of(body), {})
+    warnings.pop(ENDPOINT_PICKER, None)
+    if synced.condition is not None:
+        warnings[ENDPOINT_PICKER] = synced.condition
+    if synced.warn and synced.condition is not None:
+        post(body, [("Warning", f"{ENDPOINT_PICKER}{synced.condition['reason']}", synced.condition["message"])])
+    return [(synced.pool, synced.result)] if synced.pool is not None and synced.result is not None else []
 
 
 def _template_hash(obj: Mapping[str, Any] | None) -> str | None:

@@ -8,7 +8,7 @@ service by name right after the router turned ready sees it serving, as ``/ready
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from grpc_health.v1 import health, health_pb2
 
@@ -19,17 +19,26 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 class ReadinessHealth(health.aio.HealthServicer):
-    """The health service, ``inference.GRPCInferenceService`` as ``ready()`` says now."""
+    """The health service, ``inference.GRPCInferenceService`` (or the ``services`` given: the
+    Endpoint Picker's) as ``ready()`` says now."""
 
-    def __init__(self, ready: Callable[[], bool]) -> None:
+    def __init__(self, ready: Callable[[], bool], services: Iterable[str] = (messages.SERVICE_NAME,)) -> None:
         super().__init__()
         self._ready = ready
+        self.services = tuple(services)
 
     async def follow(self) -> None:
-        """Set the inference service's status from readiness now (for Watch, and drains)."""
-        await self.set(messages.SERVICE_NAME, SERVING if self._ready() else NOT_SERVING)
+        """Set the services' status from readiness now (for Watch, and drains)."""
+        status = SERVING if self._ready() else NOT_SERVING
+        for service in self.services:
+            await self.set(service, status)
+
+    async def not_serving(self) -> None:
+        """The services are not serving (a drain)."""
+        for service in self.services:
+            await self.set(service, NOT_SERVING)
 
     async def Check(self, request: health_pb2.HealthCheckRequest, context: Any) -> Any:  # noqa: N802 (gRPC's name)
-        if request.service == messages.SERVICE_NAME:
+        if request.service in self.services:
             await self.follow()
         return await super().Check(request, context)

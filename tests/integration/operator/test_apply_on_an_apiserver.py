@@ -128,3 +128,54 @@ def test_every_object_of_a_deployment_is_one_create_and_a_resync_of_it_only_read
     restarted = client(control_plane)
     assert [restarted.apply(obj, owner["uid"]).action for obj in objects] == ["unchanged"] * len(objects)
     assert [restarted.apply(obj, owner["uid"]).action for obj in objects] == ["unchanged"] * len(objects)
+
+
+def test_the_inference_pool_waits_for_its_crd_then_is_applied_as_its_schema_takes_it_and_goes_with_the_picker(
+        control_plane, owner):
+    """Without the Gateway API Inference Extension's CRD the pool is a False condition and no
+    error; with the vendored CRD applied, the server takes the pool as built (its v1 schema:
+    selector.matchLabels, targetPorts, endpointPickerRef) and a resync only reads it; with the
+    picker turned off the operator deletes it."""
+    from kubernetes import client as k8s
+    from unit.operator.objects import body, deployment_of
+
+    from modelplex.wire.names import REPLICA_PORT
+    from modelplex_operator import builders
+    from modelplex_operator.pools import CRD_MISSING, ENDPOINT_PICKER, POOL_APPLIED, InferencePools
+
+    custom = k8s.CustomObjectsApi(config.new_client_from_config(config_file=str(control_plane.kubeconfig)))
+    doc = body(name="gw", namespace=NS, router={"replicas": 1, "port": 8000, "endpointPicker": {
+        "enabled": True, "failureMode": "FailOpen"}})
+    deployment = deployment_of(doc)
+    # A real object as the owner (the pool's is the MultiplexedDeployment; any kind does here).
+    owner = {"apiVersion": "v1", "kind": "ConfigMap", "name": "the-owner", "uid": owner, "controller": True}
+
+    missing = InferencePools(client(control_plane)).sync(deployment, owner, 1)
+    assert missing.condition["type"] == ENDPOINT_PICKER
+    assert (missing.condition["status"], missing.condition["reason"]) == ("False", CRD_MISSING)
+    assert missing.warn and missing.result is None
+
+    crd = Path(__file__).parents[3] / "tests/e2e/vendor/gateway-api-inference-extension" / \
+        "inference.networking.k8s.io_inferencepools.yaml"
+    control_plane.kubectl("apply", "-f", str(crd))
+    pools = InferencePools(client(control_plane))
+    applied = wait_for(lambda: _applied(pools.sync(deployment, owner, 1)), 60, 0.5, "the InferencePool CRD served")
+    assert (applied.condition["status"], applied.condition["reason"]) == ("True", POOL_APPLIED)
+    assert applied.result.action == "created"
+    pool = custom.get_namespaced_custom_object("inference.networking.k8s.io", "v1", NS, "inferencepools", "gw")
+    assert pool["spec"]["selector"] == {"matchLabels": builders.selector("gw", "replica")}
+    assert pool["spec"]["targetPorts"] == [{"number": REPLICA_PORT}]
+    assert pool["spec"]["endpointPickerRef"] == {"group": "", "kind": "Service", "name": "gw", "port": {"number": 9002},
+                                                 "failureMode": "FailOpen"}
+    assert pool["metadata"]["ownerReferences"][0]["uid"] == owner["uid"]
+    assert InferencePools(client(control_plane)).sync(deployment, owner, 1).result.action == "unchanged"
+
+    off = deployment_of(body(name="gw", namespace=NS))
+    assert InferencePools(client(control_plane)).sync(off, owner, 2).condition is None
+    assert client(control_plane).get("inference.networking.k8s.io/v1", "InferencePool", NS, "gw") is None
+
+
+def _applied(synced):
+    if synced.result is None:
+        raise AssertionError(f"not applied yet: {synced.condition}")
+    return synced

