@@ -1,4 +1,8 @@
-"""The built-in handler: one TorchScript file per model id, batched forward passes.
+"""The built-in handler: one model file per model id, batched forward passes.
+
+Two formats (``spec.modelSource.format``): ``torchscript`` (the default, a ``torch.jit.save``-d
+module) and ``safetensors`` (a state_dict memory-mapped into ``modelSource.module``'s class,
+:mod:`modelplex_replica.statedict`).
 
 Two request shapes, batched together:
 
@@ -12,7 +16,8 @@ into one forward pass, whichever protocol they came by.
 
 Model metadata (OIP ``GET /v2/models/M``) comes from a ``modelplex.json`` file saved in the
 TorchScript archive (``torch.jit.save(m, f, _extra_files={"modelplex.json": ...})`` with
-``{"inputs": [{"name", "datatype", "shape"}], "outputs": [...]}``), else from the module: input
+``{"inputs": [{"name", "datatype", "shape"}], "outputs": [...]}``; for safetensors the same
+JSON under the file metadata's ``modelplex.json`` key), else from the module: input
 names from ``forward``'s signature, widths from its first and last ``Linear`` layers, the
 datatype of its parameters, and ``-1`` for dimensions it cannot know (the batch).
 
@@ -27,6 +32,7 @@ that still rejects its inputs answers 400 with the cause (the last line of Torch
 from __future__ import annotations
 
 import asyncio
+import inspect
 import io
 import json
 import os
@@ -35,7 +41,7 @@ import warnings
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -46,12 +52,13 @@ from modelplex.runtime import current_runtime
 from modelplex.wire.errors import BadRequest, ModelLoadError
 from modelplex.wire.names import ENV_WARM_DIR
 from modelplex.wire.oip import DTYPES, InferRequest, InferResponse, datatype_of, tensor_metadata
+from modelplex_replica import statedict
 from modelplex_replica.sources import ModelSource
 from modelplex_replica.warm import DiskTier
 
 #: The archive entry that declares a model's OIP inputs and outputs.
 METADATA_FILE = "modelplex.json"
-PLATFORM = "pytorch_torchscript"
+PLATFORMS = {"torchscript": "pytorch_torchscript", "safetensors": "pytorch_safetensors"}
 
 
 def pick_device() -> torch.device:
@@ -60,7 +67,7 @@ def pick_device() -> torch.device:
 
 @dataclass(frozen=True)
 class LoadedModel:
-    module: torch.jit.ScriptModule
+    module: torch.nn.Module  # a ScriptModule for TorchScript files
     inputs: tuple[dict, ...]  # OIP tensor metadata
     outputs: tuple[dict, ...]
     #: What requests are checked against: input names (None: not known), and per input its
@@ -83,10 +90,19 @@ class _Work:
 
 
 class TorchScriptHandler:
-    """Serves ``torch.jit.save``-d modules found at ``modelSource.uri``."""
+    """Serves the model files found at ``modelSource.uri``: ``torch.jit.save``-d modules, or
+    (``model_format="safetensors"``) state_dicts put into ``module_class(**module_kwargs)``."""
 
-    def __init__(self, source_uri: str, base_dir: Path | None = None):
+    def __init__(self, source_uri: str, base_dir: Path | None = None, *, model_format: str = "torchscript",
+                 module_class: Callable[..., Any] | None = None, module_kwargs: Mapping[str, Any] | None = None):
+        if model_format not in PLATFORMS:
+            raise ValueError(f"model format must be one of {', '.join(PLATFORMS)} (got {model_format!r})")
+        if model_format == "safetensors" and module_class is None:
+            raise ValueError("format safetensors needs the module class its state_dicts go into")
         self.source = ModelSource(source_uri, base_dir=base_dir)
+        self.format = model_format
+        self.module_class = module_class
+        self.module_kwargs = dict(module_kwargs or {})
         self.device = pick_device()
         # One forward pass at a time: torch already uses every intra-op thread for one batch.
         self._compute = threading.Lock()
@@ -95,8 +111,20 @@ class TorchScriptHandler:
     @multiplexed
     async def load_model(self, model_id: str) -> LoadedModel:
         load = current_load()
+        path = self.source.local_path(model_id)
+        if path is not None:
+            # A local file never passes through Python bytes: safetensors is mapped where it
+            # lies, TorchScript read by torch itself (from bytes, its load held the GIL five
+            # times as long: bench/swap/profile_load.py). The disk tier is for remote sources.
+            try:
+                nbytes = path.stat().st_size
+            except FileNotFoundError:
+                raise self.source.missing(model_id) from None
+            if load is not None:
+                await load.expect(nbytes)
+            return await asyncio.to_thread(self._load_file, model_id, path)
         disk = self._disk_tier()
-        data = await asyncio.to_thread(disk.read, model_id) if disk is not None else None
+        data: bytes | bytearray | None = await asyncio.to_thread(disk.read, model_id) if disk is not None else None
         if data is not None:
             if load is not None:
                 load.tier = "warm"
@@ -118,27 +146,41 @@ class TorchScriptHandler:
             weakref.finalize(self, self._disk.close)
         return self._disk
 
-    def _deserialize(self, model_id: str, data: bytes) -> LoadedModel:
+    def _load_file(self, model_id: str, path: Path) -> LoadedModel:
+        if self.format == "torchscript":
+            return self._torchscript(model_id, str(path))
+        try:
+            tensors, declared = statedict.read_file(model_id, path)
+        except FileNotFoundError:
+            raise self.source.missing(model_id) from None
+        return self._from_state_dict(model_id, tensors, declared)
+
+    def _from_state_dict(self, model_id: str, tensors: dict[str, torch.Tensor], declared: str) -> LoadedModel:
+        assert self.module_class is not None  # (format safetensors: checked when built)
+        module = statedict.build_module(model_id, self.module_class, self.module_kwargs, tensors)
+        return _loaded(model_id, module.to(self.device), declared)
+
+    def _deserialize(self, model_id: str, data: bytes | bytearray) -> LoadedModel:
+        if self.format == "safetensors":
+            return self._from_state_dict(model_id, *statedict.read_bytes(model_id, data))
+        return self._torchscript(model_id, io.BytesIO(data))
+
+    def _torchscript(self, model_id: str, source: str | io.BytesIO) -> LoadedModel:
         extra = {METADATA_FILE: ""}
         try:
             with warnings.catch_warnings():
                 # TorchScript is deprecated upstream in favour of torch.export, but it is the
                 # format this handler serves; the warning would repeat on every load.
                 warnings.simplefilter("ignore", FutureWarning)
-                module = torch.jit.load(io.BytesIO(data), map_location=self.device, _extra_files=extra)
+                module = torch.jit.load(source, map_location=self.device, _extra_files=extra)
         except Exception as error:  # noqa: BLE001 - torch raises many kinds
             raise ModelLoadError(f"model {model_id!r} is not a TorchScript file: {error}") from None
-        module = module.eval()
-        declared = _declared_metadata(model_id, extra[METADATA_FILE])
-        if declared is not None:
-            return LoadedModel(module, declared[0], declared[1], checks=declared[0])
-        inputs, outputs, checks = _inspect_metadata(module)
-        return LoadedModel(module, inputs, outputs, checks=checks)
+        return _loaded(model_id, module.eval(), extra[METADATA_FILE])
 
     async def oip_metadata(self, model_id: str) -> dict:
         """OIP model metadata: loads the model (so a model that answers here is servable)."""
         model = await self.load_model(model_id)
-        return {"name": model_id, "versions": ["1"], "platform": PLATFORM,
+        return {"name": model_id, "versions": ["1"], "platform": PLATFORMS[self.format],
                 "inputs": list(model.inputs), "outputs": list(model.outputs)}
 
     @batch
@@ -168,7 +210,7 @@ class TorchScriptHandler:
                 start = stop
         return results
 
-    def _forward(self, module: torch.jit.ScriptModule, works: list[_Work]) -> list[np.ndarray]:
+    def _forward(self, module: torch.nn.Module, works: list[_Work]) -> list[np.ndarray]:
         with self._compute, torch.inference_mode():
             arguments = [torch.cat([w.tensors[i] for w in works]).to(self.device) for i in range(len(works[0].tensors))]
             try:
@@ -179,6 +221,15 @@ class TorchScriptHandler:
         if not all(isinstance(r, torch.Tensor) for r in results):
             raise BadRequest("the model returned something other than tensors")
         return [r.cpu().numpy() for r in results]
+
+
+def _loaded(model_id: str, module: torch.nn.Module, declared_text: str) -> LoadedModel:
+    """The model with its OIP metadata: declared in the file, else inspected from the module."""
+    declared = _declared_metadata(model_id, declared_text)
+    if declared is not None:
+        return LoadedModel(module, declared[0], declared[1], checks=declared[0])
+    inputs, outputs, checks = _inspect_metadata(module)
+    return LoadedModel(module, inputs, outputs, checks=checks)
 
 
 def _native_work(index: int, body: Any) -> _Work:
@@ -273,21 +324,19 @@ def _declared_metadata(model_id: str, text: str) -> tuple[tuple[dict, ...], ...]
     return declared
 
 
-def _inspect_metadata(module: torch.jit.ScriptModule) -> tuple[tuple[dict, ...], tuple[dict, ...], tuple[dict, ...] | None]:
+def _inspect_metadata(module: torch.nn.Module) -> tuple[tuple[dict, ...], tuple[dict, ...], tuple[dict, ...] | None]:
     """(inputs, outputs) as reported, and the checks that are certain (None: names unknown)."""
-    try:
-        names = [a.name for a in module.forward.schema.arguments[1:]]  # type: ignore[attr-defined]  # [0] is self; torch types a ScriptMethod as a plain callable
-        named = True
-    except (AttributeError, RuntimeError):
-        names, named = ["input0"], False
+    names = _input_names(module)
+    named = names is not None
+    names = names or ["input0"]
     parameter = next((p for p in module.parameters() if p.is_floating_point()), None)
     datatype = datatype_of(np.empty(0, dtype=str(parameter.dtype).removeprefix("torch."))) if parameter is not None \
         else "FP32"
-    linears: list[Any] = [m for m in module.modules() if getattr(m, "original_name", "") == "Linear"]  # scripted: attributes untyped
+    linears: list[Any] = [m for m in module.modules() if _is_linear(m)]  # scripted: attributes untyped
     # The input is the first Linear's only when it is the first layer with weights (an
     # Embedding first takes integer ids of any width).
     weighted = [m for m in module.modules() if any(True for _ in m.parameters(recurse=False))]
-    linear_first = bool(weighted) and getattr(weighted[0], "original_name", "") == "Linear" and len(names) == 1
+    linear_first = bool(weighted) and _is_linear(weighted[0]) and len(names) == 1
     width_in = int(linears[0].weight.shape[1]) if linear_first else -1
     width_out = int(linears[-1].weight.shape[0]) if linears else -1
     inputs = tuple(tensor_metadata(name, datatype, [-1, width_in] if width_in > 0 else [-1]) for name in names)
@@ -295,3 +344,26 @@ def _inspect_metadata(module: torch.jit.ScriptModule) -> tuple[tuple[dict, ...],
     checks = tuple({"name": t["name"], "datatype": t["datatype"] if linear_first else None,
                     "shape": t["shape"] if linear_first else None} for t in inputs) if named else None
     return inputs, outputs, checks
+
+
+def _input_names(module: torch.nn.Module) -> list[str] | None:
+    """``forward``'s positional parameters: from the schema of a scripted module, the signature of
+    an eager one (safetensors); None where they are not known (``*args``, no schema)."""
+    if isinstance(module, torch.jit.ScriptModule):
+        try:
+            return [a.name for a in module.forward.schema.arguments[1:]]  # type: ignore[attr-defined]  # [0] is self; torch types a ScriptMethod as a plain callable
+        except (AttributeError, RuntimeError):
+            return None
+    try:
+        parameters = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if not parameters or any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters):
+        return None
+    return [p.name for p in parameters if p.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                                     inspect.Parameter.POSITIONAL_OR_KEYWORD)] or None
+
+
+def _is_linear(module: torch.nn.Module) -> bool:
+    """A ``Linear`` layer, eager or scripted (a scripted submodule keeps only its class's name)."""
+    return isinstance(module, torch.nn.Linear) or getattr(module, "original_name", "") == "Linear"

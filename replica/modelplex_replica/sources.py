@@ -64,32 +64,45 @@ class ModelSource:
         Raises :class:`~modelplex.wire.ids.InvalidModelId` (a 400) for ids with dot segments."""
         return self.uri.replace("{model_id}", source_key(model_id))
 
-    async def fetch(self, model_id: str) -> bytes:
-        """The model's bytes; :class:`ModelNotFound` when the source has no such model."""
+    async def fetch(self, model_id: str) -> bytes | bytearray:
+        """The model's bytes (an http(s) body in a buffer of its own, which a loader may view
+        without copying); :class:`ModelNotFound` when the source has no such model."""
         location = self.locate(model_id)
         if self.scheme == "file":
-            return await asyncio.to_thread(self._read_file, model_id, location)
+            return await asyncio.to_thread(self._read_file, model_id)
         if self.scheme in ("http", "https"):
             return await self._read_http(model_id, location)
         if self.scheme == "s3":
             return await asyncio.to_thread(self._read_s3, model_id, location)
         raise ModelLoadError(f"unsupported model source scheme {self.scheme!r}")
 
-    def _read_file(self, model_id: str, location: str) -> bytes:
+    def local_path(self, model_id: str) -> Path | None:
+        """The model's file for a ``file:`` source (a loader may map it in place instead of
+        reading it), None for the other schemes. It may not exist: reading it says so."""
+        if self.scheme != "file":
+            return None
+        location = self.locate(model_id)
         parsed = urlparse(location)
-        path = Path(parsed.path) if parsed.netloc in ("", "localhost") else None
-        if path is None:
+        if parsed.netloc not in ("", "localhost"):
             raise ModelLoadError(f"file URI with a host is not supported: {redact_url(location)}")
-        if not path.is_absolute():
-            path = self.base_dir / path
+        path = Path(parsed.path)
+        return path if path.is_absolute() else self.base_dir / path
+
+    def missing(self, model_id: str) -> ModelNotFound:
+        """The error for a model the source does not have."""
+        return ModelNotFound(f"model {model_id!r} not found in {self.shown}")
+
+    def _read_file(self, model_id: str) -> bytes:
+        path = self.local_path(model_id)
+        assert path is not None  # (a file: source)
         try:
             return path.read_bytes()
         except FileNotFoundError:
-            raise ModelNotFound(f"model {model_id!r} not found in {self.shown}") from None
+            raise self.missing(model_id) from None
         except OSError as error:
             raise ModelLoadError(f"reading model {model_id!r} from {self.shown} failed: {error.strerror}") from None
 
-    async def _read_http(self, model_id: str, location: str) -> bytes:
+    async def _read_http(self, model_id: str, location: str) -> bytes | bytearray:
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         shown = redact_url(location)
         try:
@@ -110,7 +123,7 @@ class ModelSource:
                             raise ModelNotFound(f"model {model_id!r} not found at {shown}")
                         if response.status != 200:
                             raise ModelLoadError(f"fetching model {model_id!r} from {shown}: HTTP {response.status}")
-                        return await response.read()
+                        return await _body(response)
                 raise ModelLoadError(f"fetching model {model_id!r} from {shown}: more than {MAX_REDIRECTS} redirects")
         except (aiohttp.ClientError, TimeoutError, ValueError) as error:
             raise ModelLoadError(f"fetching model {model_id!r} from {shown} failed: "
@@ -134,6 +147,27 @@ class ModelSource:
         except botocore.exceptions.BotoCoreError as error:
             raise ModelLoadError(f"fetching model {model_id!r} from {redact_url(location)} failed: "
                                  f"{redact_text(str(error))}") from None
+
+
+async def _body(response: aiohttp.ClientResponse) -> bytes | bytearray:
+    """The body, each chunk copied into one buffer of the announced length as it arrives: the
+    loop never joins a whole model at once (``read()`` does, a stall of the serving loop as long
+    as a copy of the model), and the buffer is writable, so tensors may view it."""
+    length = response.content_length
+    if length is None or response.headers.get("Content-Encoding", "identity") != "identity":
+        return await response.read()  # length unknown, or the length of the encoded body
+    buffer = bytearray(length)
+    view = memoryview(buffer)
+    at = 0
+    async for chunk in response.content.iter_any():
+        end = at + len(chunk)
+        if end > length:
+            raise aiohttp.ClientPayloadError(f"more than the announced {length} bytes")
+        view[at:end] = chunk
+        at = end
+    if at != length:
+        raise aiohttp.ClientPayloadError(f"{at} of the announced {length} bytes")
+    return buffer
 
 
 def _describe(error: BaseException) -> str:

@@ -2,7 +2,10 @@
 
 - :class:`HostTier` (beside a GPU): an evicted model's tensors move to host memory (pinned,
   so the copy back runs at full PCIe speed), up to ``hostCacheBytes``; the oldest go first.
-  Bringing one back is ``module.to(device)``, not a fetch plus construction.
+  Bringing one back is a copy of each tensor to the device, not a fetch plus construction: the
+  same module objects (a scripted or compiled module keeps its state), their tensors copied
+  without blocking on a CUDA stream of the tier's own, so the kernels of the models serving
+  meanwhile are not queued behind the copy; the load waits for that stream alone.
 - :class:`DiskTier` (CPU only): the model is in host memory already, so the tier is a
   local-disk copy of the fetched file (an ``emptyDir`` in pods), up to ``hostCacheBytes``; a
   re-load reads it instead of the network.
@@ -36,6 +39,7 @@ class HostTier:
         self.capacity_bytes = capacity_bytes
         self.device = where
         self._models: OrderedDict[str, tuple[Any, int]] = OrderedDict()
+        self._stream: Any = None  # torch.cuda.Stream, made on the first copy back
 
     @property
     def bytes_used(self) -> int:
@@ -52,7 +56,7 @@ class HostTier:
             dropped_id, (dropped, _) = self._models.popitem(last=False)
             log.info("Dropped model %r from the warm tier.", dropped_id)
             await release(dropped, dropped_id)
-        await asyncio.to_thread(_to_host, modules)
+        await asyncio.to_thread(to_host, modules, self._copy_stream())
         self._models[model_id] = (model, nbytes)
         return True
 
@@ -61,8 +65,14 @@ class HostTier:
         if held is None:
             return None
         model = held[0]
-        await asyncio.to_thread(_to_device, list(modules_in(model)), self.device)
+        await asyncio.to_thread(to_device, list(modules_in(model)), self.device, self._copy_stream())
         return model
+
+    def _copy_stream(self) -> Any:
+        """The tier's own CUDA stream (None on CPU): copies both ways run there."""
+        if self.device.type == "cuda" and self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+        return self._stream
 
     async def close(self) -> None:
         while self._models:
@@ -70,20 +80,73 @@ class HostTier:
             await release(model, model_id)
 
 
-def _to_host(modules: list[torch.nn.Module]) -> None:
+def _tensors(modules: list[torch.nn.Module]) -> list[torch.Tensor]:
+    """The modules' parameters and buffers, each once (tied weights, shared submodules)."""
+    seen: dict[int, torch.Tensor] = {}
     for module in modules:
-        module.to("cpu")
-        if torch.cuda.is_available():
-            with torch.no_grad():
-                for tensor in (*module.parameters(), *module.buffers()):
-                    tensor.data = tensor.data.pin_memory()
+        for tensor in (*module.parameters(), *module.buffers()):
+            seen.setdefault(id(tensor), tensor)
+    return list(seen.values())
 
 
-def _to_device(modules: list[torch.nn.Module], where: torch.device) -> None:
-    for module in modules:
-        module.to(where, non_blocking=True)
-    if where.type == "cuda":
-        torch.cuda.synchronize(where)
+def to_host(modules: list[torch.nn.Module], stream: Any = None) -> None:
+    """Each tensor into host memory, pinned where CUDA is (straight from the device into the
+    pinned buffer: no pageable copy between), on ``stream`` where one is given. The modules
+    stay the same objects."""
+    pin = torch.cuda.is_available()
+    tensors = [t for t in _tensors(modules) if not (t.device.type == "cpu" and (t.is_pinned() or not pin))]
+    with torch.no_grad():
+        if stream is None:
+            for tensor in tensors:
+                host = torch.empty_like(tensor, device="cpu", pin_memory=pin)
+                host.copy_(tensor.data)
+                tensor.data = host
+            return
+        # After what was queued for the model already (its last request's kernels), beside
+        # what serving queues from now on.
+        stream.wait_stream(torch.cuda.current_stream(stream.device))
+        with torch.cuda.stream(stream):
+            for tensor in tensors:
+                host = torch.empty_like(tensor, device="cpu", pin_memory=True)
+                host.copy_(tensor.data, non_blocking=True)
+                if tensor.is_cuda:
+                    tensor.data.record_stream(stream)  # its device memory is not reused before the copy
+                tensor.data = host
+        stream.synchronize()
+
+
+def to_device(modules: list[torch.nn.Module], where: torch.device, stream: Any = None) -> None:
+    """Each tensor back to ``where``; on CUDA a non-blocking copy from pinned memory on
+    ``stream``, waited for alone (``torch.cuda.synchronize`` would also wait for every kernel
+    the serving models queued). The copies are recorded on the current stream, where the model
+    then runs, so the allocator never hands their memory out while a kernel may still read it."""
+    tensors = _tensors(modules)
+    with torch.no_grad():
+        if where.type != "cuda" or stream is None:
+            for tensor in tensors:
+                tensor.data = tensor.data.to(where)
+            return
+        with torch.cuda.stream(stream):
+            for tensor in tensors:
+                tensor.data = tensor.data.to(where, non_blocking=True)
+        stream.synchronize()
+        serving = torch.cuda.current_stream(where)
+        for tensor in tensors:
+            tensor.data.record_stream(serving)
+
+
+def read_into_buffer(path: Path) -> bytearray:
+    """A file's bytes read straight into one writable buffer (``readinto``: no second copy, and
+    the GIL is released while the kernel copies)."""
+    with open(path, "rb") as file:
+        buffer = bytearray(os.fstat(file.fileno()).st_size)
+        view, at = memoryview(buffer), 0
+        while at < len(buffer):
+            got = file.readinto(view[at:])
+            if not got:
+                raise OSError(f"{path.name} shrank while it was read")
+            at += got
+    return buffer
 
 
 class DiskTier:
@@ -109,20 +172,21 @@ class DiskTier:
     def _name(model_id: str) -> str:
         return hashlib.sha256(model_id.encode()).hexdigest()
 
-    def read(self, model_id: str) -> bytes | None:
+    def read(self, model_id: str) -> bytearray | None:
+        """The copy, in a writable buffer of its own (a safetensors model is viewed in it)."""
         name = self._name(model_id)
         with self._lock:
             if name not in self._files:
                 return None
             self._files.move_to_end(name)
         try:
-            return (self.directory / name).read_bytes()
+            return read_into_buffer(self.directory / name)
         except OSError:
             with self._lock:
                 self._files.pop(name, None)
             return None
 
-    def write(self, model_id: str, data: bytes) -> bool:
+    def write(self, model_id: str, data: bytes | bytearray) -> bool:
         """Keep a copy; False when it is larger than the whole tier."""
         if len(data) > self.capacity_bytes:
             return False

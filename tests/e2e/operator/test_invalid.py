@@ -35,9 +35,13 @@ def _without_image():
         (manifest("badhandler", handler="not a handler"), "spec.handler in body should match"),
         (manifest("nomodelid", modelSource={"uri": "s3://models/model.pt"}), "spec.modelSource.uri"),
         (manifest("badgpu", resources={"limits": {"nvidia.com/gpu": "lots"}}), "spec.resources.limits.nvidia.com/gpu"),
+        (manifest("nomodule", modelSource={"uri": "s3://models/{model_id}.safetensors", "format": "safetensors"}),
+         "module is required with format: safetensors"),
+        (manifest("tsmodule", modelSource={"uri": "s3://models/{model_id}.pt", "module": "nets:Mlp"}),
+         "module goes with format: safetensors only"),
     ],
     ids=["negative-replicas", "missing-image", "max-batch-size-0", "unknown-field", "handler-pattern",
-         "uri-without-model-id", "bad-quantity"],
+         "uri-without-model-id", "bad-quantity", "safetensors-without-module", "module-with-torchscript"],
 )
 def test_the_schema_refuses(control_plane, modelplex_operator, kube_namespace, api, doc, expected):
     proc = kubectl_apply(control_plane, kube_namespace, doc, check=False)

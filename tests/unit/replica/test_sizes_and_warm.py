@@ -9,7 +9,7 @@ from modelplex.runtime import Runtime
 from modelplex.wire.spec import parse_spec
 from modelplex_replica.handler import configure_cache
 from modelplex_replica.sizes import ModelSizer, device_memory_bytes, tensor_bytes
-from modelplex_replica.warm import DiskTier, HostTier
+from modelplex_replica.warm import DiskTier, HostTier, _tensors, to_device, to_host
 
 
 def mlp(width=256):
@@ -105,3 +105,16 @@ async def test_disk_tier_writes_from_many_threads_stay_within_bytes(tmp_path):
     await asyncio.gather(*(asyncio.to_thread(tier.write, f"m{i}", b"x" * 300) for i in range(20)))
     files = [p for p in tmp_path.iterdir() if not p.name.startswith(".")]
     assert sum(p.stat().st_size for p in files) <= 1000 and tier.bytes_used <= 1000
+
+
+def test_moving_a_models_tensors_keeps_the_modules_and_moves_tied_weights_once():
+    torch.manual_seed(0)
+    encoder, decoder = torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False)
+    decoder.weight = encoder.weight  # tied
+    model = torch.nn.Sequential(encoder, decoder)
+    before = model(torch.tensor([1, 2]))
+    to_host([model, decoder])  # a module found twice, a tensor shared by two modules
+    to_device([model, decoder], torch.device("cpu"))
+    assert decoder.weight is encoder.weight
+    assert torch.equal(model(torch.tensor([1, 2])), before)
+    assert len(_tensors([model, decoder])) == 1

@@ -62,3 +62,26 @@ def test_body_timeout_and_not_found_cache_defaults_and_bounds():
     for bad in ({"router": {"bodyTimeoutSeconds": 0}}, {"multiplexing": {"notFoundCacheSeconds": -1}}):
         with pytest.raises(SpecError):
             parse_spec(spec_with("file:m/{model_id}.pt", **bad))
+
+
+def test_the_format_defaults_to_torchscript_and_safetensors_names_its_module_class():
+    source = parse_spec(spec_with("file:m/{model_id}.pt")).model_source
+    assert source is not None and source.format == "torchscript" and source.module is None and source.kwargs == {}
+    spec = {"image": "i", "modelSource": {"uri": "file:m/{model_id}.safetensors", "format": "safetensors",
+                                          "module": "nets.mlp:Mlp", "kwargs": {"width": 512, "act": "gelu"}}}
+    source = parse_spec(spec).model_source
+    assert source is not None and (source.format, source.module, source.kwargs) == (
+        "safetensors", "nets.mlp:Mlp", {"width": 512, "act": "gelu"})
+
+
+@pytest.mark.parametrize(("source", "message"), [
+    ({"format": "safetensors"}, "spec.modelSource: module is required with format: safetensors"),
+    ({"format": "safetensors", "module": "nets"}, "spec.modelSource.module: must look like 'module.path:ClassName'"),
+    ({"module": "nets:Mlp"}, "spec.modelSource: module and kwargs go with format: safetensors only"),
+    ({"kwargs": {"width": 3}}, "spec.modelSource: module and kwargs go with format: safetensors only"),
+    ({"format": "onnx"}, "spec.modelSource.format: Input should be 'torchscript' or 'safetensors' (got 'onnx')"),
+])
+def test_a_source_whose_format_and_module_disagree_is_a_spec_error_naming_the_field(source, message):
+    with pytest.raises(SpecError) as refused:
+        parse_spec({"image": "i", "modelSource": {"uri": "file:m/{model_id}.st", **source}})
+    assert message in str(refused.value)
