@@ -39,7 +39,7 @@ from typing import Any, Callable, cast
 
 from modelplex.context import get_multiplexed_model_id
 from modelplex.runtime import current_runtime
-from modelplex.wire.errors import BatchItemTooLarge, HandlerError
+from modelplex.wire.errors import BatchItemTooLarge, BatchSizeMismatch, HandlerError
 from modelplex.wire.spec import DEFAULT_BATCH_WAIT_TIMEOUT_S, DEFAULT_MAX_BATCH_SIZE
 
 log = logging.getLogger("modelplex.batching")
@@ -405,7 +405,7 @@ def _check_length(results: Any, items: list[_Pending]) -> None:
         raise TypeError(f"a batched function returns a list of one result per request; it returned "
                         f"{type(results).__name__} for a batch of {len(items)}")
     if len(results) != len(items):
-        raise HandlerError(f"batched function returned {len(results)} results for a batch of {len(items)}")
+        raise BatchSizeMismatch(len(items), len(results))
 
 
 # -- the caller's side of a batched generator -------------------------------------------------------

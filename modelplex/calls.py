@@ -12,6 +12,7 @@ import asyncio
 import contextvars
 import functools
 import inspect
+import sys
 from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Callable, Generator
 
@@ -126,6 +127,8 @@ class Invocation:
     method: str = "__call__"
     #: The stream the target returned already (a plain HTTP request's: see :meth:`outcome`).
     produced: Any = None
+    #: ``produced`` is a Starlette response (an ASGI app) to send as it sends itself.
+    responds: bool = False
 
     def run(self) -> Any:
         """Call the target: a coroutine, a value, an async iterator or a generator, by mode."""
@@ -159,7 +162,10 @@ class Invocation:
     def outcome(self, value: Any) -> tuple[bytes, str] | Invocation:
         """What the handler returned, to send: encoded (:meth:`encode`), or, where a plain HTTP
         request's handler returned a stream (a generator, a ``@batch`` generator's stream), the
-        invocation that streams it (as Ray streams it: an HTTP client cannot ask for a stream)."""
+        invocation that streams it (as Ray streams it: an HTTP client cannot ask for a stream),
+        or a Starlette response to send as it is (as Ray sends it)."""
+        if not self.typed and is_starlette_response(value):
+            return replace(self, produced=value, responds=True)
         if not self.typed and returns_stream(value):
             return replace(self, produced=value, stream_requested=True)
         return self.encode(value)
@@ -223,6 +229,14 @@ class Invocation:
 def returns_stream(value: Any) -> bool:
     """Whether a handler's answer is a stream to iterate rather than a value to send."""
     return inspect.isgenerator(value) or inspect.isasyncgen(value) or hasattr(value, "__aiter__")
+
+
+def is_starlette_response(value: Any) -> bool:
+    """Whether a handler's answer is a Starlette (or FastAPI) response: an ASGI app that sends
+    its own status, headers and body. Starlette is not imported for the question: a response
+    exists only where it was."""
+    responses = sys.modules.get("starlette.responses")
+    return responses is not None and isinstance(value, responses.Response)
 
 
 def generator_without_stream(method: str) -> HandlerError:

@@ -49,7 +49,8 @@ import orjson
 from modelplex.http import from_json, internal_session, is_json
 from modelplex.wire.codec import (CALL_CONTENT_TYPE, STREAM_CONTENT_TYPE, VALUE_CONTENT_TYPE, Call, RemoteStreamError,
                                   decode_value, encode_call, from_plain)
-from modelplex.wire.errors import BadRequest, ModelplexError, ReplicaFailed, UpstreamTimeout, error_for_status
+from modelplex.wire.errors import (BadRequest, ModelplexError, ReplicaFailed, RequestCancelledError, UpstreamTimeout,
+                                   error_for_status)
 from modelplex.wire.ids import InvalidModelId, validate_model_id
 from modelplex.wire.names import ENV_POD_NAMESPACE, MODEL_ID_HEADER, dns_label, router_env_name
 from modelplex.wire.spec import DEFAULT_ROUTER_PORT
@@ -278,9 +279,18 @@ class DeploymentResponse:
 
     def __init__(self, started: _Started):
         self._started = started
+        self._cancelled = False
 
     def __await__(self):
-        return self._started.awaitable().__await__()
+        return self._answer().__await__()
+
+    async def _answer(self) -> Any:
+        try:
+            return await self._started.awaitable()
+        except asyncio.CancelledError:
+            if self._cancelled:  # this response's cancel(), not the awaiting task's: Ray's error
+                raise RequestCancelledError() from None
+            raise
 
     def result(self, timeout_s: float | None = None) -> Any:
         """Wait for the answer (outside an event loop); ``TimeoutError`` after ``timeout_s``."""
@@ -289,9 +299,13 @@ class DeploymentResponse:
             return self._started.concurrent().result(timeout_s)
         except concurrent.futures.TimeoutError:
             raise TimeoutError(f"no answer within {timeout_s:g} s") from None
+        except concurrent.futures.CancelledError:
+            raise RequestCancelledError() from None
 
     def cancel(self) -> None:
-        """Give up on the answer: the request is aborted and the work upstream cancelled."""
+        """Give up on the answer: the request is aborted and the work upstream cancelled;
+        awaiting the response then raises Ray's ``RequestCancelledError``."""
+        self._cancelled = True
         self._started.cancel()
 
     async def _to_object_ref(self) -> ObjectRef:
@@ -541,7 +555,8 @@ class DeploymentHandle:
                 async for line in _lines(response.content, self.deployment):
                     item = _parse(line, self.deployment)
                     if isinstance(item, RemoteStreamError):
-                        raise error_for_status(500, f"{self.deployment}: {item.message}", item.code, item.type)
+                        raise error_for_status(500, f"{self.deployment}: {item.message}", item.code, item.type,
+                                               item.module)
                     yield item
         except aiohttp.ClientPayloadError:
             raise ReplicaFailed(f"{self.deployment}: the stream broke off") from None
@@ -612,10 +627,10 @@ def _decode(content_type: str, data: bytes) -> Any:
 def _error(deployment: str, status: int, data: bytes) -> ModelplexError:
     try:
         error = from_json(data)["error"]
-        message, code, error_type = error["message"], error.get("code"), error.get("type")
+        message, code, error_type, module = error["message"], error.get("code"), error.get("type"), error.get("module")
     except (ValueError, KeyError, TypeError):
-        message, code, error_type = data[:200].decode(errors="replace") or f"HTTP {status}", None, None
-    return error_for_status(status, f"{deployment}: {message}", code, error_type)
+        message, code, error_type, module = data[:200].decode(errors="replace") or f"HTTP {status}", None, None, None
+    return error_for_status(status, f"{deployment}: {message}", code, error_type, module)
 
 
 def handle(deployment: str, *, url: str | None = None) -> DeploymentHandle:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable, Mapping
+from typing import Any, AsyncIterator, Callable, Mapping
 
 import aiohttp
 import orjson
@@ -146,6 +146,24 @@ async def write_chunk(request: web.Request, response: web.StreamResponse, data: 
 
 #: The status of a request whose client left before its answer (metrics and logs only, as nginx's).
 CLIENT_CLOSED = 499
+
+
+async def first_chunk(content: aiohttp.StreamReader) -> bytes:
+    """The first HTTP chunk of an upstream answer (b"": its body is empty), read alone: chunks
+    that arrived with it stay for :func:`upstream_chunks`."""
+    while True:
+        data, _ = await content.readchunk()
+        if data or content.at_eof():
+            return data
+
+
+async def upstream_chunks(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """An upstream answer's body as its sender framed it: each HTTP chunk it sent (one larger
+    than the read buffer in pieces), never two merged, so a streaming client reads one chunk
+    per item through a proxy as it would from the replica (Ray sends one per yield)."""
+    async for data, _ in content.iter_chunks():
+        if data:
+            yield data
 
 
 def status_of(error: BaseException) -> int:

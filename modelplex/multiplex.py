@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from modelplex.cache import ModelCache
 from modelplex.runtime import Runtime, current_runtime
-from modelplex.wire.errors import BadRequest
+from modelplex.wire.errors import BadRequest, EmptyModelId
 from modelplex.wire.ids import InvalidModelId, validate_model_id
 from modelplex.wire.spec import DEFAULT_MAX_MODELS_PER_REPLICA
 
@@ -21,7 +21,8 @@ def multiplexed(func: Callable | None = None, *, max_num_models_per_replica: int
 
     Works on methods (one cache per instance) and on plain functions (one cache per function).
     The loader takes the model id as its one argument; a call without one, or with anything
-    but a string, is a ``TypeError`` (nothing is loaded), and an empty or invalid id a
+    but a string, is a ``TypeError`` (nothing is loaded), an empty one Ray's ``ValueError("The
+    model ID cannot be empty.")`` (a 400 over HTTP), an invalid one a
     :class:`~modelplex.wire.errors.BadRequest`.
     """
     if isinstance(max_num_models_per_replica, bool) or not isinstance(max_num_models_per_replica, int):
@@ -56,8 +57,7 @@ def _checked(model_id: Any) -> str:
     if not isinstance(model_id, str):
         raise TypeError(f"a model id is a string (got {type(model_id).__name__})")
     if not model_id:
-        raise BadRequest("this deployment serves many models: name one in the serve_multiplexed_model_id header "
-                         "(or handle.options(multiplexed_model_id=...))")
+        raise EmptyModelId()  # Ray's ValueError("The model ID cannot be empty."); over HTTP a 400
     try:
         return validate_model_id(model_id)
     except InvalidModelId as error:

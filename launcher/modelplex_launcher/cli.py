@@ -52,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     router.add_argument("--control-port", type=int, default=None,
                         help="/healthz, /readyz and /metrics for probes and scrapers, answered however busy the "
                              "public port is (default: spec.router.controlPort, else a free one, logged)")
+    router.add_argument("--picker-port", type=int, default=None,
+                        help="the Endpoint Picker's ext_proc port, with spec.router.endpointPicker.enabled (default: "
+                             "spec.router.endpointPicker.port, else a free one, logged)")
     router.add_argument("--replica", action="append", default=[], metavar="URL", help="static replica URL (repeat)")
 
     commands.add_parser("operator", help="run the kopf operator (in-cluster or from KUBECONFIG)")
@@ -85,13 +88,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"modelplex replica: {error}", file=sys.stderr)
                 return 2
         if args.command == "router":
-            from modelplex_router.server import run_router
+            from modelplex_router.server import picker_port_of, run_router
 
             deployment = _deployment(args)
             grpc_port = args.grpc_port if args.grpc_port is not None else deployment.spec.router.grpc_port or 0
             control_port = args.control_port if args.control_port is not None else deployment.spec.router.control_port or 0
+            picker_port = picker_port_of(deployment, in_pod=False)
+            if picker_port is not None and args.picker_port is not None:
+                picker_port = args.picker_port
             return run_router(deployment, host=args.host, port=args.port, replica_urls=args.replica,
-                              grpc_port=grpc_port, control_port=control_port)
+                              grpc_port=grpc_port, control_port=control_port, picker_port=picker_port)
         if args.command == "local":
             from modelplex.serve.build import local_manifests
             from modelplex_launcher.local import run_local

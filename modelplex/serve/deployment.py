@@ -9,8 +9,12 @@ application into MultiplexedDeployments; :func:`modelplex.serve.run` runs them h
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
+
+from modelplex.serve.config import AutoscalingConfig
 
 #: Ray's default for ``max_ongoing_requests``.
 DEFAULT_MAX_ONGOING_REQUESTS = 5
@@ -38,6 +42,19 @@ class DeploymentOptions:
     ray_actor_options: dict[str, Any] = field(default_factory=dict)
     autoscaling_config: dict[str, Any] | None = None
     user_config: Any = None
+    #: ``spec.gracefulShutdownTimeoutSeconds`` (the drain; a pod's termination grace follows).
+    graceful_shutdown_timeout_s: float | None = None
+    #: Ray's period of checking a draining replica for requests: the drain here ends when the
+    #: last request does, so there is no loop to tune (accepted, documented).
+    graceful_shutdown_wait_loop_s: float | None = None
+    #: ``spec.healthCheck``: how often the deployment's ``check_health`` runs, and its bound.
+    health_check_period_s: float | None = None
+    health_check_timeout_s: float | None = None
+
+    def health_check(self) -> dict[str, float]:
+        """``spec.healthCheck`` from the health check options (empty: the defaults, Ray's)."""
+        return {key: value for key, value in (("periodSeconds", self.health_check_period_s),
+                                              ("timeoutSeconds", self.health_check_timeout_s)) if value is not None}
 
     def replicas(self) -> int:
         """Replicas to start: ``num_replicas``, else the autoscaling config's initial or minimum."""
@@ -70,11 +87,57 @@ class DeploymentOptions:
             requests["memory"] = str(int(actor["memory"]))
         if actor.get("num_gpus"):
             limits["nvidia.com/gpu"] = max(1, round(actor["num_gpus"]))
+        for name, amount in (actor.get("resources") or {}).items():
+            limits[name] = math.ceil(amount)  # Kubernetes counts extended resources in whole units
         return {key: value for key, value in (("requests", requests), ("limits", limits)) if value}
 
+    def env(self) -> dict[str, str]:
+        """``ray_actor_options.runtime_env.env_vars``: the replicas' environment (a pod's ``env``)."""
+        runtime_env = self.ray_actor_options.get("runtime_env") or {}
+        return {str(name): str(value) for name, value in (runtime_env.get("env_vars") or {}).items()}
 
-_OPTIONS = {"name", "num_replicas", "max_ongoing_requests", "ray_actor_options", "autoscaling_config", "user_config"}
-_ACTOR_OPTIONS = {"num_cpus", "num_gpus", "memory", "runtime_env"}
+
+_OPTIONS = {"name", "num_replicas", "max_ongoing_requests", "ray_actor_options", "autoscaling_config", "user_config",
+            "graceful_shutdown_timeout_s", "graceful_shutdown_wait_loop_s", "health_check_period_s",
+            "health_check_timeout_s"}
+_ACTOR_OPTIONS = {"num_cpus", "num_gpus", "memory", "runtime_env", "resources"}
+#: Of Ray's runtime_env, what a replica's process can be given; the rest is the image's work.
+_RUNTIME_ENV = {"env_vars"}
+#: A Kubernetes extended resource: ``domain/name``.
+_EXTENDED_RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+
+def _check_actor_options(actor: dict[str, Any]) -> None:
+    runtime_env = actor.get("runtime_env") or {}
+    if not isinstance(runtime_env, dict):
+        raise TypeError(f"serve.deployment: runtime_env must be a dict (got {type(runtime_env).__name__})")
+    unknown = sorted(set(runtime_env) - _RUNTIME_ENV)
+    if unknown:
+        raise TypeError(f"serve.deployment: runtime_env {', '.join(unknown)} not supported: a replica runs in its "
+                        "image, so install packages and code there (its Dockerfile); runtime_env takes env_vars")
+    env_vars = runtime_env.get("env_vars") or {}
+    if not isinstance(env_vars, dict) or not all(isinstance(name, str) and isinstance(value, str)
+                                                 for name, value in env_vars.items()):
+        raise TypeError("serve.deployment: runtime_env env_vars must be a dict of strings")
+    resources = actor.get("resources") or {}
+    if not isinstance(resources, dict):
+        raise TypeError(f"serve.deployment: ray_actor_options resources must be a dict (got {type(resources).__name__})")
+    for name, amount in resources.items():
+        if not isinstance(name, str) or not _EXTENDED_RESOURCE.match(name):
+            raise ValueError(f"serve.deployment: resource {name!r}: a pod's limits name extended resources as "
+                             "domain/name (example.com/fpga)")
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount <= 0:
+            raise ValueError(f"serve.deployment: resource {name!r} must be a number > 0 (got {amount!r})")
+
+
+def _check_seconds(options: dict[str, Any]) -> None:
+    for key in ("graceful_shutdown_timeout_s", "graceful_shutdown_wait_loop_s", "health_check_period_s",
+                "health_check_timeout_s"):
+        value = options.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
+                                  or (key.startswith("health") and value == 0)):
+            raise ValueError(f"serve.deployment: {key} must be a number of seconds "
+                             f"{'> 0' if key.startswith('health') else '>= 0'} (got {value!r})")
 
 
 def _checked(options: dict[str, Any]) -> dict[str, Any]:
@@ -87,6 +150,8 @@ def _checked(options: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         raise TypeError(f"serve.deployment: unsupported ray_actor_options {', '.join(unknown)}; "
                         f"Modelplex takes {', '.join(sorted(_ACTOR_OPTIONS))}")
+    _check_actor_options(actor)
+    _check_seconds(options)
     replicas = options.get("num_replicas")
     if replicas is not None and replicas != "auto" and (isinstance(replicas, bool) or not isinstance(replicas, int)
                                                         or replicas < 0):
@@ -95,6 +160,9 @@ def _checked(options: dict[str, Any]) -> dict[str, Any]:
     if ongoing is not None and (isinstance(ongoing, bool) or not isinstance(ongoing, int) or ongoing < 1):
         raise ValueError(f"serve.deployment: max_ongoing_requests must be an integer >= 1 (got {ongoing!r})")
     scaling = options.get("autoscaling_config")
+    if isinstance(scaling, AutoscalingConfig):  # Ray's config object: its fields by Ray's keys
+        scaling = scaling.to_dict()
+        options = {**options, "autoscaling_config": scaling}
     if scaling is not None:
         if not isinstance(scaling, dict):
             raise TypeError(f"serve.deployment: autoscaling_config must be a dict (got {type(scaling).__name__})")

@@ -18,7 +18,7 @@ from typing import Mapping
 import aiohttp
 from aiohttp import web
 
-from modelplex.http import HOP_BY_HOP, error_response
+from modelplex.http import HOP_BY_HOP, error_response, upstream_chunks
 from modelplex.wire.forwarded import under_prefix
 
 log = logging.getLogger("modelplex.serve")
@@ -130,7 +130,7 @@ class Front:
                         response.headers.add(name, value)
                 await response.prepare(request)
                 try:
-                    async for chunk in upstream.content.iter_any():
+                    async for chunk in upstream_chunks(upstream.content):
                         await response.write(chunk)
                 except aiohttp.ClientPayloadError:
                     # The answer broke off upstream: cut this one too, so the client sees a cut.

@@ -21,6 +21,11 @@ from modelplex.wire.names import API_GROUP, API_VERSION, KIND, dns_label
 ANNOTATION_HANDLES = f"{API_GROUP}/handles"
 #: The label that names the application a built deployment belongs to (``modelplex build --name``).
 LABEL_APP = f"{API_GROUP}/app"
+#: In a replica's environment: its deployment's Ray name and its application's, for
+#: ``serve.get_replica_context()`` (:mod:`modelplex.serve.hosted`).
+ENV_DEPLOYMENT = "MODELPLEX_SERVE_DEPLOYMENT"
+ENV_APPLICATION = "MODELPLEX_SERVE_APPLICATION"
+DEFAULT_APPLICATION = "default"
 
 
 def scoped(app_name: str | None, deployment: str) -> str:
@@ -150,15 +155,17 @@ def unsupported_ray_environment(environ: Mapping[str, str]) -> list[str]:
 
 def manifest(node: Node, *, image: str, handler: str, env: dict[str, str] | None = None,
              environ: Mapping[str, str] | None = None, app_name: str | None = None,
-             app: Sequence[Node] = ()) -> dict[str, Any]:
+             app: Sequence[Node] = (), application: str | None = None) -> dict[str, Any]:
     """The MultiplexedDeployment of ``node``: replicas and resources from its options, batching
     and multiplexing from its decorators, its edges (the deployments it calls) an annotation;
     Ray's environment variables in ``environ`` that have an equivalent in the spec set it.
     ``app_name`` scopes its name and its edges' (:func:`scoped`) and labels it. The other nodes
     of ``app`` (the application built with it) are its callers (``spec.router.callers``): each
-    deployment's handles use its own credential, which the others' routers accept."""
+    deployment's handles use its own credential, which the others' routers accept.
+    ``application`` (else ``app_name``, else "default") is the application's name its replicas
+    report (``serve.get_replica_context().app_name``)."""
     spec: dict[str, Any] = {**node.options.replica_spec(), "image": image, "handler": handler,
-                            **decorated(node.target)}
+                            **decorated(node.target), "http": {"request": "starlette"}}  # Ray's HTTP contract
     for section, fields in ray_environment(environ or {}).items():
         spec[section] = {**spec.get(section, {}), **fields}
     if node.options.max_ongoing_requests is not None:
@@ -166,8 +173,13 @@ def manifest(node: Node, *, image: str, handler: str, env: dict[str, str] | None
     resources = node.options.resources()
     if resources:
         spec["resources"] = resources
-    if env:
-        spec["env"] = [{"name": key, "value": value} for key, value in env.items()]
+    if node.options.health_check():
+        spec["healthCheck"] = node.options.health_check()
+    if node.options.graceful_shutdown_timeout_s is not None:
+        spec["gracefulShutdownTimeoutSeconds"] = node.options.graceful_shutdown_timeout_s
+    env = {**node.options.env(), ENV_DEPLOYMENT: node.options.name,
+           ENV_APPLICATION: application or app_name or DEFAULT_APPLICATION, **(env or {})}
+    spec["env"] = [{"name": key, "value": value} for key, value in env.items()]
     callers = sorted({scoped(app_name, other.name) for other in app if other.name != node.name})
     if callers:
         spec["router"] = {**spec.get("router", {}), "callers": callers}

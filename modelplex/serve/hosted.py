@@ -14,11 +14,15 @@ import importlib
 import inspect
 import os
 import pickle
+import socket
 import sys
-from typing import Any
+from typing import Any, Callable, Coroutine
 
+from modelplex.context import ReplicaContext, set_replica_context
 from modelplex.handles import handle
-from modelplex.serve.graph import HandleRef, scoped
+from modelplex.serve.graph import DEFAULT_APPLICATION, ENV_APPLICATION, ENV_DEPLOYMENT, HandleRef, scoped
+from modelplex.wire.errors import remember_exception_classes
+from modelplex.wire.names import ENV_POD_NAME
 
 #: The file that holds one deployment's pickled (target, args, kwargs, user_config).
 ENV_PAYLOAD = "MODELPLEX_SERVE_PAYLOAD"
@@ -42,12 +46,39 @@ def _with_handles(value: Any, app_name: str | None = None) -> Any:
     return value
 
 
-def construct(target: Any, args: tuple, kwargs: dict, user_config: Any = None, app_name: str | None = None) -> Any:
+def _referenced(target: Any) -> list[Any]:
+    """What ``target``'s code refers to by global name: a class's methods' globals, a function's
+    (shipped by value, they hold the exception classes its ``except`` clauses name)."""
+    functions = [member for _, member in inspect.getmembers(target, inspect.isfunction)] \
+        if inspect.isclass(target) else [target]
+    return [value for function in functions for value in getattr(function, "__globals__", {}).values()]
+
+
+def replica_context(name: str) -> ReplicaContext:
+    """This replica's context, from what its manifest put in its environment (``name``: its
+    deployment's object name, where the manifest is not one ``serve.run`` or ``modelplex build`` wrote)."""
+    deployment = os.environ.get(ENV_DEPLOYMENT) or name
+    unique = os.environ.get(ENV_POD_NAME) or f"{socket.gethostname()}-{os.getpid()}"
+    return ReplicaContext(app_name=os.environ.get(ENV_APPLICATION) or DEFAULT_APPLICATION, deployment=deployment,
+                          replica_tag=f"{deployment}#{unique}")
+
+
+def construct(target: Any, args: tuple, kwargs: dict, user_config: Any = None, app_name: str | None = None,
+              context: ReplicaContext | None = None) -> Any:
     """The deployment's handler: ``target(*args, **kwargs)`` for a class, the function itself
-    else; its bound deployments are handles to those of the application ``app_name``."""
+    else; its bound deployments are handles to those of the application ``app_name``.
+    ``context`` is ``serve.get_replica_context()`` from the constructor on, the instance its
+    ``servable_object`` once built."""
+    if context is not None:
+        set_replica_context(context)
+    remember_exception_classes(_referenced(target))
     if not inspect.isclass(target):
+        if context is not None:
+            context.servable_object = target
         return target
     instance = target(*_with_handles(args, app_name), **_with_handles(kwargs, app_name))
+    if context is not None:
+        context.servable_object = instance
     if user_config is not None:
         reconfigure = getattr(instance, "reconfigure", None)
         if reconfigure is None:
@@ -60,15 +91,60 @@ def construct(target: Any, args: tuple, kwargs: dict, user_config: Any = None, a
 
 class Hosted:
     """Builds the deployment whose payload ``$MODELPLEX_SERVE_PAYLOAD`` names (the replica passes
-    ``deployment``; what it gets back is the user's instance, not a ``Hosted``)."""
+    ``deployment``; what it gets back is the user's instance, not a ``Hosted``). The instance
+    then follows its payload's ``user_config`` (:func:`follow_user_config`)."""
 
     def __new__(cls, deployment: Any) -> Any:
         path = os.environ.get(ENV_PAYLOAD)
         if not path:
             raise RuntimeError(f"{deployment.name}: {ENV_PAYLOAD} is not set; this handler is started by serve.run")
+        stamp = os.stat(path).st_mtime_ns
         with open(path, "rb") as file:
             target, args, kwargs, user_config = pickle.load(file)  # cloudpickle's output is plain pickle
-        return construct(target, args, kwargs, user_config)
+        instance = construct(target, args, kwargs, user_config, context=replica_context(deployment.name))
+        if callable(getattr(instance, "reconfigure", None)):
+            _followers.append(lambda: follow_user_config(path, instance, user_config, stamp))
+        return instance
+
+
+#: Suffix of the file a replica writes once it reconfigured from a payload (its content: the
+#: payload's modification time in ns); ``serve.run`` waits for one per live replica.
+APPLIED_SUFFIX = ".applied-"
+#: How often a replica looks whether ``serve.run`` gave its deployment a new ``user_config``.
+PAYLOAD_POLL_S = 0.2
+#: What the replica runs beside its handler on the user-code loop (:func:`background_tasks`).
+_followers: list[Callable[[], Coroutine[Any, Any, None]]] = []
+
+
+def background_tasks() -> list[Callable[[], Coroutine[Any, Any, None]]]:
+    """The coroutines the replica runs on its user-code loop for the deployments built here."""
+    return list(_followers)
+
+
+async def follow_user_config(path: str, instance: Any, user_config: Any, stamp: int) -> None:
+    """Call ``instance.reconfigure`` with the payload's new ``user_config`` whenever ``serve.run``
+    replaces the payload (Ray reconfigures live replicas; nothing restarts), on the user-code
+    loop between requests, then say so beside the payload."""
+    while True:
+        await asyncio.sleep(PAYLOAD_POLL_S)
+        try:
+            now = os.stat(path).st_mtime_ns
+            if now == stamp:
+                continue
+            with open(path, "rb") as file:
+                *_, new_config = pickle.load(file)
+        except (OSError, EOFError, pickle.UnpicklingError):
+            continue  # being replaced: the next look sees it whole
+        stamp = now
+        if new_config != user_config:
+            result = instance.reconfigure(new_config)
+            if inspect.isawaitable(result):
+                await result
+            user_config = new_config
+        done = f"{path}{APPLIED_SUFFIX}{os.getpid()}"
+        with open(done + ".new", "w") as file:
+            file.write(str(now))
+        os.replace(done + ".new", done)
 
 
 def import_app(target: str) -> Any:
@@ -103,4 +179,5 @@ class FromApp:
         node = nodes.get(deployment.name)
         if node is None:
             raise LookupError(f"{target} has no deployment {deployment.name!r}; it has {', '.join(nodes)}")
-        return construct(node.target, node.args, node.kwargs, node.options.user_config, app_name)
+        return construct(node.target, node.args, node.kwargs, node.options.user_config, app_name,
+                         context=replica_context(node.options.name))

@@ -15,15 +15,18 @@ from __future__ import annotations
 import atexit
 import collections
 import io
+import json
 import logging
 import os
 import shutil
 import sys
 import tempfile
 import threading
+import urllib.request
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import cloudpickle
 import yaml
@@ -32,11 +35,13 @@ from modelplex import processes
 from modelplex.handles import DeploymentHandle, forget_routers, handle, router_moved
 from modelplex.processes import consecutive_free_ports, port_free
 from modelplex.serve import graph
+from modelplex.serve.config import HTTPOptions
 from modelplex.serve.deployment import Application
 from modelplex.serve.front import Front
-from modelplex.serve.hosted import ENV_PAYLOAD, HANDLER
-from modelplex.wire.credentials import (ENV_INTERNAL_TOKEN_FILE, TokenFile, internal_token_file, new_token,
-                                        use_internal_token, write_token_file)
+from modelplex.serve.hosted import APPLIED_SUFFIX, ENV_PAYLOAD, HANDLER
+from modelplex.wire.credentials import (ENV_INTERNAL_TOKEN_FILE, INTERNAL_TOKEN_HEADER, TokenFile, internal_token_file,
+                                        new_token, use_internal_token, write_token_file)
+from modelplex.wire.errors import RayServeException
 from modelplex.wire.forwarded import ENV_ROUTE_PREFIX, NO_ROUTE, check_route_prefix
 from modelplex.wire.names import dns_label, router_env_name
 from modelplex.wire.ready import READY_FILE_OPTION, read_ready_file
@@ -50,6 +55,10 @@ HTTP_HOST = "127.0.0.1"
 #: Several torch imports at once on a small machine: generous.
 START_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 60.0
+#: How long serve.status() waits for a router's table.
+STATUS_TIMEOUT_S = 5.0
+#: How long serve.run waits for live replicas to reconfigure with a new user_config.
+RECONFIGURE_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -197,6 +206,11 @@ def run(target: Application, *, name: str = "default", route_prefix: str | None 
                 raise ValueError(f'Prefix {prefix} is being used by application "{other.name}". '
                                  f'Failed to deploy application "{name}".')
         front = _open_front(_port)
+        current = _apps.get(name)
+        changed = _user_config_only(current.running.nodes, nodes) if current and current.route_prefix == prefix else None
+        if current is not None and changed:
+            _reconfigure(current, changed)  # Ray's reconfigure on the live replicas: no restart
+            return handle(current.ingress, url=current.urls[current.ingress])
         old = _apps.pop(name, None)
         if old is not None:
             _stop(old)
@@ -207,7 +221,7 @@ def run(target: Application, *, name: str = "default", route_prefix: str | None 
         base = _ports_for(len(nodes), previous, front.port)
         folder = Path(tempfile.mkdtemp(prefix=f"modelplex-serve-{dns_label(name)}-"))
         try:
-            _write(nodes, folder, prefix)
+            _write(nodes, folder, prefix, name)
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             _routes_changed()
@@ -235,17 +249,43 @@ def run(target: Application, *, name: str = "default", route_prefix: str | None 
     return ingress
 
 
+#: ``serve.start(http_options=...)``: where the shared HTTP port listens (None: not called).
+_http_options: HTTPOptions | None = None
+
+
+def start(proxy_location: Any = None, http_options: HTTPOptions | dict[str, Any] | None = None,
+          grpc_options: Any = None, **kwargs: Any) -> None:
+    """Ray's ``serve.start``: where the applications ``serve.run`` starts answer HTTP
+    (``http_options``: an :class:`~modelplex.serve.config.HTTPOptions` or a dict of its fields;
+    ``host`` and ``port``). Call it before the first ``serve.run``, as in Ray. Ray's proxy
+    placement and gRPC options have no equivalent here (each deployment's router serves gRPC
+    by ``spec.router``): refused by name."""
+    refused = sorted([name for name, value in (("proxy_location", proxy_location), ("grpc_options", grpc_options))
+                      if value is not None] + list(kwargs))
+    if refused:
+        raise TypeError(f"serve.start: {', '.join(refused)} not supported by Modelplex (it takes http_options)")
+    options = HTTPOptions.of(http_options)
+    global _http_options
+    with _lock:
+        if _front is not None and _apps and (_front.port, _front.host) != (options.port, options.host):
+            raise RayServeException(f"serve.start: the applications already answer at {_front.host}:{_front.port}; "
+                                    "serve.shutdown() before moving them")
+        _http_options = options
+
+
 def _open_front(port: int | None) -> Front:
     global _front
-    wanted = port or int(os.environ.get(ENV_HTTP_PORT, DEFAULT_HTTP_PORT))
-    if _front is not None and _front.port != wanted:
+    options = _http_options
+    wanted = port or (options.port if options is not None else int(os.environ.get(ENV_HTTP_PORT, DEFAULT_HTTP_PORT)))
+    host = options.host if options is not None else HTTP_HOST
+    if _front is not None and (_front.port, _front.host) != (wanted, host):
         if _apps:
             raise ValueError(f"serve.run: the applications share HTTP port {_front.port}; "
                              f"delete them (serve.shutdown()) before moving it to {wanted}")
         _front.stop()
         _front = None
     if _front is None:
-        front = Front(HTTP_HOST, wanted)
+        front = Front(host, wanted)
         front.start()
         _front = front
     return _front
@@ -312,17 +352,67 @@ def _dumps(value: object) -> bytes:
     return buffer.getvalue()
 
 
-def _write(nodes: list[graph.Node], folder: Path, route_prefix: str = "/") -> None:
+def _payload(node: graph.Node) -> bytes:
+    """What a replica of ``node`` builds its deployment from (:class:`~modelplex.serve.hosted.Hosted`)."""
+    return _dumps((node.target, node.args, node.kwargs, node.options.user_config))
+
+
+def _user_config_only(before: list[graph.Node], after: list[graph.Node]) -> list[graph.Node] | None:
+    """The nodes of ``after`` whose ``user_config`` alone changed, where nothing else of the graph
+    did (same deployments, code, arguments and other options) and each has a ``reconfigure``;
+    else None (the application is replaced)."""
+    if [node.name for node in before] != [node.name for node in after]:
+        return None
+    changed = []
+    for old, new in zip(before, after):
+        if replace(old.options, user_config=None) != replace(new.options, user_config=None) or \
+                _dumps((old.target, old.args, old.kwargs)) != _dumps((new.target, new.args, new.kwargs)):
+            return None
+        if old.options.user_config != new.options.user_config:
+            if new.options.user_config is None or not callable(getattr(new.target, "reconfigure", None)):
+                return None
+            changed.append(new)
+    return changed or None
+
+
+def _reconfigure(app: _Application, changed: list[graph.Node]) -> None:
+    """Give ``changed``'s new ``user_config`` to their live replicas: each payload is replaced
+    (a replica started later builds with it), each live replica calls ``reconfigure`` with it
+    (:func:`~modelplex.serve.hosted.follow_user_config`) and says so; returns once all have."""
+    for node in changed:
+        path = app.running.folder / f"{node.name}.pkl"
+        staged = path.with_suffix(".new")
+        staged.write_bytes(_payload(node))
+        os.replace(staged, path)
+        stamp = str(path.stat().st_mtime_ns)
+        live = (_live_replicas(app.urls.get(node.name)) or {}).get("RUNNING", 0)
+
+        def applied() -> bool:
+            return sum(1 for done in app.running.folder.glob(f"{path.name}{APPLIED_SUFFIX}*")
+                       if done.read_text() == stamp) >= live
+
+        try:
+            processes.wait_for(applied, RECONFIGURE_TIMEOUT_S, interval=0.05, what=f"{node.options.name}.reconfigure")
+        except processes.WaitTimeout:
+            raise TimeoutError(f"serve.run: {node.options.name}'s replicas did not reconfigure within "
+                               f"{RECONFIGURE_TIMEOUT_S:g} s:\n" + "".join(app.running.tail)) from None
+        index = [n.name for n in app.running.nodes].index(node.name)
+        app.running.nodes[index] = node
+        log.info("serve.run: %s reconfigured in place (%d replica(s))", node.options.name, live)
+
+
+def _write(nodes: list[graph.Node], folder: Path, route_prefix: str = "/", name: str = "default") -> None:
     """Each deployment's pickle and the manifests that name them (``app.yaml``); the ingress
     (the first) answers HTTP at ``route_prefix``."""
     documents = []
     for node in nodes:
         payload = folder / f"{node.name}.pkl"
-        payload.write_bytes(_dumps((node.target, node.args, node.kwargs, node.options.user_config)))
+        payload.write_bytes(_payload(node))
         env = {ENV_PAYLOAD: str(payload)}
         if node is nodes[0] and route_prefix != "/":
             env[ENV_ROUTE_PREFIX] = route_prefix
-        documents.append(graph.manifest(node, image="local", handler=HANDLER, env=env, environ=os.environ, app=nodes))
+        documents.append(graph.manifest(node, image="local", handler=HANDLER, env=env, environ=os.environ, app=nodes,
+                                        application=name))
     (folder / "app.yaml").write_text(yaml.safe_dump_all(documents, sort_keys=False))
 
 
@@ -342,18 +432,69 @@ def get_deployment_handle(deployment_name: str, app_name: str | None = None) -> 
     return handle(label)
 
 
-def status() -> ServeStatus:
-    """The applications ``serve.run`` started and their deployments, as Ray's ``serve.status()``."""
+def get_app_handle(name: str) -> DeploymentHandle:
+    """The handle of the ingress deployment of the application ``name`` that ``serve.run``
+    started, as Ray's ``serve.get_app_handle``; Ray's error for one that does not exist."""
     with _lock:
-        return ServeStatus(applications={
-            app.name: ApplicationStatusOverview(
-                status="RUNNING" if app.running.proc.poll() is None else "UNHEALTHY",
-                route_prefix=None if app.route_prefix == NO_ROUTE else app.route_prefix,
-                deployments={node.name: DeploymentStatusOverview(
-                    status="HEALTHY" if app.running.proc.poll() is None else "UNHEALTHY",
-                    replica_states={"RUNNING": node.options.replicas()})
-                    for node in app.running.nodes})
-            for app in _apps.values()})
+        app = _apps.get(name)
+    if app is None:
+        raise RayServeException(f"Application '{name}' does not exist.")
+    return handle(app.ingress, url=app.urls[app.ingress])
+
+
+def status() -> ServeStatus:
+    """The applications ``serve.run`` started and their deployments, as Ray's ``serve.status()``:
+    deployments by Ray's names (a second binding of one is ``Name_1``, as Ray names it), each
+    with its replicas as its router sees them now (``RUNNING``: the ready ones; an autoscaled
+    deployment at zero has none)."""
+    with _lock:
+        apps = list(_apps.values())
+    applications = {}
+    for app in apps:
+        alive = app.running.proc.poll() is None
+        deployments = {}
+        for name, node in ray_names(app.running.nodes).items():
+            states = _live_replicas(app.urls.get(node.name)) if alive else None
+            deployments[name] = DeploymentStatusOverview(status=_deployment_status(states), replica_states=states or {})
+        healthy = alive and all(d.status == "HEALTHY" for d in deployments.values())
+        applications[app.name] = ApplicationStatusOverview(
+            status="RUNNING" if healthy else "DEPLOYING" if alive else "UNHEALTHY",
+            route_prefix=None if app.route_prefix == NO_ROUTE else app.route_prefix, deployments=deployments)
+    return ServeStatus(applications=applications)
+
+
+def ray_names(nodes: list[graph.Node]) -> dict[str, graph.Node]:
+    """The nodes by Ray's deployment names: the class's (or ``name=``'s); a second binding of the
+    same deployment ``Name_1``, as Ray suffixes it."""
+    named: dict[str, graph.Node] = {}
+    for node in nodes:
+        name, suffix = node.options.name, 0
+        while name in named:
+            suffix += 1
+            name = f"{node.options.name}_{suffix}"
+        named[name] = node
+    return named
+
+
+def _live_replicas(router_url: str | None) -> dict[str, int] | None:
+    """Replicas by Ray's states, from the router's table (None: the router did not answer)."""
+    if router_url is None:
+        return None
+    token = script_credential().token() or ""
+    request = urllib.request.Request(router_url + "/v1/replicas", headers={INTERNAL_TOKEN_HEADER: token})
+    try:
+        with urllib.request.urlopen(request, timeout=STATUS_TIMEOUT_S) as answer:  # noqa: S310 - loopback
+            replicas = json.load(answer).get("replicas", [])
+    except (OSError, ValueError):
+        return None
+    # Only ready ones: the router also lists the slots of an autoscaled deployment that no
+    # process fills now (refused), which are no replicas at all.
+    ready = sum(1 for replica in replicas if replica.get("ready"))
+    return {"RUNNING": ready} if ready else {}
+
+
+def _deployment_status(states: dict[str, int] | None) -> str:
+    return "UNHEALTHY" if states is None else "HEALTHY"
 
 
 def shutdown() -> None:

@@ -211,3 +211,4 @@ class RemoteStreamError:
         self.code = payload.get("code")
         self.message = payload.get("message", "")
         self.type = payload.get("type")
+        self.module = payload.get("module")

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import builtins
 import functools
-from typing import Any
+import sys
+import traceback
+from typing import Any, Iterable
 
 
 def error_document(code: str, message: str) -> dict[str, dict[str, str]]:
@@ -118,19 +120,53 @@ class ModelTooLarge(ModelplexError, status=507, code="model_too_large"):
 class HandlerError(ModelplexError, status=500, code="handler_error"):
     """The user's code raised; ``error_type`` names the exception's class (``"ValueError"``)."""
 
-    def __init__(self, message: str, *, error_type: str | None = None):
+    def __init__(self, message: str, *, error_type: str | None = None, error_module: str | None = None):
         super().__init__(message)
         self.error_type = error_type
+        #: The module that defines ``error_type`` (None: a built-in), so a caller whose code
+        #: defines the same class re-raises it as that class (:func:`remote_error_class`).
+        self.error_module = error_module
 
     @classmethod
-    def of(cls, error: BaseException) -> HandlerError:
-        """The error to answer for an exception the user's code raised."""
-        return cls(f"{type(error).__name__}: {error}", error_type=type(error).__name__)
+    def of(cls, error: BaseException, *, with_traceback: bool = False) -> HandlerError:
+        """The error to answer for an exception the user's code raised; ``with_traceback``
+        (a handle's call, as Ray's errors carry it) adds where it was raised to the message."""
+        kind = type(error)
+        message = f"{kind.__name__}: {error}"
+        frames = _user_frames(error.__traceback__) if with_traceback else None
+        if frames:
+            message += "\n\nTraceback in the deployment (most recent call last):\n" + "".join(
+                traceback.format_list(frames)).rstrip()
+        module = kind.__module__ if kind.__module__ != "builtins" else None
+        return cls(message, error_type=kind.__name__, error_module=module)
 
     def to_dict(self) -> dict[str, dict[str, str]]:
         document = super().to_dict()
         if self.error_type:
             document["error"]["type"] = self.error_type
+        if self.error_module:
+            document["error"]["module"] = self.error_module
+        return document
+
+
+def _user_frames(tb: Any) -> traceback.StackSummary | None:
+    """The frames of ``tb`` from the first that is not Modelplex's own (how the replica called
+    the user's code is no part of the user's error)."""
+    while tb is not None and str(tb.tb_frame.f_globals.get("__name__", "")).startswith(("modelplex.", "modelplex_")):
+        tb = tb.tb_next
+    return traceback.extract_tb(tb) if tb is not None else None
+
+
+class EmptyModelId(BadRequest, ValueError):
+    """A ``@multiplexed`` loader called without a model id: Ray's ``ValueError`` and message (over
+    HTTP, a 400 whose error names the type)."""
+
+    def __init__(self, message: str = "The model ID cannot be empty."):
+        super().__init__(message)
+
+    def to_dict(self) -> dict[str, dict[str, str]]:
+        document = super().to_dict()
+        document["error"]["type"] = ValueError.__name__
         return document
 
 
@@ -153,6 +189,48 @@ class Forbidden(ModelplexError, status=403, code="forbidden"):
     """A known caller that may not do this, or a feature that is off."""
 
 
+class RayServeException(Exception):
+    """Ray Serve's own base exception (``ray.serve.exceptions.RayServeException``): the errors
+    below are also Modelplex's, so either ``except`` catches them."""
+
+
+class BatchSizeMismatch(HandlerError, RayServeException):
+    """A batched function answered a batch with a different number of results: Ray's
+    ``RayServeException`` and message."""
+
+    def __init__(self, inputs: int, results: int):
+        super().__init__(f"Batched function doesn't preserve batch size. The input list has length {inputs} "
+                         f"but the returned list has length {results}.", error_type=RayServeException.__name__)
+
+
+class BackPressureError(Overloaded, RayServeException):
+    """A handle's call refused because the deployment's queue is full (a 503 over HTTP), as Ray
+    raises it (``max_queued_requests``)."""
+
+    def __init__(self, message: str | None = None, *, num_queued_requests: int | None = None,
+                 max_queued_requests: int | None = None, retry_after: float = 1.0):
+        super().__init__(message or f"Request dropped due to backpressure (num_queued_requests={num_queued_requests}, "
+                                    f"max_queued_requests={max_queued_requests}).", retry_after=retry_after)
+
+
+class DeploymentUnavailableError(NotReady, RayServeException):
+    """A handle's call to a deployment with no replica ready (none became ready in time), as Ray
+    raises it for a deployment that is unavailable."""
+
+
+class RequestCancelledError(RayServeException):
+    """Awaiting a handle's response that was cancelled (``response.cancel()``), as in Ray."""
+
+    def __init__(self, request_id: str | None = None):
+        super().__init__(f"Request {request_id} was cancelled." if request_id else "The request was cancelled.")
+
+
+#: What a handle raises for these answers: Ray's exception, which is also Modelplex's.
+_RAISED_AS: dict[type[ModelplexError], type[ModelplexError]] = {
+    Overloaded: BackPressureError, NotReady: DeploymentUnavailableError}
+#: Ray's exception types a remote answer may name (``error.type``), beside the built-in ones.
+_RAY_TYPES: dict[str, type[Exception]] = {RayServeException.__name__: RayServeException}
+
 _CLASSES: list[type[ModelplexError]] = [BadRequest, ModelNotFound, NotFound, PayloadTooLarge, Overloaded, NotReady,
                                         ModelLoadError, ModelLoadTimeout, ModelTooLarge, HandlerError, ReplicaFailed,
                                         UpstreamTimeout, Unauthorized, Forbidden, RequestTimeout, ModelNotLoaded,
@@ -160,15 +238,18 @@ _CLASSES: list[type[ModelplexError]] = [BadRequest, ModelNotFound, NotFound, Pay
 
 
 def error_for_status(status: int, message: str, code: str | None = None,
-                     error_type: str | None = None) -> ModelplexError:
+                     error_type: str | None = None, error_module: str | None = None) -> ModelplexError:
     """The error a remote answer stands for (a handle re-raises what a deployment answered).
 
     Matched by ``code``; by status only where one class has that status, so an unknown 500 stays
     a plain :class:`ModelplexError` with its status and code. A ``handler_error`` with the
-    user's exception type raises as :func:`remote_error_class` of it.
+    user's exception type raises as :func:`remote_error_class` of it; a ``bad_request`` that
+    names a built-in type (Ray's ``ValueError`` for an empty model id) is that type too.
     """
     if code == HandlerError.code and error_type:
-        return remote_error_class(error_type)(message, error_type=error_type)
+        return _instance(remote_error_class(error_type, error_module), message, error_type, error_module)
+    if code == BadRequest.code and error_type == ValueError.__name__:
+        return EmptyModelId(message)
     match = next((cls for cls in _CLASSES if cls.code == code), None)
     if match is None:
         same_status = [cls for cls in _CLASSES if cls.status == status]
@@ -178,23 +259,67 @@ def error_for_status(status: int, message: str, code: str | None = None,
         error.status = status
         error.code = code or error.code
         return error
-    return match(message)
+    return _RAISED_AS.get(match, match)(message)
+
+
+def remote_error_class(type_name: str, module: str | None = None) -> type[HandlerError]:
+    """A :class:`HandlerError` named after the user's exception type.
+
+    For a built-in exception (or Ray's ``RayServeException``) it is also that exception
+    (``except ZeroDivisionError`` catches it, as with Ray's ``RayTaskError``); so is it for a
+    class of the caller's own code: ``module`` and the name are looked up among the modules this
+    process has imported (the deployment's code is the caller's code too; nothing is unpickled).
+    Any other type keeps its name only (``error_type`` holds it), as Ray's wrapper does.
+    """
+    own = _imported_class(type_name, module) if module else None
+    if own is not None:
+        return _remote_class(type_name, own, module)
+    builtin = _RAY_TYPES.get(type_name) or getattr(builtins, type_name, None)
+    return _remote_class(type_name, builtin if isinstance(builtin, type) else None, __name__)
 
 
 @functools.lru_cache(maxsize=256)
-def remote_error_class(type_name: str) -> type[HandlerError]:
-    """A :class:`HandlerError` named after the user's exception type.
-
-    For a built-in exception it is also that exception (``except ZeroDivisionError`` catches
-    it, as with Ray's ``RayTaskError``); other types cannot be rebuilt here, so they keep their
-    name only (``error_type`` holds it).
-    """
-    builtin = getattr(builtins, type_name, None)
-    if isinstance(builtin, type) and issubclass(builtin, Exception) and not issubclass(builtin, HandlerError):
+def _remote_class(type_name: str, base: type | None, module: str | None) -> type[HandlerError]:
+    if base is not None and issubclass(base, Exception) and not issubclass(base, HandlerError):
         try:
-            return type(type_name, (HandlerError, builtin), {"__module__": __name__})
+            return type(type_name, (HandlerError, base), {"__module__": module or __name__})
         except TypeError:  # a built-in with its own instance layout (OSError, ...)
             pass
     if not type_name.isidentifier():
         return HandlerError
     return type(type_name, (HandlerError,), {"__module__": __name__})
+
+
+#: Exception classes this process has by value (a deployment shipped by cloudpickle: its module
+#: is not imported here), by (module, qualified name).
+_known: dict[tuple[str, str], type] = {}
+
+
+def remember_exception_classes(values: Iterable[Any]) -> None:
+    """Remember the exception classes among ``values`` (a deployment's globals), so an error of
+    one of those classes raised downstream is re-raised here as that class."""
+    for value in values:
+        if isinstance(value, type) and issubclass(value, Exception) and value.__module__ != "builtins":
+            _known[(value.__module__, value.__name__)] = value
+
+
+def _imported_class(name: str, module: str) -> type | None:
+    """The exception class ``module.name`` where this process has it: remembered, or at the top
+    of a module it has imported (a class nested in a function is matched by neither: its name only)."""
+    if (module, name) in _known:
+        return _known[(module, name)]
+    found = getattr(sys.modules.get(module), name, None)
+    return found if isinstance(found, type) and issubclass(found, Exception) else None
+
+
+def _instance(cls: type[HandlerError], message: str, error_type: str, error_module: str | None) -> HandlerError:
+    """``cls(message)``; a user's class whose constructor takes other arguments is built
+    without calling it (its attributes but the message are not known here)."""
+    try:
+        return cls(message, error_type=error_type, error_module=error_module)
+    except TypeError:
+        error = cls.__new__(cls)
+        Exception.__init__(error, message)
+        error.message, error.retry_after = message, None
+        error.error_type, error.error_module = error_type, error_module
+        return error

@@ -115,9 +115,33 @@ class SecretRef(_Model):
     name: str = Field(min_length=1)
 
 
+def _check_reference(reference: str | None) -> str | None:
+    """A ``module.path:ClassName`` (a handler, a safetensors model's class), or unset."""
+    if reference is not None and not _HANDLER.match(reference):
+        raise ValueError(f"must look like 'module.path:ClassName' (got {reference!r})")
+    return reference
+
+
 class ModelSource(_Model):
     uri: str = Field(min_length=1, description="Where a model's weights are, with {model_id} in it.")
     secret_ref: SecretRef | None = Field(default=None, alias="secretRef")
+    # torchscript: a ``torch.jit.save``-d module; safetensors: a state_dict saved with
+    # safetensors, memory-mapped into ``module(**kwargs)`` (the user's own class).
+    format: Literal["torchscript", "safetensors"] = "torchscript"
+    module: str | None = Field(default=None, description="package.module:Class the safetensors weights go into.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the module's class.")
+
+    _check_module = field_validator("module")(_check_reference)
+
+    @model_validator(mode="after")
+    def _module_with_safetensors(self) -> ModelSource:
+        if self.format == "safetensors" and self.module is None:
+            raise ValueError("module is required with format: safetensors (the class its state_dict goes into, "
+                             "'package.module:ClassName')")
+        if self.format == "torchscript" and (self.module is not None or self.kwargs):
+            raise ValueError("module and kwargs go with format: safetensors only (a TorchScript file holds its "
+                             "own module)")
+        return self
 
     @field_validator("uri")
     @classmethod
@@ -225,6 +249,14 @@ class Batching(_Model):
     # None means "the @batch decorator's argument, else Ray Serve's default".
     max_batch_size: int | None = Field(default=None, ge=1, alias="maxBatchSize")
     batch_wait_timeout_ms: float | None = Field(default=None, ge=0, alias="batchWaitTimeoutMs")
+
+
+class Http(_Model):
+    """What a plain deployment's ``__call__`` gets for an HTTP request: ``body`` the request's
+    body (JSON decoded), the native contract; ``starlette`` a ``starlette.requests.Request``, as
+    Ray Serve gives it (``modelplex build`` and ``serve.run`` write this one)."""
+
+    request: Literal["body", "starlette"] = "body"
 
 
 class NetworkPolicySpec(_Model):
@@ -345,6 +377,10 @@ class RouterSpec(_Model):
         picker = self.endpoint_picker.port
         if picker is not None and picker in (self.port, self.grpc_port, self.control_port):
             raise ValueError(f"router.endpointPicker.port must differ from the router's other ports (got {picker})")
+        if self.endpoint_picker.enabled and picker is None and DEFAULT_ENDPOINT_PICKER_PORT in (
+                self.port, self.grpc_port, self.control_port):
+            raise ValueError(f"router.endpointPicker.port: pods serve the picker on {DEFAULT_ENDPOINT_PICKER_PORT} "
+                             "by default, another of the router's ports here: set it to a port of its own")
         return self
 
 
@@ -354,6 +390,16 @@ class EnvVar(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
     name: str = Field(min_length=1)
     value: str | None = None
+
+
+class HealthCheck(_Model):
+    """The handler's own ``check_health`` (Ray's), where it has one: run every ``periodSeconds``
+    on the user-code loop; a raise, or no answer within ``timeoutSeconds``, makes the replica not
+    ready until a check passes; ``failureThreshold`` in a row fail its liveness (a restart)."""
+
+    period_seconds: float = Field(default=10.0, gt=0, alias="periodSeconds")
+    timeout_seconds: float = Field(default=30.0, gt=0, alias="timeoutSeconds")
+    failure_threshold: int = Field(default=3, ge=1, alias="failureThreshold")
 
 
 class Metrics(_Model):
@@ -456,17 +502,14 @@ class DeploymentSpec(_Model):
     router: RouterSpec = RouterSpec()
     metrics: Metrics = Metrics()
     network_policy: NetworkPolicySpec = Field(default=NetworkPolicySpec(), alias="networkPolicy")
+    http: Http = Http()
+    health_check: HealthCheck = Field(default=HealthCheck(), alias="healthCheck")
     # Placement and sharing per model id: the first matching entry applies.
     models: tuple[ModelEntry, ...] = ()
     graceful_shutdown_timeout_seconds: float = Field(default=DEFAULT_GRACEFUL_SHUTDOWN_S, ge=0,
                                                      alias="gracefulShutdownTimeoutSeconds")
 
-    @field_validator("handler")
-    @classmethod
-    def _check_handler(cls, handler: str | None) -> str | None:
-        if handler is not None and not _HANDLER.match(handler):
-            raise ValueError(f"must look like 'module.path:ClassName' (got {handler!r})")
-        return handler
+    _check_handler = field_validator("handler")(_check_reference)
 
     @model_validator(mode="after")
     def _builtin_handler_needs_a_source(self) -> DeploymentSpec:

@@ -26,6 +26,7 @@ from modelplex.handles import close_handles
 from modelplex.http import error_middleware, from_json, is_json, model_id_of, read_body, status_of, to_json, write_chunk
 from modelplex.multiplex import find_cache
 from modelplex.runtime import Runtime, current_runtime
+from modelplex.serve.hosted import background_tasks
 from modelplex.wire.credentials import TokenFile
 from modelplex.wire.errors import (BadRequest, HandlerError, ModelplexError, NotFound, NotReady, Overloaded,
                                    RequestTimeout)
@@ -37,10 +38,12 @@ from modelplex.wire.spec import Deployment, SpecError
 from modelplex_replica import oip
 from modelplex_replica.asgi import HttpIngress, ingress_for
 from modelplex_replica.auth import internal_only
+from modelplex_replica.health import Health, health_check_of, run_checks
 from modelplex_replica.intake import Routed, without_internal_headers
 from modelplex_replica.metrics import ReplicaMetrics
 from modelplex_replica.pins import pin
 from modelplex_replica.preload import preload_hot_models
+from modelplex_replica.ray_http import STARLETTE, send_response, starlette_request
 from modelplex_replica.reporter import AnnotationReporter, Patch
 from modelplex_replica.streams import STREAM_FAILED, cut_stream
 from modelplex_replica.usercode import TakingTurns
@@ -91,6 +94,8 @@ class ReplicaState:
     published: Published = Published.of(LoadedModels())
     #: The namespace's internal credential (None: open, a replica on loopback started by hand).
     internal: TokenFile | None = None
+    #: The handler's own check_health results (:mod:`modelplex_replica.health`).
+    health: Health = field(default_factory=Health)
 
     def models_header(self) -> str:
         """The fixed-size summary, for every answer's header."""
@@ -159,10 +164,16 @@ def _lifecycle(patch_pod: Patch | None, runtime: Runtime):
         if patch_pod is not None and state.cache is not None:
             state.reporter = AnnotationReporter(lambda: state.published.summary, patch_pod)
             await state.reporter.start()
-        prewarm = asyncio.create_task(_prewarm(state), name="prewarm")
+        background = [asyncio.create_task(_prewarm(state), name="prewarm")]
+        background += [asyncio.create_task(follow(), name="serve follower") for follow in background_tasks()]
+        check = health_check_of(state.handler)
+        if check is not None:
+            background.append(asyncio.create_task(
+                run_checks(check, state.health, state.deployment.spec.health_check), name="check_health"))
         yield
-        prewarm.cancel()
-        await asyncio.gather(prewarm, return_exceptions=True)
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
         if state.reporter is not None:
             await state.reporter.stop()
         if state.cache is not None:
@@ -205,12 +216,17 @@ async def _load_all(cache: ModelCache, model_ids: Sequence[str]) -> list[Any]:
     return await asyncio.gather(*(cache.get(m) for m in model_ids), return_exceptions=True)
 
 
-async def _read_call(request: web.Request, routed: Routed, handler: Any, model_id: str) -> Invocation:
+async def _read_call(request: web.Request, routed: Routed, state: ReplicaState, model_id: str) -> Invocation:
     """What the request asks for: a handle's call envelope, or ``__call__`` with the body (an
-    Open Inference Protocol body as an ``InferRequest``)."""
+    Open Inference Protocol body as an ``InferRequest``; with ``spec.http.request: starlette``,
+    a Starlette ``Request``, as Ray Serve gives it)."""
+    handler = state.handler
     data = await request.read()  # over client_max_size: HTTPRequestEntityTooLarge → 413
     if routed.oip:
         return oip.oip_invocation(request, routed, handler, data, model_id)
+    if state.deployment.spec.http.request == STARLETTE and request.content_type != CALL_CONTENT_TYPE:
+        root_path = state.ingress.root_path if state.ingress is not None else ""
+        return invocation(handler, "", starlette_request(request, routed, data, root_path))
     if is_json(request.content_type):
         try:
             data = from_json(data)
@@ -259,6 +275,7 @@ async def invoke(request: web.Request) -> web.StreamResponse:
     if not loads and state.inflight >= limit:
         state.metrics.observe_request(model_id, 503, 0.0)
         raise Overloaded(f"replica is at maxOngoingRequests ({limit})", retry_after=1)
+    stream_idle_s = state.deployment.spec.router.stream_idle_timeout_seconds
     started = time.perf_counter()
     state.active += 1
     in_slot = False
@@ -272,15 +289,18 @@ async def invoke(request: web.Request) -> web.StreamResponse:
         state.metrics.inflight_now.inc()
         if ingress is not None and ingress.app is not None:
             response = await ingress.respond(request, routed, model_id, state.models_header,
-                                             stream_idle_s=state.deployment.spec.router.stream_idle_timeout_seconds)
+                                             stream_idle_s=stream_idle_s)
             status = 500 if response.get(STREAM_FAILED) else response.status
             return response
-        call = await _read_call(request, routed, state.handler, model_id)
+        call = await _read_call(request, routed, state, model_id)
         if call.streams:
             response = await _stream(request, state, call, model_id)
         else:
             answer = await _unary(state, call, model_id)
-            if isinstance(answer, Invocation):  # a plain request's handler returned a stream: send it as one
+            if isinstance(answer, Invocation) and answer.responds:  # a Starlette response: it sends itself
+                response = await send_response(answer.produced, request, routed, state.handler, model_id,
+                                               state.models_header, stream_idle_s=stream_idle_s)
+            elif isinstance(answer, Invocation):  # a plain request's handler returned a stream: send it as one
                 response = await _stream(request, state, answer, model_id)
             else:
                 response = _answer(call, *answer, state.models_header())
@@ -318,10 +338,12 @@ async def _load(state: ReplicaState, model_id: str) -> None:
         raise _handler_error(error) from None
 
 
-def _handler_error(error: Exception) -> ModelplexError:
+def _handler_error(error: Exception, call: Invocation | None = None) -> ModelplexError:
     if isinstance(error, ModelplexError):
         return error
-    return HandlerError.of(error)  # the user's exception type travels to a handle
+    # The user's exception type (and its module) travels to a handle, with where it was raised,
+    # as Ray's errors carry it; a plain HTTP client gets the type and message only.
+    return HandlerError.of(error, with_traceback=call is not None and call.typed)
 
 
 async def _unary(state: ReplicaState, call: Invocation, model_id: str) -> tuple[bytes, str] | Invocation:
@@ -341,7 +363,7 @@ async def _call_async(state: ReplicaState, call: Invocation, model_id: str) -> t
     except Exception as error:  # noqa: BLE001 - the user's code: report, never a traceback
         if not isinstance(error, ModelplexError):
             log.exception("handler failed")
-        raise _handler_error(error) from None
+        raise _handler_error(error, call) from None
 
 
 def _call_sync(state: ReplicaState, call: Invocation, model_id: str) -> tuple[bytes, str] | Invocation:
@@ -351,7 +373,7 @@ def _call_sync(state: ReplicaState, call: Invocation, model_id: str) -> tuple[by
     except Exception as error:  # noqa: BLE001
         if not isinstance(error, ModelplexError):
             log.exception("handler failed")
-        raise _handler_error(error) from None
+        raise _handler_error(error, call) from None
 
 
 async def _generate(state: ReplicaState, call: Invocation, model_id: str) -> AsyncIterator[Any]:
@@ -376,7 +398,7 @@ async def _stream(request: web.Request, state: ReplicaState, call: Invocation, m
         except Exception as error:  # noqa: BLE001
             if not isinstance(error, ModelplexError):
                 log.error("streaming handler failed before its first chunk: %r", error)
-            raise _handler_error(error) from None
+            raise _handler_error(error, call) from None
         response = web.StreamResponse(headers={
             "Content-Type": call.stream_content_type(first, sse), LOADED_MODELS_HEADER: state.models_header()})
         response.enable_chunked_encoding()
@@ -395,7 +417,7 @@ async def _stream(request: web.Request, state: ReplicaState, call: Invocation, m
         except Exception as error:  # noqa: BLE001
             log.error("streaming handler failed mid-stream: %r", error)
             try:
-                await response.write(call.error_frame(_handler_error(error), sse))
+                await response.write(call.error_frame(_handler_error(error, call), sse))
             except ConnectionResetError:
                 pass
             return cut_stream(request, response)
@@ -454,6 +476,10 @@ async def pin_models(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
+    """Alive, unless the handler's check_health failed ``failureThreshold`` times in a row."""
+    state = request.app[STATE]
+    if state.health.failures >= state.deployment.spec.health_check.failure_threshold:
+        raise NotReady(f"unhealthy ({state.health.failures} failed checks in a row): {state.health.reason}")
     return web.json_response({"status": "ok"})
 
 
@@ -463,6 +489,8 @@ async def readyz(request: web.Request) -> web.Response:
         raise NotReady("shutting down")
     if not state.ready:
         raise NotReady("prewarming models")
+    if state.health.failures:
+        raise NotReady(f"unhealthy: {state.health.reason}")
     return web.json_response({"status": "ready", "prewarm_errors": state.prewarm_errors})
 
 

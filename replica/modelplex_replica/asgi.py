@@ -18,7 +18,7 @@ import asyncio
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Mapping
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 from urllib.parse import unquote
 
 from aiohttp import web
@@ -82,6 +82,11 @@ class HttpIngress:
         """Whether the app answers this request (a handle's call goes to the method it names)."""
         return self.app is not None and content_type != call_content_type
 
+    @property
+    def root_path(self) -> str:
+        """The ASGI ``root_path``: the route prefix (empty for ``/`` and for no route)."""
+        return "" if self.prefix in ("/", NO_ROUTE) else self.prefix
+
     # -- requests ----------------------------------------------------------------------------------
 
     async def respond(self, request: web.Request, routed: Routed, model_id: str,
@@ -91,7 +96,7 @@ class HttpIngress:
         :mod:`modelplex_replica.intake`), relayed as the app sends it; a streamed answer whose
         client reads nothing for ``stream_idle_s`` is cut (:func:`modelplex.http.write_chunk`)."""
         body = await request.read()
-        scope = self._scope(request, routed.method, routed.raw_path or "/")
+        scope = asgi_scope(request, routed, root_path=self.root_path, state=dict(self.state))
         messages = TakingTurns(lambda: self._serve(scope, body, model_id))
         try:
             start = await _next(messages, "a response")
@@ -122,20 +127,6 @@ class HttpIngress:
         finally:
             await messages.aclose()
 
-    def _scope(self, request: web.Request, method: str, raw_path: str) -> dict[str, Any]:
-        path, _, query = raw_path.partition("?")
-        headers = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in request.headers.items()]
-        transport = request.transport
-        peer = transport.get_extra_info("peername") if transport is not None else None
-        local = transport.get_extra_info("sockname") if transport is not None else None
-        return {
-            "type": "http", "asgi": _ASGI, "http_version": f"{request.version.major}.{request.version.minor}",
-            "method": method.upper(), "scheme": "http", "path": unquote(path), "raw_path": path.encode("latin-1"),
-            "query_string": query.encode("latin-1"), "root_path": "" if self.prefix == "/" else self.prefix,
-            "headers": headers, "client": tuple(peer[:2]) if peer else None,
-            "server": tuple(local[:2]) if local else None, "state": dict(self.state),
-        }
-
     # -- the app --------------------------------------------------------------------------------------
 
     async def _serve(self, scope: dict[str, Any], body: bytes, model_id: str) -> AsyncIterator[dict[str, Any]]:
@@ -145,15 +136,7 @@ class HttpIngress:
         current_instance.set(self.instance)
         messages: asyncio.Queue = asyncio.Queue(maxsize=1)
         finished = asyncio.Event()  # the response is complete, or nobody reads it any more
-        sent_body = False
-
-        async def receive() -> dict[str, Any]:
-            nonlocal sent_body
-            if not sent_body:
-                sent_body = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            await finished.wait()
-            return {"type": "http.disconnect"}
+        receive = body_receiver(body, finished)
 
         async def send(message: dict[str, Any]) -> None:
             if not finished.is_set():
@@ -244,6 +227,41 @@ class HttpIngress:
             await asyncio.wait_for(self._lifespan, LIFESPAN_TIMEOUT_S)
         except TimeoutError:
             log.warning("the ingress app's shutdown did not finish within %g s", LIFESPAN_TIMEOUT_S)
+
+
+def body_receiver(body: bytes, finished: asyncio.Event) -> Callable[[], Awaitable[dict[str, Any]]]:
+    """An ASGI ``receive`` for a request whose whole ``body`` the replica holds: the body in one
+    message, then ``http.disconnect`` once ``finished`` is set."""
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await finished.wait()
+        return {"type": "http.disconnect"}
+
+    return receive
+
+
+def asgi_scope(request: web.Request, routed: Routed, *, root_path: str = "",
+               state: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ASGI HTTP scope of ``request`` as its client sent it: the method and raw path (with
+    its query string) the router passed on (:class:`~modelplex_replica.intake.Routed`), the
+    headers left once the internal ones are removed."""
+    path, _, query = (routed.raw_path or "/").partition("?")
+    headers = [(name.lower(), value) for name, value in request.raw_headers]  # bytes already: ASGI's form
+    transport = request.transport
+    peer = transport.get_extra_info("peername") if transport is not None else None
+    local = transport.get_extra_info("sockname") if transport is not None else None
+    return {
+        "type": "http", "asgi": _ASGI, "http_version": f"{request.version.major}.{request.version.minor}",
+        "method": routed.method.upper(), "scheme": "http", "path": unquote(path), "raw_path": path.encode("latin-1"),
+        "query_string": query.encode("latin-1"), "root_path": root_path,
+        "headers": headers, "client": tuple(peer[:2]) if peer else None,
+        "server": tuple(local[:2]) if local else None, "state": state if state is not None else {},
+    }
 
 
 #: Apps still running after their response (background tasks): referenced until they end.

@@ -64,7 +64,7 @@ def configure_cache(spec: DeploymentSpec, runtime: Runtime) -> None:
 
 
 def build_handler(deployment: Deployment) -> Any:
-    """An instance of ``spec.handler`` (or the built-in TorchScript handler), built inside the
+    """An instance of ``spec.handler`` (or the built-in handler), built inside the
     replica's :func:`~modelplex.runtime.runtime_scope`.
 
     The manifest's folder is on the import path, so ``handler: "probe:Model"`` finds
@@ -74,24 +74,36 @@ def build_handler(deployment: Deployment) -> Any:
     if spec.handler is None:
         from modelplex_replica.builtin import TorchScriptHandler
 
-        if spec.model_source is None:  # the spec's own validation refuses this first
+        source = spec.model_source
+        if source is None:  # the spec's own validation refuses this first
             raise SpecError(["modelSource is required when no handler is given"])
         # A URI with a user and password comes through the environment, not the spec file.
-        uri = os.environ.get(ENV_SOURCE_URI) or spec.model_source.uri
-        return TorchScriptHandler(uri, base_dir=deployment.base_dir)
-    if deployment.base_dir is not None and str(deployment.base_dir) not in sys.path:
-        sys.path.insert(0, str(deployment.base_dir))
-    module_name, _, class_name = spec.handler.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise SpecError([f"spec.handler: cannot import {module_name!r}: {error}"]) from None
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        raise SpecError([f"spec.handler: {module_name!r} has no {class_name!r}"])
-    if not callable(cls):
-        raise SpecError([f"spec.handler: {spec.handler!r} is not callable"])
+        uri = os.environ.get(ENV_SOURCE_URI) or source.uri
+        module_class = None
+        if source.module is not None:  # format: safetensors; the class is imported as handlers are
+            module_class = import_reference(source.module, "spec.modelSource.module", deployment)
+        return TorchScriptHandler(uri, base_dir=deployment.base_dir, model_format=source.format,
+                                  module_class=module_class, module_kwargs=source.kwargs)
+    cls = import_reference(spec.handler, "spec.handler", deployment)
     # isinstance, not inspect.isclass: the type checker reads isclass as "a plain object's class".
     if isinstance(cls, type) and "deployment" in inspect.signature(cls).parameters:
         return cls(deployment=deployment)
     return cls() if isinstance(cls, type) else cls
+
+
+def import_reference(reference: str, field: str, deployment: Deployment) -> Any:
+    """The callable ``module.path:Name`` names, with the manifest's folder on the import path;
+    a :class:`SpecError` naming ``field`` when it cannot be imported or called."""
+    if deployment.base_dir is not None and str(deployment.base_dir) not in sys.path:
+        sys.path.insert(0, str(deployment.base_dir))
+    module_name, _, class_name = reference.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise SpecError([f"{field}: cannot import {module_name!r}: {error}"]) from None
+    found = getattr(module, class_name, None)
+    if found is None:
+        raise SpecError([f"{field}: {module_name!r} has no {class_name!r}"])
+    if not callable(found):
+        raise SpecError([f"{field}: {reference!r} is not callable"])
+    return found

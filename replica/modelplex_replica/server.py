@@ -39,7 +39,7 @@ def run_replica(deployment: Deployment, *, host: str, port: int, control_port: i
         app = create_app(deployment, handler, patch_pod=pod_patcher_from_environment(), runtime=runtime,
                          internal=internal)
         log.info("replica of %r serving on http://%s:%d (handler %s)%s", deployment.name, host, port,
-                 deployment.spec.handler or "built-in TorchScript",
+                 deployment.spec.handler or _builtin_name(deployment),
                  f"; probes and metrics on http://{host}:{control_port}" if control_port else "")
         try:
             serve(control_app(app, host=host, port=port), host=host, port=control_port,
@@ -64,3 +64,8 @@ async def drain(app: web.Application, deadline: float) -> None:
         await asyncio.sleep(_DRAIN_POLL_S)
     if state.active:
         log.warning("%d request(s) still running at the end of the grace; cancelling them", state.active)
+
+
+def _builtin_name(deployment: Deployment) -> str:
+    source = deployment.spec.model_source
+    return f"built-in, {source.format}" if source is not None else "built-in"

@@ -10,7 +10,7 @@ refused it too once no other is left, after a wait that doubles with each refusa
 1 s), until the request's queue bound.
 
 The client's response is committed when the replica's first body chunk arrives (or its empty
-body ends); after that, chunks are relayed as they come, ``iter_any()`` to ``write()``, with no
+body ends); after that, chunks are relayed as they come, one ``write()`` per HTTP chunk the replica sent (never two merged: a stream reaches the client one chunk per item), with no
 per-chunk parsing; the replica's status, content type and encoding pass through (the session
 never decompresses). A write whose data does not drain within ``streamIdleTimeoutSeconds`` (the
 client stopped reading) cuts the stream: 499, and the replica's slot is freed.
@@ -28,7 +28,7 @@ from aiohttp import hdrs, web
 from multidict import CIMultiDict
 from yarl import URL
 
-from modelplex.http import HOP_BY_HOP, StreamIdle, write_chunk
+from modelplex.http import HOP_BY_HOP, StreamIdle, first_chunk, upstream_chunks, write_chunk
 from modelplex.wire.errors import ReplicaFailed, UpstreamTimeout
 from modelplex.wire.names import LOADED_MODELS_HEADER, MODEL_ID_HEADER
 from modelplex.wire.spec import DEFAULT_STREAM_IDLE_TIMEOUT_S
@@ -160,7 +160,7 @@ class Proxy:
             upstream, first = await self._send(lease, target, headers, body)
             self._heard(lease, upstream)
             clean = target.buffer  # read whole: the connection is reusable whatever ``consume`` makes of it
-            rest = _no_chunks() if target.buffer else upstream.content.iter_any()
+            rest = _no_chunks() if target.buffer else upstream_chunks(upstream.content)
             try:
                 result = await consume(Reply(upstream.status, upstream.headers, first, rest, lease.replica.name))
             except _FAILURES as error:  # the replica died mid-stream: the caller's answer is cut
@@ -235,7 +235,7 @@ class Proxy:
             self.table.apply(Answered(replica), self.clock())
             if upstream.status != 503:
                 try:
-                    return upstream, await (upstream.read() if target.buffer else upstream.content.readany())
+                    return upstream, await (upstream.read() if target.buffer else first_chunk(upstream.content))
                 except _FAILURES as error:
                     # Its status line came: the replica took the request and its answer began (a
                     # handler may have run). Never sent again: the client gets one 502, not two runs.
@@ -259,7 +259,7 @@ class Proxy:
             await response.prepare(request)
             if first:
                 await write_chunk(request, response, first, idle_s)
-            async for chunk in upstream.content.iter_any():
+            async for chunk in upstream_chunks(upstream.content):
                 await write_chunk(request, response, chunk, idle_s)
             return True
         except ConnectionResetError as error:

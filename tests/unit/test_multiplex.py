@@ -39,10 +39,13 @@ async def test_a_loader_called_without_a_model_id_loads_nothing():
     assert server.loads == []
 
 
-async def test_an_empty_model_id_asks_for_the_header():
+async def test_an_empty_model_id_is_rays_value_error_and_a_400():
     server = Server()
-    with pytest.raises(BadRequest, match="serve_multiplexed_model_id"):
+    with pytest.raises(ValueError, match=r"^The model ID cannot be empty\.$") as raised:
         await server.get_model("")
+    assert isinstance(raised.value, BadRequest)  # over HTTP: 400, its error naming the type
+    assert raised.value.to_dict()["error"] == {"code": "bad_request", "message": "The model ID cannot be empty.",
+                                               "type": "ValueError"}
     assert server.loads == []
 
 

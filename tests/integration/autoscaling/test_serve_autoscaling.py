@@ -41,7 +41,10 @@ def test_serve_run_of_an_autoscaled_app_starts_at_zero_and_a_call_brings_a_repli
     try:
         local = serve.running._apps["default"].running.proc.pid
         assert replica_processes(local) == []  # min_replicas 0: nothing runs until a call
+        assert serve.status().applications["default"].deployments["Doubler"].replica_states == {}
         assert ingress.remote([1.0, 2.0, 3.0]).result(120) == [2.0, 4.0, 6.0]
         assert len(replica_processes(local)) == 1
+        # serve.status() reads the live count, as Ray's does (it said 1 throughout before).
+        assert serve.status().applications["default"].deployments["Doubler"].replica_states == {"RUNNING": 1}
     finally:
         serve.shutdown()

@@ -12,6 +12,7 @@ import sys
 import aiohttp
 import cloudpickle
 import pytest
+from starlette.requests import Request
 
 from modelplex import serve
 from modelplex.handles import DeploymentHandle
@@ -48,7 +49,9 @@ class Echo:
     def __init__(self, tag: str):
         self.tag = tag
 
-    def __call__(self, body) -> str:
+    async def __call__(self, body) -> str:
+        if isinstance(body, Request):  # over HTTP: Ray's Starlette request; through a handle: the value
+            body = await body.json()
         return f"{self.tag} {body}"
 
 
@@ -89,7 +92,9 @@ async def test_two_applications_serve_side_by_side_on_one_port_until_one_is_dele
     applications = serve.status().applications
     assert set(applications) == {"app_a", "app_b"}
     assert applications["app_a"].status == "RUNNING" and applications["app_a"].route_prefix == "/a"
-    assert set(applications["app_b"].deployments) == {"orchestrator", "decode-video"}
+    # Ray's deployment names, each with its live replicas (issue 40, item 4).
+    assert {name: deployment.replica_states for name, deployment in applications["app_b"].deployments.items()} == \
+        {"Orchestrator": {"RUNNING": 1}, "DecodeVideo": {"RUNNING": 1}}
     # Deployment names are scoped per application: both have a decode-video, each its own.
     assert await serve.get_deployment_handle("DecodeVideo", app_name="app_a").remote() == "h264"
     assert await serve.get_deployment_handle("decode-video", app_name="app_b").remote() == "vp9"

@@ -6,6 +6,8 @@ model id)."""
 
 import asyncio
 
+import pytest
+
 from modelplex import handle
 from modelplex.wire.names import MODEL_ID_HEADER
 
@@ -29,7 +31,9 @@ async def models_become(session, stack, name, expected, timeout_s=10.0):
 async def test_a_request_without_a_model_id_is_a_normal_request(stack, session):
     """Issue 31, item 5, as Ray's documents put it: "If the serve_multiplexed_model_id is not
     found in the request header, Serve will treat it as a normal request". The handler gets an
-    empty id; only its loader, called without one, refuses (400, naming the header)."""
+    empty id; only its loader, called without one, refuses with Ray's ValueError("The model ID
+    cannot be empty.") (issue 40, item 7): a 400 naming the type over HTTP, a ValueError
+    through a handle."""
     url = stack.url("loader") + "/"
     async with session.post(url, json={"peek": True}) as response:
         assert response.status == 200, await response.text()
@@ -37,8 +41,10 @@ async def test_a_request_without_a_model_id_is_a_normal_request(stack, session):
     async with session.post(url, json={}) as response:
         assert response.status == 400
         error = (await response.json())["error"]
-    assert error["code"] == "bad_request" and MODEL_ID_HEADER in error["message"]
+    assert error == {"code": "bad_request", "message": "The model ID cannot be empty.", "type": "ValueError"}
     assert await handle("loader", url=stack.url("loader")).remote({"peek": True}) == {"model_id": ""}
+    with pytest.raises(ValueError, match="The model ID cannot be empty."):
+        await handle("loader", url=stack.url("loader")).remote({})
 
 
 async def test_a_models_requests_stay_on_the_replica_that_loaded_it(stack, session):

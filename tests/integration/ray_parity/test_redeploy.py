@@ -70,3 +70,39 @@ async def test_running_the_application_again_releases_the_old_replicas_models(tm
                 assert response.status == 200 and await response.json() != old_pid  # a new replica
     finally:
         serve.shutdown()
+
+
+@serve.deployment(num_replicas=2, user_config={"threshold": 0.5})
+class Thresholded:
+    """Ray's user_config example: reconfigure is called with it at start and on every update."""
+
+    def __init__(self):
+        self.threshold = 0.0
+        self.reconfigured = 0
+
+    def reconfigure(self, config: dict):
+        self.threshold = config["threshold"]
+        self.reconfigured += 1
+
+    def state(self) -> list:
+        return [os.getpid(), self.threshold, self.reconfigured]
+
+
+async def answers(handle, count: int = 12) -> set[tuple]:
+    return {tuple(await handle.state.remote()) for _ in range(count)}
+
+
+async def test_a_change_of_user_config_alone_reconfigures_the_live_replicas_without_a_restart():
+    """Issue 40, item 6: it restarted the replicas; Ray calls reconfigure on the live ones."""
+    port = consecutive_free_ports(1)
+    try:
+        handle = serve.run(Thresholded.bind(), _port=port)
+        before = await answers(handle)
+        assert {(threshold, count) for _, threshold, count in before} == {(0.5, 1)}
+        handle = serve.run(Thresholded.options(user_config={"threshold": 0.9}).bind(), _port=port)
+        after = await answers(handle)
+        # The same processes, each reconfigured once more: all answers see the new threshold.
+        assert {pid for pid, _, _ in after} <= {pid for pid, _, _ in before}
+        assert {(threshold, count) for _, threshold, count in after} == {(0.9, 2)}
+    finally:
+        serve.shutdown()

@@ -134,7 +134,8 @@ class Front:
     def __init__(self, shouter):
         self.shouter = shouter
 
-    async def __call__(self, body):
+    async def __call__(self, request: Request):
+        body = await request.json()
         # Ray's class name, resolved inside this replica (its router is "loud-shouter").
         by_class_name = await modelplex.handle("LoudShouter").remote(body)
         return {"bound": await self.shouter.remote(body), "by_name": by_class_name}

@@ -15,7 +15,7 @@ import torch
 from modelplex import batch, get_multiplexed_model_id
 from modelplex.context import reset_multiplexed_model_id, set_multiplexed_model_id
 from modelplex.runtime import Runtime, runtime_scope
-from modelplex.wire.errors import HandlerError
+from modelplex.serve.exceptions import RayServeException
 
 pytestmark = pytest.mark.looptime
 
@@ -424,7 +424,7 @@ async def test_a_batched_generator_failing_midway_fails_each_stream_then_ends_it
     calls = [("hi1", "hi2"), ("hi3", "hi4")]
     for (key1, key2), stream in zip(calls, [func(*args) for args in calls]):
         assert [await stream.__anext__() for _ in range(2)] == [(0, key1, key2), (1, key1, key2)]
-        expected = RuntimeError if error_type == "runtime_error" else HandlerError
+        expected = RuntimeError if error_type == "runtime_error" else RayServeException  # Ray's, with its message
         with pytest.raises(expected):
             await stream.__anext__()
         with pytest.raises(StopAsyncIteration):

@@ -5,6 +5,7 @@ the headers of its ASGI scope."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -14,6 +15,7 @@ from modelplex.wire.credentials import INTERNAL_TOKEN_HEADER, TokenFile, write_t
 from modelplex.wire.forwarded import ENV_ROUTE_PREFIX, METHOD_HEADER, PATH_HEADER
 from modelplex.wire.names import MODEL_ID_HEADER
 from modelplex.wire.oip import PROTOCOL_HEADER, VERSION_HEADER
+from modelplex.wire.proof import PROOF_HEADER, make_proof
 from modelplex.wire.spec import parse_deployment
 from modelplex_replica.app import create_app
 
@@ -64,3 +66,41 @@ async def test_an_ingress_app_sees_the_clients_headers_and_no_internal_one(repli
 async def test_a_request_without_the_credential_never_reaches_the_app(replica):
     async with replica.post("/v1/invoke", data=b"{}", headers={METHOD_HEADER: "GET", PATH_HEADER: "/"}) as response:
         assert response.status == 401
+
+
+# -- behind a Gateway: the Endpoint Picker's proof instead of the credential ---------------------
+
+
+def _address(client: TestClient) -> str:
+    return f"127.0.0.1:{client.port}"
+
+
+async def _invoke(client: TestClient, model: str, proof: str) -> tuple[int, str]:
+    async with client.post("/v1/invoke", data=b"{}", headers={MODEL_ID_HEADER: model, PROOF_HEADER: proof}) as answer:
+        return answer.status, await answer.text()
+
+
+async def test_a_proof_for_the_model_and_this_replica_is_taken_and_user_code_never_sees_it(replica):
+    proof = make_proof(TOKEN, "m1", _address(replica), time.time())
+    status, text = await _invoke(replica, "m1", proof)
+    assert status == 200, text
+    names = {name for name, _ in json.loads(text)["headers"]}
+    assert PROOF_HEADER.lower() not in names and proof not in text
+
+
+async def test_a_proof_for_another_model_replica_or_an_expired_one_gets_401(replica):
+    now = time.time()
+    for model, proof in (("m2", make_proof(TOKEN, "m1", _address(replica), now)),
+                         ("m1", make_proof(TOKEN, "m1", "127.0.0.1:1", now)),
+                         ("m1", make_proof(TOKEN, "m1", _address(replica), now - 60)),
+                         ("m1", make_proof("not-the-credential", "m1", _address(replica), now))):
+        status, text = await _invoke(replica, model, proof)
+        assert status == 401, text
+        assert json.loads(text)["error"]["code"] == "unauthorized"
+
+
+async def test_a_proof_opens_no_route_but_inference_and_metadata(replica):
+    proof = make_proof(TOKEN, "m1", _address(replica), time.time())
+    for method, path in (("POST", "/v1/models/m1/load"), ("DELETE", "/v1/models/m1"), ("GET", "/v1/models")):
+        async with replica.request(method, path, headers={MODEL_ID_HEADER: "m1", PROOF_HEADER: proof}) as answer:
+            assert answer.status == 401, (method, path, await answer.text())

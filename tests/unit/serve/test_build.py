@@ -9,6 +9,7 @@ import yaml
 
 from modelplex.handles import DeploymentHandle
 from modelplex.serve.build import documents, is_app_target
+from modelplex.serve.graph import ENV_APPLICATION, ENV_DEPLOYMENT
 from modelplex.serve.hosted import ENV_APP, ENV_APP_DIR, FromApp
 from modelplex.wire.spec import SpecError, parse_deployment
 from modelplex_launcher.cli import main
@@ -49,7 +50,16 @@ def test_each_deployment_of_the_graph_is_a_manifest_with_its_edges_and_options()
     for document in (upstream, downstream):
         assert document["spec"]["image"] == "registry.local/app:1"
         assert document["spec"]["handler"] == "modelplex.serve.hosted:FromApp"
-        assert document["spec"]["env"] == [{"name": ENV_APP, "value": "composition_app:app"}]
+        env = {variable["name"]: variable["value"] for variable in document["spec"]["env"]}
+        assert env[ENV_APP] == "composition_app:app"
+        # Ray's HTTP contract, and what serve.get_replica_context() reports in its replicas.
+        assert document["spec"]["http"] == {"request": "starlette"}
+        assert env[ENV_APPLICATION] == "default"
+    assert [env_of(document)[ENV_DEPLOYMENT] for document in (upstream, downstream)] == ["Upstream", "Downstream"]
+
+
+def env_of(document: dict) -> dict[str, str]:
+    return {variable["name"]: variable["value"] for variable in document["spec"]["env"]}
 
 
 def test_batching_and_multiplexing_come_from_the_decorators(tmp_path):

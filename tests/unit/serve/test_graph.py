@@ -71,8 +71,8 @@ def test_options_returns_a_changed_copy_and_autoscaling_sets_the_first_replica_c
 def test_unsupported_options_are_named():
     with pytest.raises(TypeError, match="placement_group_bundles"):
         serve.deployment(placement_group_bundles=[{}])
-    with pytest.raises(TypeError, match="resources"):
-        Downstream.options(ray_actor_options={"resources": {"TPU": 1}})
+    with pytest.raises(ValueError, match="'TPU': a pod's limits name extended resources as domain/name"):
+        Downstream.options(ray_actor_options={"resources": {"TPU": 1}})  # Ray's custom resource: no pod limit
     with pytest.raises(ValueError, match="max_ongoing_requests"):
         Downstream.options(max_ongoing_requests=0)
 
