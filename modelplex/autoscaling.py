@@ -396,6 +396,8 @@ class RoundPlan:
     #: The pre-load list to write now; None: keep what is written (unchanged, or nothing hot:
     #: an idle pool keeps the models that were hot last).
     hot_models: tuple[str, ...] | None = None
+    #: The cost each leaving replica was picked by (the one it carries, where replicas carry costs).
+    leaving_costs: dict[str, int] = field(default_factory=dict)
 
 
 def leaving_replicas(replicas: Iterable[ReplicaState], costs: Mapping[str, int], count: int,
@@ -428,10 +430,17 @@ def plan_round(autoscaler: Autoscaler, observed: Observed) -> RoundPlan:
     heat = deletion_costs(report)
     costs = {replica.name: int(heat.get(replica.name, 0)) for replica in observed.replicas}
     leaving: list[str] = []
+    ranking: Mapping[str, int] = costs
     moves: list[tuple[str, str]] = []
     pins: dict[str, tuple[str, ...]] = {}
     if decision.direction == "down":
-        leaving = leaving_replicas(observed.replicas, costs, current - decision.desired, report)
+        # A ReplicaSet removes pods by the pod-deletion-costs they carry (an earlier round's), not
+        # by those this round works out: where the replicas carry costs, the pick follows them
+        # (a pod without one reads 0, as the ReplicaSet reads it), so the pods named are the
+        # pods that go.
+        carried = any(replica.cost is not None for replica in observed.replicas)
+        ranking = {replica.name: replica.cost or 0 for replica in observed.replicas} if carried else costs
+        leaving = leaving_replicas(observed.replicas, ranking, current - decision.desired, report)
         staying = {r.name for r in observed.replicas if r.ready and r.name not in leaving}
         if observed.declared and staying:
             capacity = {r.name: r.capacity for r in report.replicas}
@@ -441,4 +450,4 @@ def plan_round(autoscaler: Autoscaler, observed: Observed) -> RoundPlan:
     count = preload_count(report, observed.max_models_per_replica)
     hot = tuple(hottest_models(report, count))
     return RoundPlan(decision, report, heard, decision.reason, costs, tuple(leaving), tuple(moves), pins, count,
-                     hot if hot and hot != observed.hot else None)
+                     hot if hot and hot != observed.hot else None, {name: ranking.get(name, 0) for name in leaving})

@@ -16,8 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from modelplex.autoscaling import DELETION_COST_ANNOTATION, ReplicaState, ScaleDecision, leaving_replicas
-from modelplex.wire.load import LoadReport
+from modelplex.autoscaling import DELETION_COST_ANNOTATION, ReplicaState, ScaleDecision
 
 CONDITION = "Autoscaling"
 #: A cost is rewritten when it moved by more than this share (or 5 requests a minute), or the
@@ -45,18 +44,6 @@ def parse_cost(raw: str | None) -> int | None:
         return int(raw) if raw is not None else None
     except ValueError:
         return None
-
-
-def costs_in_place(pods: Iterable[ReplicaPod], leaving: Iterable[str], report: LoadReport | None = None) -> bool:
-    """Whether the pods' pod-deletion-cost annotations, as last read, already put ``leaving``
-    first. The ReplicaSet removes pods by the costs it has seen, not by those a round has just
-    written: a scale-down whose pick needs this round's costs waits one round for them."""
-    leaving = set(leaving)
-    if not leaving:
-        return True
-    pods = list(pods)
-    seen = {pod.name: pod.cost or 0 for pod in pods}  # no annotation: the ReplicaSet reads 0
-    return set(leaving_replicas([pod.state() for pod in pods], seen, len(leaving), report)) == leaving
 
 
 def replica_pod(pod: Mapping[str, Any]) -> ReplicaPod:

@@ -132,6 +132,24 @@ def test_a_scale_down_removes_the_coldest_moves_its_hot_model_and_pins_the_decla
     assert plan.preload == 4 and plan.hot_models == ("m-hot", "m-shared", "m-warm", "m-pinned")
 
 
+def test_pods_carrying_costs_are_removed_by_those_costs_not_by_the_heat_worked_out_now():
+    """A ReplicaSet removes by the pod-deletion-costs the pods carry (an earlier round's): the
+    plan names the pod that goes, and the cost it went by, where the heat has since moved."""
+    clock = VirtualClock()
+    load = report(ReplicaLoad("a", ongoing=1, models=("m-a",), capacity=4), ReplicaLoad("b", models=("m-b",), capacity=4),
+                  **{"m-a": 1.0, "m-b": 1.1})  # now: a is the colder (60 a minute against 66)
+    carrying = Observed(reports=[load], routers=1, current=2,
+                        replicas=[ReplicaState("a", ready=True, cost=70), ReplicaState("b", ready=True, cost=57)])
+    plan = rounds(scaler(clock), clock, carrying, seconds=30)[-1]
+    assert (plan.decision.current, plan.decision.desired) == (2, 1)
+    assert plan.costs == {"a": 60, "b": 66}  # written for the next rounds
+    assert plan.leaving == ("b",) and plan.leaving_costs == {"b": 57}
+    # Local mode's replicas carry no cost: its driver removes by the heat of the round.
+    local = rounds(scaler(clock), clock, Observed(reports=[load], routers=1, current=2, replicas=ready("a", "b")),
+                   seconds=30)[-1]
+    assert local.leaving == ("a",) and local.leaving_costs == {"a": 60}
+
+
 def test_a_scale_down_to_zero_pins_nothing_and_a_scale_up_moves_nothing():
     clock = VirtualClock()
     idle = report(ReplicaLoad("a", models=("m",), capacity=2), m=0.5)

@@ -173,10 +173,7 @@ class AutoscaleLoop:
         state.failing = False
 
         await self._annotate(namespace, replicas, plan.costs)
-        if decision.changed and not scaling.costs_in_place(replicas, plan.leaving, plan.report):
-            log.info("autoscaling %s/%s: the scale-down to %d waits a round: %s must carry the lowest "
-                     "pod-deletion-cost first", *key, decision.desired, ", ".join(plan.leaving))
-        elif decision.changed:
+        if decision.changed:
             await self._before_scale_down(key, deployment, plan, replicas)
             try:
                 await self._scale(key, view, deployment, state, decision, plan)
@@ -249,7 +246,7 @@ class AutoscaleLoop:
             await self.ctx.kube.ascale(deployment.namespace, builders.replica_name(deployment.name), decision.desired)
             self.ctx.scaled[key] = decision.desired
         state.last_scale = scaling.LastScale(self.wall(), decision.reason)
-        event = scaling.scale_event(decision, plan.heard, {pod: plan.costs.get(pod, 0) for pod in plan.leaving})
+        event = scaling.scale_event(decision, plan.heard, plan.leaving_costs)
         post(view, [event])
         log.info("autoscaling %s/%s: %s", *key, event[2])
 

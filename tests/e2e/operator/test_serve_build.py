@@ -49,8 +49,9 @@ class Upstream:
     def __init__(self, downstream: DeploymentHandle):
         self._h = downstream
 
-    async def __call__(self, request):
-        return await self._h.options(multiplexed_model_id="bar").remote(request["features"])
+    async def __call__(self, request):  # a starlette Request, as in Ray
+        features = (await request.json())["features"]
+        return await self._h.options(multiplexed_model_id="bar").remote(features)
 
 
 app = Upstream.bind(Downstream.bind())

@@ -71,15 +71,3 @@ def test_the_condition_keeps_its_transition_time_until_it_flips():
     flipped = scaling.autoscaling_condition(False, "NoLoadReport", "0/2 answered", 1, same, "t3")
     assert flipped["lastTransitionTime"] == "t3" and flipped["reason"] == "NoLoadReport"
 
-
-def test_a_scale_down_waits_until_the_pods_carry_the_costs_that_pick_the_coldest():
-    """The ReplicaSet removes by the costs it has seen: while the annotations still rank the hot
-    pod lowest (or carry none), the round's pick is not yet in place."""
-    leaving = ["r-cold"]
-    stale = [ReplicaPod("r-hot", ready=True, cost=10), ReplicaPod("r-cold", ready=True, cost=90)]
-    assert not scaling.costs_in_place(stale, leaving)
-    assert not scaling.costs_in_place([ReplicaPod("r-hot", ready=True),
-                                       ReplicaPod("r-cold", ready=True, cost=30)], leaving)
-    written = [ReplicaPod("r-hot", ready=True, cost=120), ReplicaPod("r-cold", ready=True, cost=30)]
-    assert scaling.costs_in_place(written, leaving)
-    assert scaling.costs_in_place(stale, [])  # no scale-down: nothing to wait for
