@@ -159,7 +159,11 @@ def _user_frames(tb: Any) -> traceback.StackSummary | None:
 
 class EmptyModelId(BadRequest, ValueError):
     """A ``@multiplexed`` loader called without a model id: Ray's ``ValueError`` and message (over
-    HTTP, a 400 whose error names the type)."""
+    HTTP, a 400 whose error names the type, and a hint saying where the id goes)."""
+
+    #: Over HTTP, where a client puts the id (Ray's message alone does not say).
+    HINT = ("send the model id in the serve_multiplexed_model_id header (or the model's path, "
+            "/v1/models/{id}/predict); through a handle, .options(multiplexed_model_id=...)")
 
     def __init__(self, message: str = "The model ID cannot be empty."):
         super().__init__(message)
@@ -167,6 +171,7 @@ class EmptyModelId(BadRequest, ValueError):
     def to_dict(self) -> dict[str, dict[str, str]]:
         document = super().to_dict()
         document["error"]["type"] = ValueError.__name__
+        document["error"]["hint"] = self.HINT
         return document
 
 

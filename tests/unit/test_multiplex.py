@@ -3,7 +3,7 @@
 import pytest
 
 from modelplex import multiplexed
-from modelplex.wire.errors import BadRequest
+from modelplex.wire.errors import BadRequest, EmptyModelId
 
 
 class Server:
@@ -45,7 +45,7 @@ async def test_an_empty_model_id_is_rays_value_error_and_a_400():
         await server.get_model("")
     assert isinstance(raised.value, BadRequest)  # over HTTP: 400, its error naming the type
     assert raised.value.to_dict()["error"] == {"code": "bad_request", "message": "The model ID cannot be empty.",
-                                               "type": "ValueError"}
+                                               "type": "ValueError", "hint": EmptyModelId.HINT}
     assert server.loads == []
 
 

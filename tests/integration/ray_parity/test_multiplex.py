@@ -9,6 +9,7 @@ import asyncio
 import pytest
 
 from modelplex import handle
+from modelplex.wire.errors import EmptyModelId
 from modelplex.wire.names import MODEL_ID_HEADER
 
 
@@ -41,7 +42,8 @@ async def test_a_request_without_a_model_id_is_a_normal_request(stack, session):
     async with session.post(url, json={}) as response:
         assert response.status == 400
         error = (await response.json())["error"]
-    assert error == {"code": "bad_request", "message": "The model ID cannot be empty.", "type": "ValueError"}
+    assert error == {"code": "bad_request", "message": "The model ID cannot be empty.", "type": "ValueError",
+                     "hint": EmptyModelId.HINT}
     assert await handle("loader", url=stack.url("loader")).remote({"peek": True}) == {"model_id": ""}
     with pytest.raises(ValueError, match="The model ID cannot be empty."):
         await handle("loader", url=stack.url("loader")).remote({})
