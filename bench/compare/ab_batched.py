@@ -126,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpus", type=float, default=0.0,
                         help="run the stacks in a cgroup with this CPU quota and a weight above other sessions' "
                              "(run.py --cpus), the load generator in another: less noise from other people's load")
+    parser.add_argument("--shared-cpus", type=int, default=0, metavar="N",
+                        help="a small machine on any machine: the load generator and both systems share one "
+                             "cgroup of N CPUs (quota and cpuset), as on an N-core machine (overrides --cpus)")
     parser.add_argument("--out", type=Path, help="write the runs and medians here as JSON")
     args = parser.parse_args(argv)
     if args.workload == "multiplexing" and "--concurrency" not in (argv or sys.argv):
@@ -137,11 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     order = [("A", "B") if i % 2 == 0 else ("B", "A") for i in range(args.runs)]
     runs: dict[str, list[dict]] = {"A": [], "B": []}
     groups = nullcontext()
-    if args.cpus > 0:
+    if args.cpus > 0 or args.shared_cpus:
         why_not = cgroups.available()
         if why_not:
             parser.error(f"--cpus: {why_not}")
-        groups = run.cpu_groups = cgroups.Groups(args.cpus)
+        groups = run.cpu_groups = cgroups.Groups(args.shared_cpus or args.cpus, shared=bool(args.shared_cpus))
     with groups, run.Monitor() as monitor, tempfile.TemporaryDirectory(prefix="modelplex-ab-") as tmp:
         for i, pair in enumerate(order):
             for label in pair:

@@ -208,18 +208,19 @@ async def with_probe(load, url: str | None, interval_s: float = 0.1, timeout_s: 
     return point, latencies, failed
 
 
-async def paired(url_a: str, url_b: str, body: dict, headers: dict, n: int) -> tuple[list[float], list[float]]:
+async def paired(url_a: str, url_b: str, body: dict, headers: dict, n: int, *,
+                 headers_a: dict | None = None) -> tuple[list[float], list[float]]:
     """Concurrency 1: ``n`` requests to each URL, interleaved A, B, A, B... so both see the
-    same background load. URLs are complete (no ``/`` added)."""
+    same background load. URLs are complete (no ``/`` added); ``headers_a`` go to A only."""
     data = orjson.dumps(body)
     hdrs = {**JSON, **headers}
     a: list[float] = []
     b: list[float] = []
     async with _session(30.0) as session:
         for _ in range(n):
-            for url, out in ((url_a, a), (url_b, b)):
+            for url, out, extra in ((url_a, a, headers_a or {}), (url_b, b, {})):
                 started = time.perf_counter()
-                async with session.post(url, data=data, headers=hdrs) as resp:
+                async with session.post(url, data=data, headers={**hdrs, **extra}) as resp:
                     await resp.read()
                     if resp.status != 200:
                         raise RuntimeError(f"{url}: HTTP {resp.status}")

@@ -296,6 +296,15 @@ class ModelplexStack:
         found = re.search(r"  control (\S+:\d+)", self.log_path.read_text(errors="replace"))
         return f"http://{found.group(1)}" if found else self.url
 
+    def replica_headers(self) -> dict[str, str]:
+        """What a caller outside the router sends a replica of this stack: its deployment's
+        internal credential (replicas refuse their API without it), from the file the ready
+        output names; none where it names none (a tree from before per-deployment credentials)."""
+        found = re.search(r"deployment credentials: (\S+)/<name>", self.log_path.read_text(errors="replace"))
+        if not found:
+            return {}
+        return {"X-Modelplex-Internal-Token": (Path(found.group(1)) / self.name).read_text().strip()}
+
     def replicas_table(self) -> list[dict]:
         async def get() -> list[dict]:
             async with aiohttp.ClientSession() as session:
@@ -722,7 +731,8 @@ def _router_overhead(stack: ModelplexStack, body: dict, pairs: int) -> dict:
     if holder is None:
         return {}
     direct, routed = asyncio.run(loadgen.paired(holder["url"] + "/v1/invoke", stack.url + "/", body,
-                                                {loadgen.MODEL_ID_HEADER: model}, pairs))
+                                                {loadgen.MODEL_ID_HEADER: model}, pairs,
+                                                headers_a=stack.replica_headers()))
     diffs = [r - d for r, d in zip(routed, direct)]
     return {"pairs": pairs,
             "direct_p50": loadgen.pct(direct, 0.5), "direct_p99": loadgen.pct(direct, 0.99),
@@ -986,6 +996,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpus", type=float, default=1.0,
                         help="run each system in a cgroup of its own with this CPU quota, the same for both, so "
                              "that other people's load does not decide the comparison (0: no groups)")
+    parser.add_argument("--shared-cpus", type=int, default=0, metavar="N",
+                        help="a small machine on any machine: the load generator and both systems share one "
+                             "cgroup of N CPUs (quota and cpuset), as on an N-core machine (overrides --cpus)")
     parser.add_argument("--gpu-device", default=None, help=argparse.SUPPRESS)  # e.g. cpu: smoke-test the GPU path
     args = parser.parse_args(argv)
     global product_root, cpu_groups
@@ -1016,13 +1029,13 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     monitor = results["monitor"] = Monitor()
     groups = nullcontext()
-    if args.cpus > 0:
+    if args.cpus > 0 or args.shared_cpus:
         why_not = cgroups.available()
         if why_not:
             log(f"cpu groups: not used: {why_not}")
             results["cpu_groups"] = {"not_used": why_not}
         else:
-            groups = cpu_groups = cgroups.Groups(args.cpus)
+            groups = cpu_groups = cgroups.Groups(args.shared_cpus or args.cpus, shared=bool(args.shared_cpus))
     with groups, monitor, tempfile.TemporaryDirectory(prefix="modelplex-compare-") as tmp:
         workdir = Path(tmp)
         if "batching" in args.workloads:

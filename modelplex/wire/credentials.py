@@ -85,13 +85,23 @@ class _Read:
     value: object
 
 
+#: How long a credential read is trusted before its file's stamp is looked at again. Every
+#: request checks a credential, and a ``stat()`` per request cost the router several percent of
+#: its CPU; a rotation reaches a pod's files on the kubelet's sync (about a minute) anyway.
+RECHECK_S = 1.0
+
+
 class _Watched:
     """A file or folder read again only when it changes (a Secret volume swaps a ``..data`` link
-    on update, which changes the folder's stamp; a plain file changes its own)."""
+    on update, which changes the folder's stamp; a plain file changes its own), looked at no
+    more than once per ``recheck_s``."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, *, recheck_s: float = RECHECK_S, clock: Callable[[], float] = time.monotonic):
         self.path = path
+        self.recheck_s = recheck_s
+        self.clock = clock
         self._read = _Read(None, None)
+        self._checked_at: float | None = None
 
     def _stamp(self) -> tuple[int, int, int] | None:
         try:
@@ -103,6 +113,11 @@ class _Watched:
             return None
 
     def current(self) -> object:
+        now = self.clock()
+        # A missing file is looked for on every call: it may be written a moment after start.
+        if self._read.stamp is not None and self._checked_at is not None and now - self._checked_at < self.recheck_s:
+            return self._read.value
+        self._checked_at = now
         stamp = self._stamp()
         if stamp is None or stamp != self._read.stamp:
             self._read = _Read(stamp, self._load() if stamp is not None else None)
@@ -142,12 +157,12 @@ class DeploymentCredential(TokenFile):
     refused. ``also``: tokens accepted but never sent (local mode's run credential, at routers)."""
 
     def __init__(self, path: Path, legacy: TokenFile | None = None, also: tuple[TokenFile, ...] = (), *,
-                 grace_s: float = LEGACY_GRACE_S, clock: Callable[[], float] = time.monotonic):
-        super().__init__(path)
+                 grace_s: float = LEGACY_GRACE_S, clock: Callable[[], float] = time.monotonic,
+                 recheck_s: float = RECHECK_S):
+        super().__init__(path, recheck_s=recheck_s, clock=clock)
         self.legacy = legacy
         self.also = also
         self.grace_s = grace_s
-        self.clock = clock
         self._legacy_seen: tuple[str, float] | None = None  # the legacy token, when last seen
 
     def own(self) -> str | None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from modelplex.wire.credentials import ClientTokens, write_token_file
+from modelplex.wire.credentials import RECHECK_S, ClientTokens, write_token_file
 from modelplex.wire.errors import Unauthorized
 from modelplex.wire.spec import RouterAuth, SecretRef
 from modelplex_router.auth import Access, Asked, authorize
@@ -30,9 +30,11 @@ def test_a_reload_naming_a_client_internal_keeps_the_last_good_list_and_logs_the
     folder = tmp_path / "clients"
     folder.mkdir()
     _write(folder, {"alice": "alice-token-0123"})
-    clients = KnownClients(ClientTokens(folder))
+    now = [100.0]
+    clients = KnownClients(ClientTokens(folder, clock=lambda: now[0]))
     assert clients.client_for("alice-token-0123") == "alice"
     _write(folder, {"alice": "alice-token-4567", "internal": "sneaky-token-0123"})
+    now[0] += RECHECK_S
     with caplog.at_level(logging.ERROR, logger="modelplex.router.auth"):
         assert clients.client_for("sneaky-token-0123") is None
         assert clients.client_for("alice-token-4567") is None
@@ -40,6 +42,7 @@ def test_a_reload_naming_a_client_internal_keeps_the_last_good_list_and_logs_the
     assert "'internal'" in caplog.text
     assert not any(token in caplog.text for token in ("sneaky-token-0123", "alice-token-4567", "alice-token-0123"))
     _write(folder, {"alice": "alice-token-4567"})
+    now[0] += RECHECK_S
     assert clients.client_for("alice-token-4567") == "alice"
 
 

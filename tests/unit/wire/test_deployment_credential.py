@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from unit.wire.test_credentials import secret_volume
 
-from modelplex.wire.credentials import (CallerTokens, DeploymentCredential, TokenFile, internal_token_file,
+from modelplex.wire.credentials import (RECHECK_S, CallerTokens, DeploymentCredential, TokenFile, internal_token_file,
                                         write_token_file)
 
 
@@ -15,15 +15,16 @@ def test_during_an_upgrade_the_namespace_token_is_sent_and_both_are_accepted_the
     own = write_token_file(tmp_path / "token", "deployment-token")
     legacy = write_token_file(tmp_path / "namespace-token", "namespace-token")
     now = [1000.0]
-    credential = DeploymentCredential(own, TokenFile(legacy), grace_s=180, clock=lambda: now[0])
+    credential = DeploymentCredential(own, TokenFile(legacy, clock=lambda: now[0]), grace_s=180, clock=lambda: now[0])
     # Pods that have not rolled know only the namespace's token: it is what this pod sends.
     assert credential.token() == "namespace-token" and credential.own() == "deployment-token"
     assert credential.accepts("deployment-token") and credential.accepts("namespace-token")
     assert not credential.accepts("another-deployment-token") and not credential.accepts(None)
 
     legacy.unlink()  # every pod has rolled: the operator took the key out of the Secret
+    now[0] += RECHECK_S
     assert credential.token() == "deployment-token"
-    now[0] += 179  # another pod's files may not have been updated yet
+    now[0] += 179 - RECHECK_S  # another pod's files may not have been updated yet
     assert credential.accepts("namespace-token")
     now[0] += 2
     assert not credential.accepts("namespace-token") and credential.accepts("deployment-token")
@@ -53,10 +54,12 @@ def test_a_process_takes_its_deployment_credential_and_the_upgrade_file_from_its
 def test_callers_are_named_by_their_files_and_follow_a_secret_volume_update(tmp_path):
     folder = tmp_path / "callers"
     secret_volume(folder, "2026_11_28_01", {"frontend": "f1", "internal": "nope"})
-    callers = CallerTokens(folder)
+    now = [100.0]
+    callers = CallerTokens(folder, clock=lambda: now[0])
     assert callers.client_for("f1") == "frontend"
     assert callers.client_for("nope") is None  # the router's own name is never a caller's
     secret_volume(folder, "2026_11_28_02", {"frontend": "f2"})
+    now[0] += RECHECK_S
     assert callers.client_for("f2") == "frontend" and callers.client_for("f1") is None
 
 
@@ -65,7 +68,9 @@ def test_callers_linked_to_their_own_token_files_see_a_rotation_of_those_files(t
     folder = tmp_path / "callers"
     folder.mkdir()
     (folder / "frontend").symlink_to(token)
-    callers = CallerTokens(folder)
+    now = [100.0]
+    callers = CallerTokens(folder, clock=lambda: now[0])
     assert callers.client_for("f1") == "frontend"
     write_token_file(token, "f2-rotated")
+    now[0] += RECHECK_S
     assert callers.client_for("f2-rotated") == "frontend" and callers.client_for("f1") is None
