@@ -760,24 +760,36 @@ class _Pin:
 
 
 async def release(model: Any, model_id: str = "") -> None:
-    """Call the model's ``unload()`` (sync or async) if it has one, and await an ``async def
-    __del__`` (as Ray does: the interpreter would only create its coroutine); never raises."""
+    """Call the model's ``unload()`` (sync or async) if it has one, and its ``__del__`` now, as
+    Ray's unload does: an ``async def`` one awaited (the interpreter would only create its
+    coroutine), a plain one called (at eviction, even where a reference outlives it; its error
+    logged with the model's id, not printed as an ignored exception); never raises. Either way
+    the interpreter's own call at collection then does nothing: it runs once."""
     unload = getattr(model, "unload", None)
     try:
         if callable(unload):
             result = unload()
             if inspect.isawaitable(result):
                 await result
-        if inspect.iscoroutinefunction(getattr(type(model), "__del__", None)):
-            await model.__del__()
-            _finalised(model)
     except Exception:  # noqa: BLE001 - a broken unload() must not wedge the cache
         log.exception("unloading model %r raised", model_id)
+    finaliser = getattr(type(model), "__del__", None)
+    if finaliser is None:
+        return
+    try:
+        if inspect.iscoroutinefunction(finaliser):
+            await model.__del__()
+        else:
+            model.__del__()
+    except Exception:  # noqa: BLE001 - as a broken unload()
+        log.exception("unloading model %r raised", model_id)
+    finally:
+        _finalised(model)
 
 
 def _finalised(model: Any) -> None:
-    """Mark a model whose ``async def __del__`` ran: the interpreter's own call at collection
-    would create a coroutine nobody awaits (a warning), so it finds a no-op instead."""
+    """Mark a model whose ``__del__`` ran: the interpreter's own call at collection would run a
+    plain one twice, or create a coroutine nobody awaits (a warning), so it finds a no-op instead."""
     cls = type(model)
     quiet = _QUIET.get(cls)
     if quiet is None:

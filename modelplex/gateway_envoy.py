@@ -15,6 +15,17 @@ data plane a Gateway API Inference Extension gateway sets up for an ``InferenceP
   ``header_mutation`` filter first): with the picker down and ``FailOpen`` no client chooses the
   upstream; without a pick ``ORIGINAL_DST`` has no host and Envoy answers 503.
 
+With ``load_balancing="override_host"`` (for a picker with ``spec.router.endpointPicker.fallbacks``)
+the ``replicas`` cluster is instead a list of the replicas' endpoints (``STATIC`` here; EDS from
+the ``InferencePool`` in a Gateway) balanced by Envoy's override-host policy
+(``envoy.load_balancing_policies.override_host``): it reads the ordered list the picker writes in
+``envoy.lb``/``x-gateway-destination-endpoint`` (``ip:port,ip:port,...``, the metadata source only:
+a header source would add the header's pick a second time) and each try of the request takes the
+next endpoint of it, so the route retries a connect failure up to the list's length (a request
+that reached a replica is never sent twice). The answer's ``upstream.address`` goes back to the
+picker (which replica served). With the list spent (or none), the fallback policy (round robin)
+picks, and the replica refuses a request without its proof.
+
 ``FULL_DUPLEX_STREAMED`` (what managed gateways such as Istio set) needs the trailers sent both
 ways, or ``envoy --mode validate`` refuses it; header-only (``NONE``) leaves the bodies to Envoy.
 Pure functions, standard library only: the launcher, the tests and the benchmarks share them.
@@ -35,6 +46,10 @@ DESTINATION_HEADER = "x-gateway-destination-endpoint"
 #: The dynamic metadata namespace of the pick (and of the subset hint's ``envoy.lb.subset_hint``).
 LB_NAMESPACE = "envoy.lb"
 SUBSET_HINT_NAMESPACE = "envoy.lb.subset_hint"
+#: How the ``replicas`` cluster picks a host: the one ``ip:port`` of the header (``ORIGINAL_DST``),
+#: or the ordered list in ``envoy.lb`` metadata (the override-host policy, with retries down it).
+LoadBalancing = Literal["original_dst", "override_host"]
+OVERRIDE_HOST_POLICY = "envoy.load_balancing_policies.override_host"
 #: ``request_body_mode`` (and ``response_body_mode``): header-only or streamed both ways.
 BodyMode = Literal["NONE", "FULL_DUPLEX_STREAMED"]
 BODY_MODES: tuple[BodyMode, ...] = ("NONE", "FULL_DUPLEX_STREAMED")
@@ -71,6 +86,11 @@ class EnvoyGateway:
     #: is on the first byte, which the replica enforces behind a Gateway.
     route_timeout_s: float = 0.0
     admin_host: str = "127.0.0.1"
+    load_balancing: LoadBalancing = "original_dst"
+    #: ``override_host`` only: the replicas' ``ip:port`` endpoints (the cluster's hosts).
+    endpoints: tuple[str, ...] = ()
+    #: ``override_host`` only: tries after the first on a connect failure (the picker's ``fallbacks``).
+    retries: int = 1
 
 
 def _duration(seconds: float) -> str:
@@ -120,6 +140,12 @@ def _listener(gateway: EnvoyGateway, port: int, body_mode: BodyMode) -> dict[str
         },
         "request_attributes": ["source.address"],
     }
+    route: dict[str, Any] = {"cluster": "replicas", "timeout": _duration(gateway.route_timeout_s)}
+    if gateway.load_balancing == "override_host":
+        # Which replica served (the pick, or a fallback after it), so the picker's count stays true.
+        ext_proc["response_attributes"] = ["upstream.address"]
+        # Only where no byte reached a replica: each try takes the next endpoint of the list.
+        route["retry_policy"] = {"retry_on": "connect-failure,refused-stream", "num_retries": gateway.retries}
     name = f"gateway_{body_mode.lower()}_{port}"
     connection_manager = {
         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3."
@@ -132,7 +158,7 @@ def _listener(gateway: EnvoyGateway, port: int, body_mode: BodyMode) -> dict[str
                 "name": "replicas",
                 "domains": ["*"],
                 "routes": [{"match": {"prefix": "/"},
-                            "route": {"cluster": "replicas", "timeout": _duration(gateway.route_timeout_s)}}],
+                            "route": route}],
             }],
         },
         "http_filters": [
@@ -167,13 +193,7 @@ def envoy_config(gateway: EnvoyGateway) -> dict[str, Any]:
         "static_resources": {
             "listeners": [_listener(gateway, port, mode) for port, mode in listeners],
             "clusters": [
-                {
-                    "name": "replicas",
-                    "type": "ORIGINAL_DST",
-                    "lb_policy": "CLUSTER_PROVIDED",
-                    "connect_timeout": _duration(CONNECT_TIMEOUT_S),
-                    "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION_HEADER},
-                },
+                _replicas_cluster(gateway),
                 {
                     "name": "picker",
                     "type": picker_type,
@@ -190,6 +210,35 @@ def envoy_config(gateway: EnvoyGateway) -> dict[str, Any]:
             ],
         },
     }
+
+
+def _replicas_cluster(gateway: EnvoyGateway) -> dict[str, Any]:
+    """The replicas: ``ORIGINAL_DST`` on the header's one ``ip:port``, or the endpoints balanced
+    by the override-host policy on the metadata's ordered list."""
+    if gateway.load_balancing == "original_dst":
+        return {"name": "replicas", "type": "ORIGINAL_DST", "lb_policy": "CLUSTER_PROVIDED",
+                "connect_timeout": _duration(CONNECT_TIMEOUT_S),
+                "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION_HEADER}}
+    if gateway.load_balancing != "override_host":
+        raise ValueError(f"load balancing must be original_dst or override_host (got {gateway.load_balancing!r})")
+    if not gateway.endpoints:
+        raise ValueError("override_host needs the replicas' endpoints (ip:port)")
+    hosts = []
+    for value in gateway.endpoints:
+        host, _, port = value.rpartition(":")
+        hosts.append({"endpoint": {"address": _address(host.strip("[]"), int(port))}})
+    policy = "type.googleapis.com/envoy.extensions.load_balancing_policies."
+    override = {
+        "@type": policy + "override_host.v3.OverrideHost",
+        "override_host_sources": [{"metadata": {"key": LB_NAMESPACE, "path": [{"key": DESTINATION_HEADER}]}}],
+        "fallback_policy": {"policies": [{"typed_extension_config": {
+            "name": "envoy.load_balancing_policies.round_robin",
+            "typed_config": {"@type": policy + "round_robin.v3.RoundRobin"}}}]},
+    }
+    return {"name": "replicas", "type": "STATIC", "connect_timeout": _duration(CONNECT_TIMEOUT_S),
+            "load_assignment": {"cluster_name": "replicas", "endpoints": [{"lb_endpoints": hosts}]},
+            "load_balancing_policy": {"policies": [{"typed_extension_config": {
+                "name": OVERRIDE_HOST_POLICY, "typed_config": override}}]}}
 
 
 def envoy_config_text(gateway: EnvoyGateway) -> str:

@@ -1,5 +1,6 @@
 """Workload 1's batched MLP at concurrency 32 (or, with ``--workload multiplexing``, workload 2's
-Zipf trace over 40 models on 2 replicas), through router and replica, on two checkouts of
+Zipf trace over 40 models on 2 replicas; with ``--workload streaming``, workload 3's NDJSON
+streams), through router and replica, on two checkouts of
 Modelplex (A: before a change, B: after it), interleaved: is B within 5% of A?
 
     git worktree add --detach /tmp/bench-old ae28ec5; git worktree add --detach /tmp/bench-new HEAD
@@ -36,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cgroups  # noqa: E402
 import loadgen  # noqa: E402
 import run  # noqa: E402
-from handlers import GPU_MLP_SIZES, MLP_SIZES  # noqa: E402
+from handlers import GPU_MLP_SIZES, MLP_SIZES, STREAM_CHUNKS  # noqa: E402
 
 
 def commit(tree: Path) -> str:
@@ -79,6 +80,8 @@ def one_run(tree: Path, workdir: Path, name: str, args: argparse.Namespace, moni
     run.product_root = tree
     if args.workload == "multiplexing":
         return one_multiplexing_run(workdir, name, args, monitor)
+    if args.workload == "streaming":
+        return one_streaming_run(workdir, name, args, monitor)
     spec = {"replicas": 1, "handler": f"mp_handlers:{args.handler}", "maxOngoingRequests": args.max_ongoing}
     body = run.mlp_body((GPU_MLP_SIZES if args.handler == "GPUBatchedMLP" else MLP_SIZES)[0])
     with monitor.phase(name), run.ModelplexStack(workdir, name, spec, run.bench_env()) as stack:
@@ -95,6 +98,26 @@ def one_run(tree: Path, workdir: Path, name: str, args: argparse.Namespace, moni
               for role in ("router", "replica") if role in after}
     return {"rps": s["rps"], "p50_ms": s["p50_ms"], "p99_ms": s["p99_ms"], "errors": s["errors"],
             "cpu_ms_per_request": cpu_ms, "replica_switches_per_request": round(switches / max(point.ok, 1), 2),
+            "load1": round(phase["load"][0], 2), "other_cores": phase["other_cores"]}
+
+
+def one_streaming_run(workdir: Path, name: str, args: argparse.Namespace, monitor: run.Monitor) -> dict:
+    """Workload 3 (``run.py``'s streaming, Modelplex alone) at one concurrency: 20-record NDJSON
+    streams, 10 ms apart, 2 replicas; ``rps`` is streams/s, and time to first chunk beside it."""
+    spec = {"replicas": 2, "handler": "mp_handlers:Streamer", "maxOngoingRequests": max(args.max_ongoing, 256)}
+    env = run.bench_env({"BENCH_STREAM_INTERVAL_S": "0.01"})
+    with monitor.phase(name), run.ModelplexStack(workdir, name, spec, env) as stack:
+        pids = stack.pids()
+        before = cpu_seconds(pids)
+        point = asyncio.run(loadgen.streams(stack.url, {"chunks": STREAM_CHUNKS}, STREAM_CHUNKS, args.concurrency,
+                                            args.seconds, warmup_s=args.warmup))
+        after = cpu_seconds(pids)
+    s = point.summary()
+    phase = monitor.summary()[-1]
+    cpu_ms = {role: round((after[role] - before.get(role, 0.0)) / max(point.ok, 1) * 1000, 3)
+              for role in ("router", "replica") if role in after}
+    return {"rps": s["rps"], "p50_ms": s.get("ttfc_p50_ms", float("nan")), "p99_ms": s.get("ttfc_p99_ms", float("nan")),
+            "errors": s["errors"], "cpu_ms_per_request": cpu_ms,
             "load1": round(phase["load"][0], 2), "other_cores": phase["other_cores"]}
 
 
@@ -119,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--max-ongoing", type=int, default=128, help="as workload 1 sets it")
-    parser.add_argument("--workload", default="batched", choices=["batched", "multiplexing"])
+    parser.add_argument("--workload", default="batched", choices=["batched", "multiplexing", "streaming"],
+                        help="streaming: workload 3 at --concurrency, streams/s, and its p50/p99 are time to first chunk")
     parser.add_argument("--requests", type=int, default=400, help="multiplexing: requests in the trace")
     parser.add_argument("--handler", default="BatchedMLP", choices=["BatchedMLP", "BatchedEcho", "GPUBatchedMLP"],
                         help="BatchedEcho: the same batching with no model, to see the per-request cost alone")

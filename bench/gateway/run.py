@@ -8,12 +8,15 @@ and one Envoy (``--concurrency 1``) with four listeners, measured in short inter
 
     .venv/bin/python bench/gateway/run.py [--sizes 220000 1048576] [--concurrency 32]
         [--rounds 2] [--seconds 4] [--out bench/results/gateway-2026-11-28/results.json]
+        [--picker-only]
 
 Each round runs every target once per body size, the order rotated each round, so drifting
 background load reaches all alike; each figure is the median over rounds. OIP binary requests
 (one UINT8 tensor of the size given). Also measures the picker alone: header-only decisions
 per second (gRPC ext_proc streams from this process, no Envoy) and per second of the router's
-CPU (what one core gives). Prints a markdown table and writes the JSON.
+CPU (what one core gives), and the router's CPU per decision (process CPU time: robust to other
+load on a shared machine, unlike the wall-clock rates). ``--picker-only``: that measurement alone.
+Prints a markdown table and writes the JSON.
 """
 
 from __future__ import annotations
@@ -179,15 +182,17 @@ async def load(url: str, body: bytes, headers: dict[str, str], concurrency: int,
 
 
 async def decisions(picker: str, concurrency: int, seconds: float) -> int:
-    """Header-only decisions the picker makes in ``seconds``: each one a whole ext_proc stream
-    (request headers, the pick, the answer's headers)."""
+    """Header-only decisions the picker makes in ``seconds``: each one a whole ext_proc stream as
+    Envoy drives it (request headers, the pick, the answer's headers, and its end where the
+    picker asks for it: an answer of a stated length, as here, needs none)."""
     def headers(pairs: dict[str, str]) -> base_pb2.HeaderMap:
         return base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs.items()])
 
     request = ext.ProcessingRequest(request_headers=ext.HttpHeaders(headers=headers(
         {":method": "POST", ":path": f"/v2/models/{MODEL}/infer", "content-type": "application/octet-stream"})))
     response = ext.ProcessingRequest(response_headers=ext.HttpHeaders(
-        headers=headers({":status": "200"}), end_of_stream=True))
+        headers=headers({":status": "200", "content-type": "application/json", "content-length": "40"})))
+    end = ext.ProcessingRequest(response_trailers=ext.HttpTrailers())
     done = 0
     async with grpc.aio.insecure_channel(picker) as channel:
         stub = ext_grpc.ExternalProcessorStub(channel)
@@ -199,7 +204,9 @@ async def decisions(picker: str, concurrency: int, seconds: float) -> int:
                 await call.write(request)
                 await call.read()
                 await call.write(response)
-                await call.read()
+                if (await call.read()).HasField("mode_override"):  # the answer's end asked for
+                    await call.write(end)
+                    await call.read()
                 await call.done_writing()
                 done += 1
 
@@ -214,13 +221,14 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--picker-only", action="store_true", help="only the picker's decisions, no load runs")
     args = parser.parse_args()
     runs: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp:
         stack = Stack(Path(tmp))
         try:
             urls, picker, router_pid = start(stack)
-            for round_ in range(args.rounds):
+            for round_ in range(0 if args.picker_only else args.rounds):
                 for size in args.sizes:
                     body, headers = body_of(size)
                     order = TARGETS[round_ % len(TARGETS):] + TARGETS[:round_ % len(TARGETS)]
@@ -237,7 +245,8 @@ def main() -> int:
                 made = asyncio.run(decisions(picker, args.concurrency, args.seconds))
                 cpu = cpu_seconds(router_pid) - before
                 picks.append({"per_s": round(made / (time.perf_counter() - started), 1),
-                              "per_cpu_s": round(made / max(cpu, 1e-9), 1)})
+                              "per_cpu_s": round(made / max(cpu, 1e-9), 1),
+                              "cpu_us_per_decision": round(1e6 * cpu / max(made, 1), 1)})
                 log(f"picker decisions: {picks[-1]}")
         finally:
             stack.stop()
@@ -250,7 +259,7 @@ def main() -> int:
               f"{figures['router_cpu_ms']} | {figures['errors']} |")
     best = {figure: round(statistics.median(p[figure] for p in picks), 1) for figure in picks[0]}
     print(f"\npicker alone, header-only, c={args.concurrency}: {best['per_s']} decisions/s, "
-          f"{best['per_cpu_s']} per second of the router's CPU")
+          f"{best['per_cpu_s']} per second of the router's CPU ({best['cpu_us_per_decision']} µs each)")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "runs": runs,

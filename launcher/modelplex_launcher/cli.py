@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 
+from modelplex.logs import TEXT_FORMAT, configure
 from modelplex.wire.names import ENV_SPEC, REPLICA_CONTROL_PORT, REPLICA_PORT
 from modelplex.wire.ready import ENV_READY_FILE, READY_FILE_OPTION
 from modelplex.wire.spec import DEFAULT_ROUTER_PORT, Deployment, SpecError, load_manifest
@@ -65,16 +66,19 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _deployment(args: argparse.Namespace) -> Deployment:
+    """The manifest of a router or replica; its ``spec.logging`` applies from here on."""
     if not args.spec:
         raise SpecError([f"no manifest: pass --spec FILE or set {ENV_SPEC}"])
-    return load_manifest(args.spec, args.name)
+    deployment = load_manifest(args.spec, args.name)
+    configure(deployment.spec.logging)
+    return deployment
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format=TEXT_FORMAT,
         stream=sys.stderr,
     )
     try:

@@ -21,14 +21,14 @@ except ImportError:  # Starlette comes with the ingress extra; a script that nam
 from modelplex.batching import batch
 from modelplex.context import get_multiplexed_model_id, get_replica_context
 from modelplex.multiplex import multiplexed
-from modelplex.serve import config, exceptions
-from modelplex.serve.config import AutoscalingConfig, HTTPOptions
+from modelplex.serve import config, exceptions, schema
+from modelplex.serve.config import AutoscalingConfig, HTTPOptions, LoggingConfig
 from modelplex.serve.deployment import Application, Deployment, deployment
 from modelplex.serve.ingress import ingress
 from modelplex.serve.running import delete, get_app_handle, get_deployment_handle, run, shutdown, start, status
 
 __all__ = [
-    "Application", "AutoscalingConfig", "Deployment", "HTTPOptions", "batch", "config", "delete", "deployment",
-    "exceptions", "get_app_handle", "get_deployment_handle", "get_multiplexed_model_id", "get_replica_context",
-    "ingress", "multiplexed", "run", "shutdown", "start", "status",
+    "Application", "AutoscalingConfig", "Deployment", "HTTPOptions", "LoggingConfig", "batch", "config", "delete",
+    "deployment", "exceptions", "get_app_handle", "get_deployment_handle", "get_multiplexed_model_id",
+    "get_replica_context", "ingress", "multiplexed", "run", "schema", "shutdown", "start", "status",
 ]

@@ -9,6 +9,7 @@ its import path (``MODELPLEX_SERVE_APP`` names it as ``module:attribute``).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import sys
@@ -77,9 +78,23 @@ def documents(target: str, *, image: str, namespace: str | None = None, local: b
             raise SpecError([str(error)]) from None
         if namespace:
             document["metadata"]["namespace"] = namespace
+        if node.options.user_config is not None:
+            document["spec"]["userConfig"] = _json_user_config(node)
         parse_deployment(document, source=f"{target} ({node.name})")  # SpecError names the field
         result.append(document)
     return result
+
+
+def _json_user_config(node: graph.Node) -> Any:
+    """``node``'s user_config as the manifest's ``spec.userConfig``: a change of it alone rolls no
+    pod in a cluster, the operator gives it to the live replicas' ``reconfigure``. It must be
+    JSON (Ray's must be too), and the deployment must have a ``reconfigure``."""
+    if not callable(getattr(node.target, "reconfigure", None)):
+        raise SpecError([f"{node.options.name}: has a user_config but no reconfigure(config) method"])
+    try:
+        return json.loads(json.dumps(node.options.user_config, allow_nan=False))
+    except (TypeError, ValueError) as error:
+        raise SpecError([f"{node.options.name}: user_config must be JSON ({error})"]) from None
 
 
 def dump(docs: list[dict[str, Any]]) -> str:

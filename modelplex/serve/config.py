@@ -3,13 +3,17 @@
 ``AutoscalingConfig`` is accepted where Ray takes one (``autoscaling_config=``) and becomes the
 same dict Ray's keys give (:mod:`modelplex.serve.deployment`); ``HTTPOptions`` is what
 ``serve.start(http_options=...)`` takes. A field Modelplex has no equivalent for is refused by
-name when set to anything but Ray's default, never ignored.
+name when set to anything but Ray's default, never ignored. ``LoggingConfig`` is what
+``logging_config=`` takes (also as ``modelplex.serve.schema.LoggingConfig``, where Ray has it).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Mapping
+from typing import Any, Mapping, TypeVar
+
+T = TypeVar("T")
 
 #: Ray's ``DEFAULT_HTTP_PORT`` and host: the shared HTTP port of ``serve.run``'s applications.
 DEFAULT_HTTP_HOST = "127.0.0.1"
@@ -67,14 +71,68 @@ class HTTPOptions:
     @classmethod
     def of(cls, options: HTTPOptions | Mapping[str, Any] | None) -> HTTPOptions:
         """``options`` as given to ``serve.start``: an ``HTTPOptions``, a dict of its fields, or None."""
-        if options is None or isinstance(options, HTTPOptions):
-            return options or cls()
-        if not isinstance(options, Mapping):
-            raise TypeError(f"http_options must be an HTTPOptions or a dict (got {type(options).__name__})")
-        unknown = sorted(set(options) - {field.name for field in fields(cls)})
-        if unknown:
-            raise TypeError(f"http_options: unknown field(s) {', '.join(unknown)}")
-        return cls(**options)
+        return cls() if options is None else of_fields(cls, options, "http_options")
+
+
+#: ``LoggingConfig.log_level``'s names: ``spec.logging.level``.
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+#: Ray's logging settings with no equivalent here, and why.
+_LOGGING_REFUSED = {
+    "logs_dir": "the router and the replicas log to stderr, where kubectl logs and modelplex local read them",
+    "additional_log_standard_attrs": "encoding JSON writes a fixed set of a record's attributes",
+}
+
+
+@dataclass
+class LoggingConfig:
+    """Ray's ``LoggingConfig`` (``ray.serve.schema.LoggingConfig``), its fields and defaults:
+    ``log_level`` and ``encoding`` become ``spec.logging`` (the router's and the replicas' own
+    logs), ``enable_access_log`` ``spec.router.accessLog``. ``logs_dir`` and
+    ``additional_log_standard_attrs`` are refused by name, with the reason, unless left unset."""
+
+    encoding: str | None = None
+    log_level: int | str = "INFO"
+    logs_dir: str | None = None
+    enable_access_log: bool = True
+    additional_log_standard_attrs: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        for name, reason in _LOGGING_REFUSED.items():
+            if getattr(self, name):
+                raise ValueError(f"LoggingConfig: {name} is not supported by Modelplex: {reason}")
+        level = logging.getLevelName(self.log_level) if isinstance(self.log_level, int) else self.log_level
+        if not isinstance(level, str) or level.upper() not in LOG_LEVELS:
+            raise ValueError(f"LoggingConfig: log_level must be one of {', '.join(LOG_LEVELS)} (got {self.log_level!r})")
+        self.log_level = level.upper()
+        encoding = self.encoding or "TEXT"  # Ray's None: its default, TEXT
+        if not isinstance(encoding, str) or encoding.upper() not in ("TEXT", "JSON"):
+            raise ValueError(f"LoggingConfig: encoding must be TEXT or JSON (got {self.encoding!r})")
+        self.encoding = encoding.upper()
+        if not isinstance(self.enable_access_log, bool):
+            raise ValueError(f"LoggingConfig: enable_access_log must be True or False (got {self.enable_access_log!r})")
+
+    @classmethod
+    def of(cls, config: LoggingConfig | Mapping[str, Any]) -> LoggingConfig:
+        """``logging_config`` as Ray takes it: a ``LoggingConfig`` or a dict of its fields."""
+        return of_fields(cls, config, "logging_config")
+
+    def spec(self) -> dict[str, Any]:
+        """The manifest's fields: ``{"logging": {...}, "router": {"accessLog": ...}}``."""
+        return {"logging": {"level": self.log_level, "encoding": self.encoding},
+                "router": {"accessLog": self.enable_access_log}}
+
+
+def of_fields(cls: type[T], value: T | Mapping[str, Any], what: str) -> T:
+    """``value`` as Ray takes a config object: an instance of the dataclass ``cls``, or a dict of
+    its fields (an unknown one refused by name)."""
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{what} must be a {cls.__name__} or a dict (got {type(value).__name__})")
+    unknown = sorted(set(value) - {field.name for field in fields(cls)})  # type: ignore[arg-type]  # T is one of the dataclasses above
+    if unknown:
+        raise TypeError(f"{what}: unknown field(s) {', '.join(unknown)}")
+    return cls(**value)
 
 
 def refuse_non_default(config: Any, honoured: set[str], what: str) -> None:

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from modelplex.serve.config import AutoscalingConfig
+from modelplex.serve.config import AutoscalingConfig, LoggingConfig
 
 #: Ray's default for ``max_ongoing_requests``.
 DEFAULT_MAX_ONGOING_REQUESTS = 5
@@ -50,6 +50,18 @@ class DeploymentOptions:
     #: ``spec.healthCheck``: how often the deployment's ``check_health`` runs, and its bound.
     health_check_period_s: float | None = None
     health_check_timeout_s: float | None = None
+    #: ``spec.router.maxQueuedRequests``: None is Ray's -1 (no bound of its own).
+    max_queued_requests: int | None = None
+    #: ``spec.logging`` and ``spec.router.accessLog``; None: the defaults.
+    logging_config: LoggingConfig | None = None
+
+    def spec(self) -> dict[str, Any]:
+        """The manifest's fields of ``max_queued_requests`` and ``logging_config`` (router fields
+        under ``router``)."""
+        spec: dict[str, Any] = {} if self.logging_config is None else self.logging_config.spec()
+        if self.max_queued_requests is not None:
+            spec["router"] = {**spec.get("router", {}), "maxQueuedRequests": self.max_queued_requests}
+        return spec
 
     def health_check(self) -> dict[str, float]:
         """``spec.healthCheck`` from the health check options (empty: the defaults, Ray's)."""
@@ -99,7 +111,7 @@ class DeploymentOptions:
 
 _OPTIONS = {"name", "num_replicas", "max_ongoing_requests", "ray_actor_options", "autoscaling_config", "user_config",
             "graceful_shutdown_timeout_s", "graceful_shutdown_wait_loop_s", "health_check_period_s",
-            "health_check_timeout_s"}
+            "health_check_timeout_s", "max_queued_requests", "logging_config"}
 _ACTOR_OPTIONS = {"num_cpus", "num_gpus", "memory", "runtime_env", "resources"}
 #: Of Ray's runtime_env, what a replica's process can be given; the rest is the image's work.
 _RUNTIME_ENV = {"env_vars"}
@@ -156,6 +168,14 @@ def _checked(options: dict[str, Any]) -> dict[str, Any]:
     if replicas is not None and replicas != "auto" and (isinstance(replicas, bool) or not isinstance(replicas, int)
                                                         or replicas < 0):
         raise ValueError(f"serve.deployment: num_replicas must be an integer >= 0 or 'auto' (got {replicas!r})")
+    queued = options.get("max_queued_requests")
+    if queued is not None and (isinstance(queued, bool) or not isinstance(queued, int) or (queued < 1 and queued != -1)):
+        raise ValueError(f"serve.deployment: max_queued_requests must be -1 (no limit) or a positive integer "
+                         f"(got {queued!r})")
+    if queued == -1:
+        options = {**options, "max_queued_requests": None}  # Ray's default: no bound
+    if options.get("logging_config") is not None:
+        options = {**options, "logging_config": LoggingConfig.of(options["logging_config"])}
     ongoing = options.get("max_ongoing_requests")
     if ongoing is not None and (isinstance(ongoing, bool) or not isinstance(ongoing, int) or ongoing < 1):
         raise ValueError(f"serve.deployment: max_ongoing_requests must be an integer >= 1 (got {ongoing!r})")

@@ -177,6 +177,7 @@ def manifest(node: Node, *, image: str, handler: str, env: dict[str, str] | None
         spec["healthCheck"] = node.options.health_check()
     if node.options.graceful_shutdown_timeout_s is not None:
         spec["gracefulShutdownTimeoutSeconds"] = node.options.graceful_shutdown_timeout_s
+    spec.update(node.options.spec())  # logging, router.accessLog and router.maxQueuedRequests
     env = {**node.options.env(), ENV_DEPLOYMENT: node.options.name,
            ENV_APPLICATION: application or app_name or DEFAULT_APPLICATION, **(env or {})}
     spec["env"] = [{"name": key, "value": value} for key, value in env.items()]

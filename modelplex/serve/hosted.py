@@ -80,13 +80,32 @@ def construct(target: Any, args: tuple, kwargs: dict, user_config: Any = None, a
     if context is not None:
         context.servable_object = instance
     if user_config is not None:
-        reconfigure = getattr(instance, "reconfigure", None)
-        if reconfigure is None:
-            raise TypeError(f"{target.__qualname__} has a user_config but no reconfigure(config) method")
-        result = reconfigure(user_config)
-        if inspect.iscoroutine(result):  # an async reconfigure (asyncio.run takes only a coroutine)
-            asyncio.run(result)
+        reconfigure_at_start(instance, user_config)
     return instance
+
+
+def _reconfigure_method(instance: Any) -> Callable[[Any], Any]:
+    reconfigure = getattr(instance, "reconfigure", None)
+    if not callable(reconfigure):
+        raise TypeError(f"{type(instance).__qualname__} has a user_config but no reconfigure(config) method")
+    return reconfigure
+
+
+def reconfigure_at_start(instance: Any, user_config: Any) -> None:
+    """``instance.reconfigure(user_config)`` as the replica builds it, before any loop runs
+    (an async one runs to its end); a TypeError where it has no ``reconfigure``."""
+    result = _reconfigure_method(instance)(user_config)
+    if inspect.iscoroutine(result):  # an async reconfigure (asyncio.run takes only a coroutine)
+        asyncio.run(result)
+
+
+async def reconfigure(instance: Any, user_config: Any) -> None:
+    """``instance.reconfigure(user_config)`` on a live replica, on the user-code loop: a new
+    ``user_config`` from ``serve.run`` (:func:`follow_user_config`) or from the operator
+    (``POST /v1/user-config``, :mod:`modelplex.wire.user_config`)."""
+    result = _reconfigure_method(instance)(user_config)
+    if inspect.isawaitable(result):
+        await result
 
 
 class Hosted:
@@ -137,9 +156,7 @@ async def follow_user_config(path: str, instance: Any, user_config: Any, stamp: 
             continue  # being replaced: the next look sees it whole
         stamp = now
         if new_config != user_config:
-            result = instance.reconfigure(new_config)
-            if inspect.isawaitable(result):
-                await result
+            await reconfigure(instance, new_config)
             user_config = new_config
         done = f"{path}{APPLIED_SUFFIX}{os.getpid()}"
         with open(done + ".new", "w") as file:
@@ -179,5 +196,8 @@ class FromApp:
         node = nodes.get(deployment.name)
         if node is None:
             raise LookupError(f"{target} has no deployment {deployment.name!r}; it has {', '.join(nodes)}")
-        return construct(node.target, node.args, node.kwargs, node.options.user_config, app_name,
+        # The manifest's spec.userConfig, where it has one, is the replica's to apply (it may
+        # change on the live replica); the application's own user_config only where it has none.
+        user_config = node.options.user_config if deployment.spec.user_config is None else None
+        return construct(node.target, node.args, node.kwargs, user_config, app_name,
                          context=replica_context(node.options.name))

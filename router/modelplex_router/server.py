@@ -79,7 +79,8 @@ def run_router(deployment: Deployment, *, host: str, port: int, replica_urls: li
     limits = ConnectionLimits.of(deployment.spec.router)
     # Its own listener and connection cap: probes and scrapes are answered however full the public port is.
     control = ControlPort(router, host, control_port, limits)
-    picker = PickerServer(router, host, picker_port) if picker_port is not None else None
+    picker = (PickerServer(router, host, picker_port, fallbacks=deployment.spec.router.endpoint_picker.fallbacks)
+              if picker_port is not None else None)
     fronts = (grpc_server, picker) if picker is not None else (grpc_server,)
 
     async def running(_: web.Application) -> AsyncIterator[None]:

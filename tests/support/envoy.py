@@ -8,6 +8,7 @@ from __future__ import annotations
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from modelplex.gateway_envoy import BODY_MODES, EnvoyGateway, envoy_argv, envoy_config_text, find_envoy
 from modelplex.processes import wait_for
@@ -27,13 +28,14 @@ class Envoy:
 
 
 def start_envoy(processes: Processes, picker_port: int, *, modes: tuple[str, ...] = MODES,
-                name: str = "envoy") -> Envoy:
+                name: str = "envoy", **options: Any) -> Envoy:
     """Envoy on loopback in front of the picker on ``picker_port`` (``FailClose``), once its
-    admin says it is ready."""
+    admin says it is ready; ``options``: more :class:`~modelplex.gateway_envoy.EnvoyGateway`
+    fields (the override-host policy's)."""
     ports = {mode: free_port() for mode in modes}
     (first, first_port), *more = ports.items()
     gateway = EnvoyGateway("127.0.0.1", first_port, "127.0.0.1", picker_port, free_port(), body_mode=first,
-                           more_listeners=tuple((port, mode) for mode, port in more))
+                           more_listeners=tuple((port, mode) for mode, port in more), **options)
     path = Path(processes.folder) / f"{name}.json"
     path.write_text(envoy_config_text(gateway))
     binary = find_envoy()

@@ -92,3 +92,23 @@ def test_envoy_runs_with_one_worker_and_no_hot_restart():
     assert envoy_argv("envoy", "/c.json") == ["envoy", "-c", "/c.json", "--concurrency", "1",
                                               "--disable-hot-restart", "--log-level", "error"]
     assert envoy_argv("envoy", "/c.json", validate=True)[-2:] == ["--mode", "validate"]
+
+
+def test_override_host_balances_the_pickers_ordered_list_and_retries_down_it():
+    config = envoy_config(gateway(load_balancing="override_host", endpoints=("127.0.0.1:7001", "127.0.0.1:7002"),
+                                  retries=2))
+    replicas = cluster(config, "replicas")
+    assert replicas["type"] == "STATIC"
+    hosts = replicas["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    assert [h["endpoint"]["address"]["socket_address"]["port_value"] for h in hosts] == [7001, 7002]
+    policy = replicas["load_balancing_policy"]["policies"][0]["typed_extension_config"]
+    assert policy["name"] == "envoy.load_balancing_policies.override_host"
+    # The metadata only: a header source would put the header's pick in the list a second time.
+    assert policy["typed_config"]["override_host_sources"] == [
+        {"metadata": {"key": "envoy.lb", "path": [{"key": DESTINATION_HEADER}]}}]
+    route = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"][
+        "route_config"]["virtual_hosts"][0]["routes"][0]["route"]
+    assert route["retry_policy"] == {"retry_on": "connect-failure,refused-stream", "num_retries": 2}
+    assert ext_proc(config)["response_attributes"] == ["upstream.address"]
+    with pytest.raises(ValueError, match="endpoints"):
+        envoy_config(gateway(load_balancing="override_host"))

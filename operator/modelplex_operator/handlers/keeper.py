@@ -27,6 +27,7 @@ from modelplex_operator.handlers.observe import read_spec, resource_of
 from modelplex_operator.handlers.reconcile import post
 from modelplex_operator.kube import KubeError
 from modelplex_operator.status import Key, compute_status, merge_conditions, status_differs, transitions
+from modelplex_operator.user_config import UserConfigs
 
 log = logging.getLogger("modelplex.operator.status")
 
@@ -51,6 +52,7 @@ class StatusKeeper:
         clock: Callable[[], str] = utc_now,
         documents: ReplicaDocuments | None = None,
         concurrency: int = CONCURRENCY,
+        user_configs: UserConfigs | None = None,
     ):
         self.ctx = ctx
         self.concurrency = concurrency
@@ -59,6 +61,7 @@ class StatusKeeper:
         self.resync_s = resync_s if resync_s is not None else ctx.config.resync_seconds
         self.clock = clock
         self.documents = documents or ReplicaDocuments(pods=ctx.pods)
+        self.user_configs = user_configs or UserConfigs(ctx.pods)
         self._dirty: dict[Key, bool] = {}
         self._wake: asyncio.Event | None = None
         self._tasks: list[asyncio.Task] = []
@@ -170,6 +173,7 @@ class StatusKeeper:
             self._written.pop(key, None)
             self.ctx.forget(key)
             self.documents.forget(key)
+            self.user_configs.forget(key)
             return None
         meta = view["metadata"]
         if meta.get("deletionTimestamp"):
@@ -188,6 +192,12 @@ class StatusKeeper:
         post(view, reading.events)
         if reading.retry_in is not None:  # a read failed: try it again then, even if nothing else changes
             asyncio.get_running_loop().call_later(reading.retry_in + 0.1, self._poke_later, key, False)
+        # spec.userConfig to the ready replicas that have not applied it (Ray's reconfigure, no rollout).
+        configs = await self.user_configs.sync(key, spec.user_config if spec is not None else None, pods,
+                                               generation=resource.generation)
+        post(view, configs.events)
+        if configs.retry_in is not None:
+            asyncio.get_running_loop().call_later(configs.retry_in + 0.1, self._poke_later, key, False)
         desired = compute_status(
             resource,
             indexes.deployments_of(key),
@@ -206,8 +216,14 @@ class StatusKeeper:
             desired["conditions"].append(autoscaling["condition"])
         elif base.get("autoscaling") is not None:
             desired["autoscaling"] = None  # autoscaling turned off: a merge patch drops the block
-        desired["conditions"].extend(merge_conditions(base.get("conditions") or [],
-                                                      await self._operator_conditions(key, view), self.clock()))
+        if configs.status is not None:
+            desired["userConfig"] = configs.status
+        elif base.get("userConfig") is not None:
+            desired["userConfig"] = None  # userConfig removed: a merge patch drops the block
+        conditions = await self._operator_conditions(key, view)
+        if configs.condition is not None:
+            conditions.append(configs.condition)
+        desired["conditions"].extend(merge_conditions(base.get("conditions") or [], conditions, self.clock()))
         if not status_differs(base, desired):
             return None
         try:

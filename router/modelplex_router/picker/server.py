@@ -15,6 +15,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 
 from modelplex_router.grpc.server import GrpcServer
 from modelplex_router.picker.service import SERVICE_NAME, Picker
+from modelplex_router.router import Router
 
 
 class PickerServer(GrpcServer):
@@ -24,5 +25,10 @@ class PickerServer(GrpcServer):
     live_services = ("", "liveness")
     what = "Endpoint Picker (envoy.service.ext_proc.v3.ExternalProcessor, grpc.health.v1.Health)"
 
+    def __init__(self, router: Router, host: str, port: int, *, fallbacks: int = 0):
+        super().__init__(router, host, port)
+        #: ``spec.router.endpointPicker.fallbacks`` (:class:`~modelplex_router.picker.service.Picker`).
+        self.fallbacks = fallbacks
+
     def register(self, server: grpc.aio.Server) -> None:
-        ext_grpc.add_ExternalProcessorServicer_to_server(Picker(self.router), server)
+        ext_grpc.add_ExternalProcessorServicer_to_server(Picker(self.router, fallbacks=self.fallbacks), server)

@@ -20,8 +20,20 @@ stream), so the scheduler's count of each replica's requests in flight stays tru
 the picker asks for the answer's trailers (a mode override: Envoy's ``allow_mode_override``),
 which keeps the stream open until the answer ends with no byte of it passing the picker;
 without the override Envoy closes the stream after the answer's headers, and the slot is freed
-then; the answer's headers tell the table what the replica
-holds (its loaded-models summary, which is removed before the client). Bodies: in
+then, which is what the picker lets happen for an answer of a stated length (``Content-Length``:
+the replica had all of it, its slot free, when it sent the headers; one round trip fewer per
+request); the answer's headers tell the table what the replica
+holds (its loaded-models summary, which is removed before the client).
+
+Fallbacks (``spec.router.endpointPicker.fallbacks``: N): the ``envoy.lb`` metadata names the pick
+and then up to N more replicas, in the order the same policy ranks them for the request
+(``ip:port,ip:port,...``, as the EPP protocol's v0.4 allows), for a Gateway whose load balancing
+reads such a list and retries down it (Envoy's override-host policy); the header keeps the one
+pick, since an ``ORIGINAL_DST`` cluster reads exactly one. The proof then covers each of them
+(one per replica). The replica that served the request, where the Gateway says so (the
+protocol's ``x-gateway-destination-endpoint-served`` in ``envoy.lb`` metadata, or the
+``upstream.address`` response attribute), takes the lease over from the pick, so the count of
+requests in flight stays true after a fallback. Bodies: in
 ``FULL_DUPLEX_STREAMED`` every chunk is echoed byte for byte both ways; in any other mode bodies
 pass by the picker (header-only: ``request_body_mode: NONE``).
 
@@ -31,6 +43,7 @@ answered by the picker (:mod:`modelplex_router.picker.routes`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import Any, AsyncIterator
@@ -53,10 +66,11 @@ from modelplex_router.browsers import answer_cors_headers, preflight_headers
 from modelplex_router.cold import ON_COLD_HEADER, quota_client
 from modelplex_router.door import MODEL_CONTROL, Route, header_models, served_model
 from modelplex_router.events import Answered as ReplicaAnswered
-from modelplex_router.events import SummaryHeard
+from modelplex_router.events import RequestStarted, SummaryHeard
 from modelplex_router.picker import frames
 from modelplex_router.picker.answers import answer_locally
 from modelplex_router.picker.routes import Answered, Upstream, classify
+from modelplex_router.policy import POLICIES
 from modelplex_router.record import Replica
 from modelplex_router.relayed import is_bearer, without_param
 from modelplex_router.router import Router
@@ -71,6 +85,10 @@ SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 #: Where the pick goes in the dynamic metadata (``metadata_options.receiving_namespaces``).
 LB_NAMESPACE = "envoy.lb"
+#: Where a Gateway says which endpoint served the request (``envoy.lb`` metadata, EPP protocol v1).
+SERVED_KEY = "x-gateway-destination-endpoint-served"
+#: The response attribute with the same fact, for an Envoy that sends it (``response_attributes``).
+UPSTREAM_ATTRIBUTE = "upstream.address"
 #: The service name, in ``grpc.health.v1`` too.
 SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
 
@@ -78,8 +96,10 @@ SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
 class Picker(ext_grpc.ExternalProcessorServicer):
     """The ext_proc service over ``router`` (started before, closed after, by its owner)."""
 
-    def __init__(self, router: Router, *, wall_clock: Any = time.time):
+    def __init__(self, router: Router, *, fallbacks: int = 0, wall_clock: Any = time.time):
         self.router = router
+        #: ``spec.router.endpointPicker.fallbacks``: replicas named after the pick in ``envoy.lb``.
+        self.fallbacks = fallbacks
         self.wall_clock = wall_clock
 
     async def Process(self, requests: AsyncIterator[ext.ProcessingRequest],  # noqa: N802 (gRPC's name)
@@ -103,6 +123,7 @@ class _Exchange:
         self.cors: dict[str, str] = {}  # an allowed origin's CORS headers, for the answer
         self.rewriting: bytearray | None = None  # an error answer's body, read to be rewritten
         self.lease: Lease | None = None
+        self.fallbacks: list[str] = []  # the endpoints named after the pick, in order
         self.status = 0
         self.model = ""
         self.counted = False
@@ -115,7 +136,7 @@ class _Exchange:
         if kind == "request_headers":
             return await self._request(message)
         if kind == "response_headers":
-            return self._response(message.response_headers)
+            return self._response(message.response_headers, message)
         if kind == "response_body" and self.rewriting is not None:
             return self._rewrite(message.response_body)
         if kind in ("request_body", "response_body"):
@@ -193,6 +214,9 @@ class _Exchange:
         if subset and _endpoint_of(lease.replica) not in subset:
             lease.release(False)  # the line let it go elsewhere: the hint is a bound, not a wish
             raise NotReady(f"no replica the Gateway allows could take the request for {model!r}", retry_after=1.0)
+        if self.picker.fallbacks:
+            self.fallbacks = [_endpoint_of(r) for r in _ranked_after(router, model, lease.replica, exclude or set(),
+                                                                      self.picker.fallbacks)]
         router.metrics.waited(model, router.clock() - since)
         router.metrics.routed(lease.kind, model)
         return lease
@@ -200,6 +224,7 @@ class _Exchange:
     def _forward(self, target: Upstream, lease: Lease, headers: list[tuple[str, str]], method: str, raw_path: str,
                  *, consumed: bool) -> ext.ProcessingResponse:
         picked = _endpoint_of(lease.replica)
+        endpoints = [picked, *self.fallbacks]
         sent = {":path": target.path, MODEL_ID_HEADER: lease.model, DESTINATION_HEADER: picked}
         if target.method != method:
             sent[":method"] = target.method  # needs the Gateway's mutation rules to allow routing headers
@@ -213,20 +238,23 @@ class _Exchange:
         internal = self.router.access.internal
         credential = internal.token() if internal is not None else None
         if credential is not None:
-            sent[PROOF_HEADER] = make_proof(credential, lease.model, picked, self.picker.wall_clock())
+            now = self.picker.wall_clock()
+            sent[PROOF_HEADER] = ",".join(make_proof(credential, lease.model, e, now) for e in endpoints)
         setting = {name.lower() for name in sent}
         remove = {name for name, value in headers
                   if name not in setting and (is_internal_header(name) or name.startswith(DESTINATION_HEADER)
                                               or name == DASHED_MODEL_ID_HEADER
                                               or (consumed and name == "authorization" and is_bearer(value)))}
-        return frames.continue_request(sent, sorted(remove), {LB_NAMESPACE: {DESTINATION_HEADER: picked}})
+        return frames.continue_request(sent, sorted(remove), {LB_NAMESPACE: {DESTINATION_HEADER: ",".join(endpoints)}})
 
     # -- the answer ----------------------------------------------------------------------------
 
-    def _response(self, message: ext.HttpHeaders) -> ext.ProcessingResponse:
+    def _response(self, message: ext.HttpHeaders, request: ext.ProcessingRequest) -> ext.ProcessingResponse:
         headers = frames.header_list(message.headers)
         named = dict(headers)
         self.status = int(named.get(":status", "0") or 0)
+        if self.fallbacks and self.lease is not None:
+            self._served_by(_served(request))
         lease = self.lease
         if lease is not None:
             now = self.router.clock()
@@ -244,9 +272,26 @@ class _Exchange:
             remove.add("content-length")
             return frames.continue_response(sorted(remove), read_body=not self.echo, set_headers=self.cors)
         # Header-only, asking for the answer's trailers keeps the stream open until the answer is
-        # over (Envoy then sends them, or closes the stream): the slot is held until then.
-        return frames.continue_response(sorted(remove), hear_end=not self.echo and not message.end_of_stream,
-                                        set_headers=self.cors)
+        # over (Envoy then sends them, or closes the stream): the slot is held until then. Not for
+        # an answer of a stated length: the replica had all of it (its slot was free) when it
+        # sent these headers, so the stream may end now, one round trip fewer per request.
+        hear_end = not self.echo and not message.end_of_stream and "content-length" not in named
+        return frames.continue_response(sorted(remove), hear_end=hear_end, set_headers=self.cors)
+
+    def _served_by(self, served: str | None) -> None:
+        """A fallback served the request (the pick was unreachable): the lease moves to it, and
+        the pick's slot is freed (its request never reached it)."""
+        assert self.lease is not None
+        if served is None or served == _endpoint_of(self.lease.replica) or served not in self.fallbacks:
+            return
+        replica = next((r for r in self.router.table.replicas() if _endpoint_of(r) == served), None)
+        if replica is None:
+            return
+        old, table = self.lease, self.router.table
+        started = RequestStarted.to(replica, old.model)
+        table.apply(started, self.router.clock())
+        self.lease = Lease(started, old.kind, table, self.router.clock)
+        old.release(False)
 
     def _rewrite(self, chunk: ext.HttpBody) -> ext.ProcessingResponse:
         """Gather an error answer's body; at its end, send it on as the protocol's error."""
@@ -272,8 +317,44 @@ class _Exchange:
 
 def _endpoint_of(replica: Replica) -> str:
     """A replica's ``ip:port``, as the Gateway reaches it."""
-    url = urlsplit(replica.url)
+    return _endpoint_of_url(replica.url)
+
+
+@functools.lru_cache(maxsize=4096)  # a few per decision, over a pool's few URLs: parsed once each
+def _endpoint_of_url(replica_url: str) -> str:
+    url = urlsplit(replica_url)
     return endpoint(url.hostname or "", url.port or 80)
+
+
+def _ranked_after(router: Router, model: str, first: Replica, exclude: set[str], count: int) -> list[Replica]:
+    """Up to ``count`` replicas after ``first`` for ``model``, in the order the router's policy
+    chooses them (each choice made as if the ones before it were gone), none of ``exclude``; no
+    slot is taken on them (only the pick holds one)."""
+    scheduler = router.scheduler
+    choose = POLICIES[scheduler.policy_name]
+    now = scheduler.clock()
+    gone = {*exclude, first.name}
+    ranked: list[Replica] = []
+    while len(ranked) < count:
+        pool = scheduler.table.pool(now, gone)
+        decision = choose(pool, model, scheduler.params, rng=scheduler.rng) if pool else None
+        if decision is None:  # every other replica is full now: a fallback there would only wait
+            break
+        ranked.append(decision.replica)
+        gone.add(decision.replica.name)
+    return ranked
+
+
+def _served(message: ext.ProcessingRequest) -> str | None:
+    """The endpoint that served the request, where the Gateway says (``envoy.lb`` metadata's
+    ``x-gateway-destination-endpoint-served``, else the ``upstream.address`` attribute)."""
+    lb = message.metadata_context.filter_metadata.get(LB_NAMESPACE)
+    if lb is not None and SERVED_KEY in lb.fields:
+        return lb.fields[SERVED_KEY].string_value or None
+    for attributes in message.attributes.values():
+        if UPSTREAM_ATTRIBUTE in attributes.fields:
+            return attributes.fields[UPSTREAM_ATTRIBUTE].string_value or None
+    return None
 
 
 def _subset(message: ext.ProcessingRequest) -> frozenset[str]:

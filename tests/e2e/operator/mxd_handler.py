@@ -93,3 +93,21 @@ class Tensors:
         outputs = {f"{name}_doubled": array * 2 for name, array in request.inputs.items()}
         outputs["pod"] = np.array([os.environ.get("POD_NAME", "").encode()], dtype=object)
         return outputs
+
+
+class Configured:
+    """Ray's ``user_config``: ``reconfigure`` sets the greeting each answer carries and counts its
+    calls; an empty greeting raises, as a bad config does."""
+
+    def __init__(self):
+        self.greeting = "unset"
+        self.reconfigured = 0
+
+    def reconfigure(self, config: dict) -> None:
+        if not config.get("greeting"):
+            raise ValueError("the greeting must not be empty")
+        self.greeting = config["greeting"]
+        self.reconfigured += 1
+
+    async def __call__(self, request) -> dict:
+        return {"greeting": self.greeting, "reconfigured": self.reconfigured, "pod": os.environ.get("POD_NAME", "")}

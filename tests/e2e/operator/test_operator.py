@@ -85,9 +85,9 @@ def test_deploy_serve_and_report(control_plane, modelplex_operator, kube_namespa
 
     # kubectl shows the printer columns.
     table = control_plane.kubectl("get", "mxd", name, "-n", ns).stdout.splitlines()
-    assert table[0].split() == ["NAME", "REPLICAS", "READY", "MODELS", "LOADED", "AGE"]
+    assert table[0].split() == ["NAME", "REPLICAS", "READY", "MODELS", "LOADED", "UNSCHEDULABLE", "AGE"]
     row = table[1].split()
-    assert row[:4] == [name, "2", "2", "4"]
+    assert row[:4] == [name, "2", "2", "4"] and len(row) == 5  # every pod placed: UNSCHEDULABLE is empty
     wide = control_plane.kubectl("get", "mxd", name, "-n", ns, "-o", "wide").stdout
     assert "AllReplicasReady" in wide and f"{name}.{ns}.svc:8000" in wide
 

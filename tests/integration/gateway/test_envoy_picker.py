@@ -124,9 +124,6 @@ async def test_a_stream_holds_its_replica_slot_until_its_last_chunk(gateway, mod
             assert answer.status == 200
             first = await answer.content.readline()
             assert json.loads(first)["step"] == 0
-            async with session.get(gateway.router_url + "/v1/replicas",
-                                   headers={INTERNAL_TOKEN_HEADER: gateway.internal_token}) as dbg:
-                print("DEBUG", json.dumps(await dbg.json()))
             assert await _inflight(session, gateway) == 1
             rest = [line async for line in answer.content if line.strip()]
         assert len(rest) == 3

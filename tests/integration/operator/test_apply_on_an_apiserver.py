@@ -179,3 +179,50 @@ def _applied(synced):
     if synced.result is None:
         raise AssertionError(f"not applied yet: {synced.condition}")
     return synced
+
+
+def test_a_change_of_user_config_alone_rewrites_the_spec_config_map_and_rolls_no_pod(control_plane):
+    """Ray's reconfigure in a cluster: the CRD keeps any JSON as spec.userConfig; changed alone,
+    only the spec ConfigMap (what a new pod reads) is written, the replica Deployment's template
+    is the same (no rollout; the operator sends the value to the live replicas). The status the
+    operator reports about it, and about pods no node can take, is kept and shown by kubectl."""
+    from kubernetes import client as k8s
+    from unit.operator.objects import body, deployment_of
+
+    from modelplex.wire.names import API_GROUP, API_VERSION, PLURAL
+    from modelplex_operator import builders
+
+    custom = k8s.CustomObjectsApi(config.new_client_from_config(config_file=str(control_plane.kubeconfig)))
+    control_plane.kubectl("apply", "-f", str(Path(__file__).parents[3] / "crds" / "multiplexeddeployments.modelplex.io.yaml"))
+    user_config = {"threshold": 0.5, "labels": ["cat", "dog"], "nested": {"off": None, "depth": [1, [2]]}}
+    doc = body(name="uc", namespace=NS, userConfig=user_config)
+    del doc["metadata"]["uid"], doc["metadata"]["generation"]
+    made = wait_for(lambda: custom.create_namespaced_custom_object(API_GROUP, API_VERSION, NS, PLURAL, doc),
+                    60, 0.5, "the CRD served", retry_on=(Exception,))
+    assert made["spec"]["userConfig"] == user_config  # not pruned: any JSON
+    owner = builders.owner_reference(made)
+    kube = client(control_plane)
+    assert {kube.apply(obj, owner["uid"]).action for obj in builders.desired_objects(deployment_of(made), owner)} \
+        == {"created"}
+    edited = copy.deepcopy(made)
+    edited["spec"]["userConfig"] = {"threshold": 0.9}  # as kubectl apply of an edited manifest
+    changed = custom.replace_namespaced_custom_object(API_GROUP, API_VERSION, NS, PLURAL, "uc", edited)
+    assert changed["spec"]["userConfig"] == {"threshold": 0.9}
+    actions = {builders.describe(obj): kube.apply(obj, owner["uid"]).action
+               for obj in builders.desired_objects(deployment_of(changed), owner)}
+    assert actions.pop("ConfigMap uc-spec") == "updated"
+    assert set(actions.values()) == {"unchanged"}  # the replica Deployment among them: no rollout
+    spec_file = kube.get("v1", "ConfigMap", NS, "uc-spec")["data"][builders.SPEC_FILE]
+    assert "threshold: 0.9" in spec_file
+
+    reported = {"unschedulable": "nvidia.com/gpu",
+                "userConfig": {"hash": "0123456789abcdef", "applied": 1,
+                               "replicas": [{"name": "uc-replica-0", "hash": "0123456789abcdef"}]},
+                "conditions": [{"type": "PodsScheduled", "status": "False", "reason": "Unschedulable",
+                                "message": "1 replica pod(s) Pending, no node can take them: 0/1 nodes are available: "
+                                           "1 Insufficient nvidia.com/gpu.",
+                                "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 2}]}
+    written = kube.patch_status(NS, "uc", made["metadata"]["uid"], reported)
+    assert {key: written["status"][key] for key in reported} == reported
+    table = control_plane.kubectl("get", "mxd", "uc", "-n", NS).stdout
+    assert "UNSCHEDULABLE" in table and "nvidia.com/gpu" in table

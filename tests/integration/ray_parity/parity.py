@@ -123,6 +123,13 @@ class Batched:
         self.sizes.append(sum(request["size"] for request in requests))
         return [request["value"] for request in requests]
 
+    # Ray's GraphBatcher (test_batch_size_fn_graph_nodes), its Graph objects as JSON: nodes and
+    # edges (handle arguments are JSON, not pickles).
+    @batch(max_batch_size=100, batch_wait_timeout_s=0.5, batch_size_fn=lambda graphs: sum(len(g["nodes"]) for g in graphs))
+    async def process_graphs(self, graphs):
+        self.sizes.append(sum(len(graph["nodes"]) for graph in graphs))
+        return [graph["graph_id"] * len(graph["nodes"]) for graph in graphs]
+
     @batch(max_batch_size=1000, batch_wait_timeout_s=0.5,
            batch_size_fn=lambda sequences: sum(len(sequence.split()) for sequence in sequences))
     async def by_tokens(self, sequences):

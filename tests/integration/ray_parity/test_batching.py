@@ -65,6 +65,20 @@ async def test_batch_size_fn_defers_what_does_not_fit_to_a_later_batch(stack):
     assert sum(sizes) == 19 and all(size <= 10 for size in sizes), sizes
 
 
+def graph(num_nodes: int, graph_id: int) -> dict:
+    """Ray's ``Graph(num_nodes, graph_id)`` as JSON: its nodes and the edges of a path through them."""
+    return {"graph_id": graph_id, "nodes": list(range(num_nodes)),
+            "edges": [[node, node + 1] for node in range(num_nodes - 1)]}
+
+
+async def test_batch_size_fn_by_graph_nodes(stack):
+    """Ray's test_batch_size_fn_graph_nodes: 30 + 40 + 35 nodes exceed 100, so the graphs take
+    more than one batch, each within 100 nodes."""
+    answers, sizes = await sized(stack, "process_graphs", [graph(30, 1), graph(40, 2), graph(35, 3), graph(50, 4)])
+    assert answers == [30, 80, 105, 200]
+    assert sum(sizes) == 155 and len(sizes) >= 2 and all(size <= 100 for size in sizes), sizes
+
+
 async def test_batch_size_fn_by_tokens(stack):
     sequences = ["This is a short sequence", "This is a much longer sequence with many more words in it",
                  "Short", "A B C D E F G H I J"]

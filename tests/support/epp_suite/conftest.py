@@ -7,7 +7,9 @@ protocol asks of an answer. Point it at an EPP with environment variables:
 - ``MODELPLEX_EPP_PATH``: the request's path (default ``/v2/models/{model}/infer``);
 - ``MODELPLEX_EPP_MODEL``: a model the pool serves (default ``m``), sent in the path and in the
   ``serve_multiplexed_model_id`` header;
-- ``MODELPLEX_EPP_HEADERS``: a JSON object of more request headers (a bearer token, say).
+- ``MODELPLEX_EPP_HEADERS``: a JSON object of more request headers (a bearer token, say);
+- ``MODELPLEX_EPP_FALLBACKS``: how many fallback endpoints the EPP is set to name after its pick
+  in ``envoy.lb`` (default 0: the pick alone; Modelplex: ``spec.router.endpointPicker.fallbacks``).
 
 Run: ``MODELPLEX_EPP_ADDRESS=... MODELPLEX_EPP_ENDPOINTS=... pytest tests/support/epp_suite``.
 """
@@ -38,7 +40,8 @@ def target() -> Target:
     model = os.environ.get("MODELPLEX_EPP_MODEL", "m")
     return Target(address, frozenset(e.strip() for e in endpoints.split(",") if e.strip()),
                   os.environ.get("MODELPLEX_EPP_PATH", "/v2/models/{model}/infer").format(model=model), model,
-                  json.loads(os.environ.get("MODELPLEX_EPP_HEADERS", "{}")))
+                  json.loads(os.environ.get("MODELPLEX_EPP_HEADERS", "{}")),
+                  int(os.environ.get("MODELPLEX_EPP_FALLBACKS", "0")))
 
 
 @pytest.fixture

@@ -17,6 +17,8 @@ class Target:
     path: str
     model: str
     headers: dict[str, str] = field(default_factory=dict)
+    #: The fallback endpoints the EPP names after its pick (``envoy.lb``), as it is set up.
+    fallbacks: int = 0
 
     def request_headers(self, *, end_of_stream: bool = False, **more: str) -> ext.HttpHeaders:
         sent = {":method": "POST", ":path": self.path, ":scheme": "http", ":authority": "gateway",

@@ -89,6 +89,26 @@ async def test_the_subset_hint_bounds_the_pick(target, processor):
         assert _pick(answer) == endpoint
 
 
+def _listed(answer: ext.ProcessingResponse) -> list[str]:
+    """The ordered list in ``envoy.lb`` (the pick, then its fallbacks)."""
+    value = answer.dynamic_metadata.fields["envoy.lb"].struct_value.fields[DESTINATION].string_value
+    return [part.strip() for part in value.split(",")]
+
+
+async def test_the_fallback_list_is_the_pick_then_other_endpoints_of_the_pool_within_the_subset(target, processor):
+    """``envoy.lb`` names the header's one pick first, then (as the EPP is set up) up to that many
+    other endpoints of the pool, each once; under a subset hint, only endpoints of the subset."""
+    answer, = await _exchange(processor, ext.ProcessingRequest(request_headers=target.request_headers()))
+    picked, listed = _pick(answer), _listed(answer)
+    assert listed[0] == picked and len(set(listed)) == len(listed), listed
+    assert set(listed) <= target.endpoints, listed
+    assert len(listed) == 1 + min(target.fallbacks, len(target.endpoints) - 1), listed
+    endpoint = sorted(target.endpoints)[0]
+    answer, = await _exchange(processor, ext.ProcessingRequest(request_headers=target.request_headers(),
+                                                               metadata_context=_subset_hint(endpoint)))
+    assert _listed(answer) == [endpoint]
+
+
 async def test_a_subset_with_no_endpoint_of_the_pool_gets_503(target, processor):
     answer, = await _exchange(processor, ext.ProcessingRequest(request_headers=target.request_headers(),
                                                                metadata_context=_subset_hint("10.255.255.1:1")))

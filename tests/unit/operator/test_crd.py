@@ -62,7 +62,9 @@ def test_status_and_scale_subresources(version):
 def test_printer_columns(version):
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
     shown = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
-    assert shown == ["Replicas", "Ready", "Models loaded", "Age"]
+    assert shown == ["Replicas", "Ready", "Models loaded", "Unschedulable", "Age"]
+    # Empty while every replica pod has a node; else what they lack (status.unschedulable).
+    assert columns["Unschedulable"]["jsonPath"] == ".status.unschedulable"
     assert columns["Replicas"]["jsonPath"] == ".status.replicas"  # an autoscaled deployment has no spec.replicas
     assert columns["Ready"]["jsonPath"] == ".status.readyReplicas"
     assert columns["Models loaded"]["jsonPath"] == ".status.loadedModels"

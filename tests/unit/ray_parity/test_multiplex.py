@@ -168,6 +168,34 @@ async def test_an_async_del_is_awaited_on_eviction(recwarn):
     assert not [w for w in recwarn if "never awaited" in str(w.message)]
 
 
+async def test_a_plain_del_runs_once_on_eviction_and_its_error_is_logged(caplog):
+    """Ray's test_unload_model_call_del: the evicted model's ``def __del__`` runs at the unload,
+    even while a reference to the model outlives it. Ray raises its error into the request whose
+    load caused the eviction; we log it, naming the model, and serve the new model (README)."""
+    calls = []
+
+    class MyModel:
+        def __init__(self, model_id):
+            self.model_id = model_id
+
+        def __del__(self):
+            calls.append(self.model_id)
+            raise Exception(f"{self.model_id} is dead")
+
+    server = server_of(MyModel)  # Ray's @serve.multiplexed(max_num_models_per_replica=1) get_model
+    model1 = await server.get_model("model1")
+    assert model1.model_id == "model1"
+    with caplog.at_level("ERROR", logger="modelplex.cache"):
+        assert (await server.get_model("model2")).model_id == "model2"
+    assert calls == ["model1"]
+    assert "unloading model 'model1' raised" in caplog.text and "model1 is dead" in caplog.text
+    del model1
+    gc.collect()
+    assert calls == ["model1"]  # once: the interpreter's own call finds it done
+    await find_cache(server).close()  # a replica's shutdown evicts the rest
+    assert calls == ["model1", "model2"]
+
+
 async def test_loads_of_different_models_run_concurrently_and_the_cache_keeps_its_bound():
     gate = asyncio.Event()
     loader = loader_with(1, gate)

@@ -107,6 +107,55 @@ async def test_the_slot_is_held_until_the_answer_ends_and_internal_answer_header
     call.cancel()
 
 
+async def test_an_answer_of_a_stated_length_asks_for_no_end_and_frees_its_slot_when_the_stream_closes(picker):
+    """The replica had all of a fixed-length answer when it sent its headers: the picker asks
+    for no more of it (one round trip fewer), and a chunked answer's end is still asked for."""
+    stub, router = picker
+    replicas = {r.name: r for r in router.table.replicas()}
+    for length, asked in (("40", False), (None, True)):
+        call, _ = await _ask(stub, _headers("/v2/models/hot/infer"))
+        sent = [base_pb2.HeaderValue(key=":status", raw_value=b"200")]
+        if length is not None:
+            sent.append(base_pb2.HeaderValue(key="content-length", raw_value=length.encode()))
+        await call.write(ext.ProcessingRequest(response_headers=ext.HttpHeaders(headers=base_pb2.HeaderMap(
+            headers=sent))))
+        answer = await call.read()
+        assert answer.HasField("mode_override") == asked
+        assert replicas["r0"].inflight == 1
+        await call.done_writing()  # as Envoy closes the stream when it has nothing more to send
+        assert await call.read() == grpc.aio.EOF
+        assert replicas["r0"].inflight == 0
+        call.cancel()
+
+
+async def test_with_fallbacks_the_metadata_lists_the_next_replicas_and_the_one_that_served_takes_the_lease(picker):
+    """``fallbacks: 1``: the header keeps the one pick, ``envoy.lb`` names the pick then the next
+    replica, the proof admits the request on both; when the Gateway says the fallback served,
+    the lease moves there (the pick's slot is freed) until the answer ends."""
+    _, router = picker
+    async with PickerServer(router, "127.0.0.1", 0, fallbacks=1) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            call, answer = await _ask(ext_grpc.ExternalProcessorStub(channel), _headers("/v2/models/hot/infer"))
+            sent = _set(answer)
+            assert sent["x-gateway-destination-endpoint"] == R0
+            lb = answer.dynamic_metadata.fields["envoy.lb"].struct_value.fields
+            assert lb["x-gateway-destination-endpoint"].string_value == f"{R0},{R1}"
+            for endpoint in (R0, R1):
+                assert check_proof((TOKEN,), sent[PROOF_HEADER.lower()], "hot", endpoint, time.time())
+            replicas = {r.name: r for r in router.table.replicas()}
+            assert replicas["r0"].inflight == 1 and not replicas["r1"].is_loading("hot")
+            served = ext.ProcessingRequest(response_headers=ext.HttpHeaders(headers=base_pb2.HeaderMap(headers=[
+                base_pb2.HeaderValue(key=":status", raw_value=b"200")])))
+            served.attributes["envoy.filters.http.ext_proc"].fields["upstream.address"].string_value = R1
+            await call.write(served)
+            await call.read()
+            assert replicas["r0"].inflight == 0 and replicas["r1"].is_loading("hot")
+            await call.write(ext.ProcessingRequest(response_trailers=ext.HttpTrailers()))
+            await call.read()
+            assert not replicas["r1"].is_loading("hot") and replicas["r1"].inflight == 0
+            call.cancel()
+
+
 async def test_the_subset_hint_bounds_the_pick_and_none_of_the_pool_gets_503(picker):
     stub, _ = picker
     for subset, expected in (([R1], R1), (["10.9.9.9:1"], None)):

@@ -164,3 +164,44 @@ def test_rays_matching_timeout_variable_sets_the_spec_and_a_bad_value_is_refused
     monkeypatch.setenv("RAY_SERVE_MULTIPLEXED_MODEL_ID_MATCHING_TIMEOUT_S", "soon")
     with pytest.raises(SpecError, match="RAY_SERVE_MULTIPLEXED_MODEL_ID_MATCHING_TIMEOUT_S='soon'"):
         documents(COMPOSITION, image="img")
+
+
+CONFIGURED_APP = '''
+from modelplex import serve
+
+@serve.deployment(user_config={"threshold": 0.5, "labels": ["cat", "dog"]})
+class Classifier:
+    def __init__(self):
+        self.applied = []
+
+    def reconfigure(self, config):
+        self.applied.append(config)
+
+app = Classifier.bind()
+raw = Classifier.options(user_config={"when": object()}).bind()
+
+@serve.deployment(user_config={"threshold": 0.5})
+class NoReconfigure:
+    pass
+
+unconfigurable = NoReconfigure.bind()
+'''
+
+
+def test_the_manifest_carries_user_config_and_the_replica_applies_the_manifests_over_the_codes(tmp_path, monkeypatch):
+    """In a cluster the manifest's spec.userConfig is what the operator sends to live replicas
+    (a change of it alone rolls no pod), so the replica applies that one, once, at its start."""
+    from modelplex_replica.handler import build_handler
+
+    (tmp_path / "classifier.py").write_text(CONFIGURED_APP)
+    [document] = documents(f"{tmp_path}/classifier.py:app", image="img", local=True)
+    assert document["spec"]["userConfig"] == {"threshold": 0.5, "labels": ["cat", "dog"]}
+    document["spec"]["userConfig"] = {"threshold": 0.9, "labels": ["cat"]}  # edited, as Ray's config file
+    for variable in document["spec"]["env"]:
+        monkeypatch.setenv(variable["name"], variable["value"])
+    instance = build_handler(parse_deployment(document))
+    assert instance.applied == [{"threshold": 0.9, "labels": ["cat"]}]
+    with pytest.raises(SpecError, match="user_config must be JSON"):
+        documents(f"{tmp_path}/classifier.py:raw", image="img")
+    with pytest.raises(SpecError, match="NoReconfigure: has a user_config but no reconfigure"):
+        documents(f"{tmp_path}/classifier.py:unconfigurable", image="img")

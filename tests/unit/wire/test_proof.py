@@ -3,7 +3,7 @@ from a fake clock: plain numbers)."""
 
 from __future__ import annotations
 
-from modelplex.wire.proof import PROOF_TTL_S, check_proof, endpoint, make_proof
+from modelplex.wire.proof import MAX_PROOFS, PROOF_TTL_S, check_proof, endpoint, make_proof
 
 KEY = "deployment-credential-0123456789"
 NOW = 1_800_000_000.0
@@ -55,3 +55,14 @@ def test_endpoints_are_ip_port_with_ipv6_bracketed():
     assert endpoint("127.0.0.1", 80) == "127.0.0.1:80"
     assert endpoint("::1", 80) == "[::1]:80"
     assert endpoint("[::1]", 80) == "[::1]:80"
+
+
+def test_a_list_of_proofs_admits_on_each_replica_it_names_and_no_other():
+    listed = ",".join(make_proof(KEY, "m", replica, NOW) for replica in ("10.0.0.1:80", "10.0.0.2:80"))
+    assert check_proof((KEY,), listed, "m", "10.0.0.1:80", NOW)
+    assert check_proof((KEY,), listed, "m", "10.0.0.2:80", NOW)
+    assert not check_proof((KEY,), listed, "m", "10.0.0.3:80", NOW)
+    assert not check_proof((KEY,), listed, "other", "10.0.0.2:80", NOW)
+    # Only the first MAX_PROOFS are looked at: a long header costs a bounded number of MACs.
+    padded = ",".join([make_proof(KEY, "m", "10.0.0.9:80", NOW)] * MAX_PROOFS + [listed])
+    assert not check_proof((KEY,), padded, "m", "10.0.0.1:80", NOW)

@@ -28,3 +28,12 @@ def test_a_router_port_on_the_pods_default_picker_port_needs_the_picker_port_set
 def test_a_picker_port_on_another_router_port_is_refused():
     with pytest.raises(SpecError, match="router.endpointPicker.port must differ from the router's other ports"):
         parse_spec({**MINIMAL, "router": {"grpcPort": 9100, "endpointPicker": {"enabled": True, "port": 9100}}})
+
+
+def test_fallbacks_name_none_by_default_and_at_most_seven():
+    assert parse_spec(MINIMAL).router.endpoint_picker.fallbacks == 0
+    picker = {"enabled": True, "fallbacks": 2}
+    assert parse_spec({**MINIMAL, "router": {"endpointPicker": picker}}).router.endpoint_picker.fallbacks == 2
+    for wrong in (-1, 8):
+        with pytest.raises(SpecError, match="fallbacks"):
+            parse_spec({**MINIMAL, "router": {"endpointPicker": {"fallbacks": wrong}}})
