@@ -203,6 +203,8 @@ def workload_name(summary: dict) -> str:
     if summary.get("workload") == "multiplexing":
         mux = run.MUX
         return f"multiplexing trace ({mux['models']} models, Zipf {mux['zipf']}, {mux['replicas']} replicas)"
+    if summary.get("workload") == "streaming":
+        return f"streaming ({STREAM_CHUNKS} NDJSON records 10 ms apart, 2 replicas; req/s = streams/s, p99 = time to first chunk)"
     return summary.get("handler", "BatchedMLP")
 
 

@@ -6,11 +6,16 @@ held the GIL.
 
     .venv/bin/python bench/swap/profile_load.py [--repeat 5]
     .venv/bin/python bench/swap/profile_load.py --neighbour [--repeat 3]
+    .venv/bin/python bench/swap/profile_load.py --http [--repeat 5]
 
 ``--neighbour``: instead, a neighbour's forward passes (one intra-op thread, the steady model of
 ``run.py``) in one thread while another loads 50 MB models at 4 loads/s, for each way of
 loading, with the loading thread at normal priority and at niceness 19 (``os.setpriority`` on
 the thread alone, as a replica could do): the neighbour's p50/p99 and the loads reached.
+
+``--http``: instead, a 50.4 MB download from a loopback store on the serving loop itself (where
+the built-in handler downloads), each way: a plain ``read()``, into one buffer, into an
+anonymous file: wall, the process's CPU and the loop's longest stall.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from nets import Block  # noqa: E402 - the benchmark's own model class, beside this file
 
+from modelplex_replica.sources import anonymous_file, fd_path, write_all  # noqa: E402
 from modelplex_replica.statedict import build_module, read_bytes, read_file  # noqa: E402
 from modelplex_replica.warm import read_into_buffer  # noqa: E402
 
@@ -52,15 +58,29 @@ def ways(folder: Path) -> dict[str, Callable[[], object]]:
     def meta_block(tensors: dict) -> torch.nn.Module:
         return build_module("m", Block, {}, tensors)
 
+    def from_anonymous_file(path: Path, load: Callable[[Path], object]) -> object:
+        """The bytes written into an anonymous file (as an http(s) body is, chunk by chunk), then
+        loaded by the file's path."""
+        with anonymous_file() as file:
+            data, at = memoryview(path.read_bytes()), 0
+            while at < len(data):
+                write_all(file, data[at:at + (1 << 16)])
+                at += 1 << 16
+            return load(Path(fd_path(file)))
+
     return {
         "plain read of the bytes": lambda: ts.read_bytes(),
-        "TorchScript from bytes (built-in handler: http, s3; file: before)": lambda: torch.jit.load(
+        "TorchScript from bytes (before: http, s3, disk tier)": lambda: torch.jit.load(
             io.BytesIO(ts.read_bytes())),
         "TorchScript from its path (built-in handler: file:)": lambda: torch.jit.load(str(ts)),
-        "safetensors, mapped (built-in handler: file:)": lambda: meta_block(read_file("m", st)[0]),
-        "safetensors viewed in a read buffer (built-in handler: http, disk tier)": lambda: meta_block(
+        "TorchScript written to an anonymous file, then by its path (built-in handler: http, s3)": lambda: (
+            from_anonymous_file(ts, lambda path: torch.jit.load(str(path)))),
+        "safetensors, mapped (built-in handler: file:, disk tier)": lambda: meta_block(read_file("m", st)[0]),
+        "safetensors written to an anonymous file, mapped (built-in handler: http, s3)": lambda: meta_block(
+            from_anonymous_file(st, lambda path: read_file("m", path)[0])),
+        "safetensors viewed in a read buffer (before: http, disk tier)": lambda: meta_block(
             read_bytes("m", read_into_buffer(st))[0]),
-        "safetensors from immutable bytes, one copy (built-in handler: s3)": lambda: meta_block(
+        "safetensors from immutable bytes, one copy (before: s3)": lambda: meta_block(
             read_bytes("m", st.read_bytes())[0]),
         "torch.load(mmap=True) state_dict into a meta module": lambda: meta_block(
             torch.load(str(pt), mmap=True, weights_only=True)),
@@ -69,8 +89,9 @@ def ways(folder: Path) -> dict[str, Callable[[], object]]:
     }
 
 
-async def measure(load: Callable[[], object]) -> tuple[float, float, float]:
-    """(wall s, load thread CPU s, longest loop stall s) of one load in a worker thread."""
+async def measure(load: Callable[[], object], on_loop: bool = False) -> tuple[float, float, float]:
+    """(wall s, load thread CPU s, longest loop stall s) of one load in a worker thread, or
+    (``on_loop``: ``load`` returns a coroutine) on the loop itself, its CPU then the process's."""
     stalls: list[float] = []
     done = False
 
@@ -89,8 +110,13 @@ async def measure(load: Callable[[], object]) -> tuple[float, float, float]:
 
     tick = asyncio.create_task(ticker())
     await asyncio.sleep(0.01)
+    cpu_started = time.process_time()
     started = time.perf_counter()
-    cpu = await asyncio.to_thread(timed)
+    if on_loop:
+        await load()  # type: ignore[misc]  # a coroutine, as the docstring says
+        cpu = time.process_time() - cpu_started
+    else:
+        cpu = await asyncio.to_thread(timed)
     wall = time.perf_counter() - started
     done = True
     await tick
@@ -162,13 +188,64 @@ def run_neighbour(repeat: int, seconds: float = 5.0) -> None:
         print(f"| {name} | {'nice 19' if nice else 'normal'} | {p50:.1f} | {p99:.1f} | {rate:.1f} |")
 
 
+STORE = """
+import sys
+from aiohttp import web
+app = web.Application()
+app.router.add_static("/models", sys.argv[1])
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[2]), print=None)
+"""
+
+
+async def run_http(repeat: int) -> None:
+    """A model's http(s) download on the serving loop: a plain ``read()``, into one buffer (the
+    built-in handler before), into an anonymous file (now), from a store in its own process."""
+    import aiohttp
+
+    from modelplex.processes import free_port, spawn, stop, wait_for_async
+    from modelplex_replica.sources import ModelSource
+
+    with tempfile.TemporaryDirectory(prefix="modelplex-profile-") as tmp:
+        ways(Path(tmp))  # m.pt, the 50.4 MB TorchScript file
+        port = free_port()
+        store = spawn([sys.executable, "-c", STORE, tmp, str(port)], log=Path(tmp) / "store.log")
+        source = ModelSource(f"http://127.0.0.1:{port}/models/{{model_id}}.pt")
+        try:
+            async with aiohttp.ClientSession() as session:
+                async def plain() -> bool:
+                    async with session.get(source.locate("m")) as response:
+                        return len(await response.read()) > 0  # True: what the store wait checks
+
+                async def to_file() -> None:
+                    (await source.fetch_file("m")).close()
+
+                table = {"plain download, `read()`": plain,
+                         "into one buffer (before: the built-in handler's http)": lambda: source.fetch("m"),
+                         "into an anonymous file (built-in handler: http)": to_file}
+                await wait_for_async(plain, 30, 0.2, "the model store", retry_on=(aiohttp.ClientError,))
+                results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in table}
+                for _ in range(repeat + 1):  # interleaved; the first pass warms up
+                    for name, fetch in table.items():
+                        results[name].append(await measure(fetch, on_loop=True))
+        finally:
+            stop(store, grace=5)
+    print("| 50.4 MB over http on loopback | wall ms | process CPU ms | longest loop stall ms |")
+    print("|---|---:|---:|---:|")
+    for name, samples in results.items():
+        wall, cpu, stall = (statistics.median(s[i] for s in samples[1:]) * 1000 for i in range(3))
+        print(f"| {name} | {wall:.1f} | {cpu:.1f} | {stall:.1f} |")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--neighbour", action="store_true", help="a neighbour's p99 beside loads, niced or not")
+    parser.add_argument("--http", action="store_true", help="an http download on the serving loop, by way")
     args = parser.parse_args()
     if args.neighbour:
         run_neighbour(args.repeat)
+    elif args.http:
+        asyncio.run(run_http(args.repeat))
     else:
         asyncio.run(run(args.repeat))
     return 0

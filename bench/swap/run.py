@@ -1,7 +1,7 @@
 """What a swap costs, on CPU: the neighbours of loads, and loads against the speed of their bytes.
 
     .venv/bin/python bench/swap/run.py neighbours [--before /tmp/swap-before] [--rounds 3] [--seconds 8]
-    .venv/bin/python bench/swap/run.py speed [--rounds 5]
+    .venv/bin/python bench/swap/run.py speed [--before /tmp/swap-before] [--rounds 5] [--only 256MB-torchscript-http]
 
 ``neighbours``: one replica, ``maxModelsPerReplica: 2`` (the steady model and one other, so every
 load evicts), torch on one intra-op thread (``OMP_NUM_THREADS=1``), a steady model whose forward
@@ -11,9 +11,11 @@ replica runs a phase without loads and one with them (in alternating order), and
 take turns each round: ``before`` (the replica from ``--before``, a git worktree of the commit
 before, TorchScript), ``torchscript`` and ``safetensors`` (this checkout). Medians over rounds.
 
-``speed``: one replica per format and size; each load (``POST .../load``, client wall time,
-so an HTTP round trip is in it) beside a plain read of the same bytes in the same run (the file
-from page cache, or an HTTP download from the same loopback store), interleaved, medians.
+``speed``: one replica per format, size and variant (``before`` from ``--before``, this
+checkout); each load (``POST .../load``, client wall time, so an HTTP round trip is in it, and
+the replica process's CPU time) beside a plain read of the same bytes in the same run (the file
+from page cache, or an HTTP download from the same loopback store), interleaved, medians; the
+ratio is the median of each load over the plain read right before it.
 
 Numbers taken on a shared machine are noisy: compare variants from the same run only.
 """
@@ -277,16 +279,28 @@ def read_plain(path: Path) -> float:
     return time.perf_counter() - started
 
 
+def cpu_seconds(pid: int) -> float:
+    """A process's CPU time so far (user + system; Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def speed(args: argparse.Namespace, folder: Path) -> dict:
+    """Each case's loads beside a plain read of the same bytes, one replica per variant (the
+    checkout from ``--before`` and this one), variants taking turns within each repetition."""
     points = []
     store_port = free_port()
     store = spawn([sys.executable, "-c", STORE, str(folder), str(store_port)], log=folder / "store.log")
     timeout = aiohttp.ClientTimeout(total=300)
+    variants: list[tuple[str, Path | None]] = [("before", Path(args.before))] if args.before else []
+    variants.append(("after", None))
     try:
         async with aiohttp.ClientSession(timeout=timeout) as session:
             cases = [(size, fmt, "file") for size in SIZES for fmt in EXTENSIONS] + \
                     [("256MB", fmt, "http") for fmt in EXTENSIONS]
             for size, fmt, scheme in cases:
+                if args.only and f"{size}-{fmt}-{scheme}" not in args.only:
+                    continue
                 kwargs = SIZES[size]
                 where = folder / f"{size}-{fmt}"
                 nbytes = save_models(where / "models", fmt, ["a", "b"], kwargs)
@@ -296,43 +310,65 @@ async def speed(args: argparse.Namespace, folder: Path) -> dict:
                 if scheme == "http":
                     await wait_for_async(lambda: _listening(store_port), 30, 0.1, "the model store")
                 manifest = write_manifest(where, f"speed-{scheme}", uri, fmt, kwargs, max_models=1)
-                port, log = free_port(), where / f"replica-{scheme}.log"
-                process = start_replica(manifest, port, log, None)
-                url = f"http://127.0.0.1:{port}"
+                replicas = {}
+                for label, code_root in variants:
+                    port, log = free_port(), where / f"replica-{scheme}-{label}.log"
+                    replicas[label] = (start_replica(manifest, port, log, code_root), f"http://127.0.0.1:{port}", log)
                 body, headers = oip_body(1, kwargs["width"])
-                loads, plain, firsts, inside = [], [], [], []
+                plain: list[float] = []
+                plain_cpu: list[float] = []
+                samples: dict[str, dict[str, list[float]]] = {
+                    label: {"loads": [], "inside": [], "firsts": [], "cpu": []} for label in replicas}
                 try:
-                    await wait_ready(session, url, process, log)
+                    for process, url, log in replicas.values():
+                        await wait_ready(session, url, process, log)
                     reps = args.rounds if size != "1MB" else max(args.rounds, 10)  # small: cheap, noisy
                     for rep in range(reps + 1):  # the first pair warms page cache and code
                         name = "ab"[rep % 2]
+                        cpu_before = time.process_time()
                         if scheme == "file":
                             base = read_plain(where / "models" / f"{name}.{ext}")
                         else:
                             base = await download(session, uri.replace("{model_id}", name))
-                        took, server = await load(session, url, name)
-                        started = time.perf_counter()
-                        await infer(session, url, name, body, headers)
-                        first = time.perf_counter() - started
                         if rep:
                             plain.append(base)
-                            loads.append(took)
-                            inside.append(server)
-                            firsts.append(first)
+                            plain_cpu.append(time.process_time() - cpu_before)
+                        order = list(replicas) if rep % 2 else list(replicas)[::-1]
+                        for label in order:
+                            process, url, _ = replicas[label]
+                            cpu_before = cpu_seconds(process.pid)
+                            took, server = await load(session, url, name)
+                            cpu = cpu_seconds(process.pid) - cpu_before
+                            started = time.perf_counter()
+                            await infer(session, url, name, body, headers)
+                            first = time.perf_counter() - started
+                            if rep:
+                                for key, value in (("loads", took), ("inside", server), ("firsts", first),
+                                                   ("cpu", cpu)):
+                                    samples[label][key].append(value)
                 finally:
-                    stop(process, grace=20)
-                point = {"size": size, "format": fmt, "source": scheme, "bytes": nbytes,
-                         "load_ms": statistics.median(loads) * 1000, "plain_ms": statistics.median(plain) * 1000,
-                         "load_in_replica_ms": statistics.median(inside) * 1000, "samples": len(loads),
-                         "first_answer_ms": statistics.median(firsts) * 1000}
-                point["ratio"] = point["load_ms"] / point["plain_ms"]
-                points.append(point)
-                print(f"{size} {fmt} {scheme}: load {point['load_ms']:.1f} ms, plain "
-                      f"{point['plain_ms']:.1f} ms ({point['ratio']:.2f}x), then first answer "
-                      f"{point['first_answer_ms']:.1f} ms", file=sys.stderr)
+                    for process, _, _ in replicas.values():
+                        stop(process, grace=20)
+                for label, got in samples.items():
+                    point = {"size": size, "format": fmt, "source": scheme, "variant": label, "bytes": nbytes,
+                             "samples": len(got["loads"]),
+                             "load_ms": statistics.median(got["loads"]) * 1000,
+                             "load_ms_range": [min(got["loads"]) * 1000, max(got["loads"]) * 1000],
+                             "load_in_replica_ms": statistics.median(got["inside"]) * 1000,
+                             "load_cpu_ms": statistics.median(got["cpu"]) * 1000,
+                             "plain_ms": statistics.median(plain) * 1000,
+                             "plain_ms_range": [min(plain) * 1000, max(plain) * 1000],
+                             "plain_cpu_ms": statistics.median(plain_cpu) * 1000,
+                             "ratios": [took / base for took, base in zip(got["loads"], plain)],
+                             "first_answer_ms": statistics.median(got["firsts"]) * 1000}
+                    point["ratio"] = statistics.median(point["ratios"])  # of each load to its own plain read
+                    points.append(point)
+                    print(f"{size} {fmt} {scheme} {label}: load {point['load_ms']:.1f} ms, plain "
+                          f"{point['plain_ms']:.1f} ms ({point['ratio']:.2f}x), then first answer "
+                          f"{point['first_answer_ms']:.1f} ms", file=sys.stderr)
     finally:
         stop(store, grace=5)
-    return {"rounds": args.rounds, "points": points}
+    return {"rounds": args.rounds, "variants": [label for label, _ in variants], "points": points}
 
 
 def _listening(port: int) -> bool:
@@ -343,14 +379,18 @@ def _listening(port: int) -> bool:
 
 
 def speed_table(result: dict) -> str:
-    lines = ["| model | format | source | load ms (in the replica) | plain read ms | load / plain | "
-             "first answer after ms |", "|---|---|---|---:|---:|---:|---:|"]
+    lines = ["| model | format | source | variant | load ms (in the replica) [range] | replica CPU ms | "
+             "plain ms [range] | plain CPU ms | load / plain | first answer after ms |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for p in result["points"]:
         plain = "download" if p["source"] == "http" else "read"
+        low, high = p.get("load_ms_range", (p["load_ms"], p["load_ms"]))
+        plain_low, plain_high = p.get("plain_ms_range", (p["plain_ms"], p["plain_ms"]))
         lines.append(f"| {p['size']} ({p['bytes'] / 2**20:.1f} MiB) | {p['format']} | {p['source']} | "
-                     f"{p['load_ms']:.1f} ({p['load_in_replica_ms']:.1f}) | {p['plain_ms']:.1f} ({plain}) | "
-                     f"{p['ratio']:.2f} | "
-                     f"{p['first_answer_ms']:.1f} |")
+                     f"{p.get('variant', 'after')} | {p['load_ms']:.1f} ({p['load_in_replica_ms']:.1f}) "
+                     f"[{low:.0f}-{high:.0f}] | {p.get('load_cpu_ms', float('nan')):.0f} | "
+                     f"{p['plain_ms']:.1f} ({plain}) [{plain_low:.0f}-{plain_high:.0f}] | "
+                     f"{p.get('plain_cpu_ms', float('nan')):.0f} | {p['ratio']:.2f} | {p['first_answer_ms']:.1f} |")
     return "\n".join(lines)
 
 
@@ -384,6 +424,7 @@ def main() -> int:
     parser.add_argument("--loads-per-s", type=float, default=5.0, help="loads asked per second beside the steady model")
     parser.add_argument("--forward-ms", type=float, default=6.0, help="the steady forward's target on one thread")
     parser.add_argument("--out", help="folder for <what>.json and <what>.md")
+    parser.add_argument("--only", nargs="+", help="speed: only these cases, SIZE-FORMAT-SOURCE (256MB-torchscript-http)")
     return asyncio.run(run(parser.parse_args()))
 
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import io
 import json
 import os
 import threading
@@ -41,20 +40,20 @@ import warnings
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import IO, Any, Callable, Mapping
 
 import numpy as np
 import torch
 
 from modelplex import batch, get_multiplexed_model_id, multiplexed
-from modelplex.cache import current_load
+from modelplex.cache import LoadContext, current_load
 from modelplex.runtime import current_runtime
 from modelplex.wire.errors import BadRequest, ModelLoadError
 from modelplex.wire.names import ENV_WARM_DIR
 from modelplex.wire.oip import DTYPES, InferRequest, InferResponse, datatype_of, tensor_metadata
 from modelplex_replica import statedict
-from modelplex_replica.sources import ModelSource
-from modelplex_replica.warm import DiskTier
+from modelplex_replica.sources import ModelSource, anonymous_file, fd_path
+from modelplex_replica.warm import DiskTier, copy_file
 
 #: The archive entry that declares a model's OIP inputs and outputs.
 METADATA_FILE = "modelplex.json"
@@ -123,18 +122,52 @@ class TorchScriptHandler:
             if load is not None:
                 await load.expect(nbytes)
             return await asyncio.to_thread(self._load_file, model_id, path)
-        disk = self._disk_tier()
-        data: bytes | bytearray | None = await asyncio.to_thread(disk.read, model_id) if disk is not None else None
-        if data is not None:
+        return await self._load_remote(model_id, self._disk_tier(), load)
+
+    async def _load_remote(self, model_id: str, disk: DiskTier | None, load: LoadContext | None) -> LoadedModel:
+        """A model from http(s) or s3 through a file, never a Python buffer: fetched into an
+        anonymous file (in memory on Linux, :meth:`ModelSource.fetch_file`) or opened in the disk
+        tier, then loaded by path as a ``file:`` model is: safetensors mapped, TorchScript read
+        by torch (from a buffer, ``torch.jit.load`` copies it three more times holding the GIL:
+        1.9-2.8x a plain download over loopback, by path 0.8-1.1x: bench/results/swap-2026-11-28b)."""
+        file = await asyncio.to_thread(self._open_warm, disk, model_id) if disk is not None else None
+        fetched = file is None
+        if file is None:
+            file = await self.source.fetch_file(model_id)
+        elif load is not None:
+            load.tier = "warm"
+        try:
             if load is not None:
-                load.tier = "warm"
-        else:
-            data = await self.source.fetch(model_id)
-            if disk is not None:
-                await asyncio.to_thread(disk.write, model_id, data)
-        if load is not None:
-            await load.expect(len(data))  # the file's size: room is made before the weights land
-        return await asyncio.to_thread(self._deserialize, model_id, data)
+                await load.expect(os.fstat(file.fileno()).st_size)
+        except BaseException:
+            file.close()
+            raise
+        # The worker thread closes the file, after torch has opened it by its descriptor's path:
+        # closed here on a cancellation, the number could name another load's file by then.
+        return await asyncio.to_thread(self._load_open_file, model_id, file, disk if fetched else None)
+
+    def _open_warm(self, disk: DiskTier, model_id: str) -> IO[bytes] | None:
+        """The disk tier's copy, opened (None: not there). A safetensors model maps its file for as
+        long as it is loaded, so it gets a copy in an anonymous file: mapped, a tier file that the
+        tier then drops would keep its disk (the tier's volume is sized for ``hostCacheBytes``)."""
+        file = disk.open(model_id)
+        if file is None or self.format != "safetensors":
+            return file
+        with file:
+            copy = anonymous_file()
+            try:
+                copy_file(file, copy, os.fstat(file.fileno()).st_size)
+            except OSError:
+                copy.close()
+                return None  # unreadable (as DiskTier.read treats it): fetched again
+            return copy
+
+    def _load_open_file(self, model_id: str, file: IO[bytes], keep_in: DiskTier | None) -> LoadedModel:
+        with file:  # a mapped safetensors model keeps its pages after the file is closed
+            loaded = self._load_file(model_id, Path(fd_path(file)))
+            if keep_in is not None:  # only a file that loaded is kept
+                keep_in.write_from(model_id, file)
+        return loaded
 
     def _disk_tier(self) -> DiskTier | None:
         """On CPU, the warm tier: a local copy of each fetched file (``hostCacheBytes``)."""
@@ -160,12 +193,7 @@ class TorchScriptHandler:
         module = statedict.build_module(model_id, self.module_class, self.module_kwargs, tensors)
         return _loaded(model_id, module.to(self.device), declared)
 
-    def _deserialize(self, model_id: str, data: bytes | bytearray) -> LoadedModel:
-        if self.format == "safetensors":
-            return self._from_state_dict(model_id, *statedict.read_bytes(model_id, data))
-        return self._torchscript(model_id, io.BytesIO(data))
-
-    def _torchscript(self, model_id: str, source: str | io.BytesIO) -> LoadedModel:
+    def _torchscript(self, model_id: str, source: str) -> LoadedModel:
         extra = {METADATA_FILE: ""}
         try:
             with warnings.catch_warnings():

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import IO, Any, Awaitable, Callable, Mapping, TypeVar
 from urllib.parse import urlparse
 
 import aiohttp
@@ -35,6 +36,9 @@ HEADER_ENV_PREFIX = "MODELPLEX_SOURCE_HEADER_"
 #: Redirects an http(s) source follows (aiohttp's own default).
 MAX_REDIRECTS = 10
 _REDIRECTS = (301, 302, 303, 307, 308)
+#: The bytes an S3 body is copied into a file by, at a time.
+_COPY_CHUNK = 1 << 20
+_T = TypeVar("_T")
 
 
 def source_headers(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -71,10 +75,35 @@ class ModelSource:
         if self.scheme == "file":
             return await asyncio.to_thread(self._read_file, model_id)
         if self.scheme in ("http", "https"):
-            return await self._read_http(model_id, location)
+            return await self._read_http(model_id, location, _body)
         if self.scheme == "s3":
-            return await asyncio.to_thread(self._read_s3, model_id, location)
+            return await asyncio.to_thread(self._read_s3, model_id, location, None)
         raise ModelLoadError(f"unsupported model source scheme {self.scheme!r}")
+
+    async def fetch_file(self, model_id: str) -> IO[bytes]:
+        """The model's bytes in an anonymous file of its own, which the caller closes: a loader
+        that reads by path (``torch.jit.load``) reads it as fast as a local file, where from a
+        buffer torch copies the bytes three more times under the GIL (bench/swap). An http(s)
+        body is written to it chunk by chunk as it arrives; no Python buffer holds the model.
+
+        The file is in memory where the OS allows (``memfd_create``, Linux: it counts against the
+        pod's memory as a buffer would, and never against its disk), else an unlinked temporary
+        file. For a ``file:`` source use :meth:`local_path` instead."""
+        location = self.locate(model_id)
+        file = anonymous_file()
+        try:
+            if self.scheme in ("http", "https"):
+                await self._read_http(model_id, location, lambda response: _body_to(response, file))
+            elif self.scheme == "s3":
+                await asyncio.to_thread(self._read_s3, model_id, location, file)
+            elif self.scheme == "file":
+                write_all(file, await self.fetch(model_id))
+            else:
+                raise ModelLoadError(f"unsupported model source scheme {self.scheme!r}")
+        except BaseException:
+            file.close()
+            raise
+        return file
 
     def local_path(self, model_id: str) -> Path | None:
         """The model's file for a ``file:`` source (a loader may map it in place instead of
@@ -102,7 +131,8 @@ class ModelSource:
         except OSError as error:
             raise ModelLoadError(f"reading model {model_id!r} from {self.shown} failed: {error.strerror}") from None
 
-    async def _read_http(self, model_id: str, location: str) -> bytes | bytearray:
+    async def _read_http(self, model_id: str, location: str,
+                         receive: Callable[[aiohttp.ClientResponse], Awaitable[_T]]) -> _T:
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         shown = redact_url(location)
         try:
@@ -123,13 +153,14 @@ class ModelSource:
                             raise ModelNotFound(f"model {model_id!r} not found at {shown}")
                         if response.status != 200:
                             raise ModelLoadError(f"fetching model {model_id!r} from {shown}: HTTP {response.status}")
-                        return await _body(response)
+                        return await receive(response)
                 raise ModelLoadError(f"fetching model {model_id!r} from {shown}: more than {MAX_REDIRECTS} redirects")
         except (aiohttp.ClientError, TimeoutError, ValueError) as error:
             raise ModelLoadError(f"fetching model {model_id!r} from {shown} failed: "
                                  f"{redact_text(_describe(error))}") from None
 
-    def _read_s3(self, model_id: str, location: str) -> bytes:
+    def _read_s3(self, model_id: str, location: str, file: IO[bytes] | None) -> bytes:
+        """The object's bytes, or (``file`` given) b"" with the bytes copied into ``file``."""
         import boto3
         import botocore.exceptions
 
@@ -137,7 +168,12 @@ class ModelSource:
         bucket, key = parsed.netloc, parsed.path.lstrip("/")
         client = _s3_client(boto3)
         try:
-            return client.get_object(Bucket=bucket, Key=key)["Body"].read()
+            body = client.get_object(Bucket=bucket, Key=key)["Body"]
+            if file is None:
+                return body.read()
+            while chunk := body.read(_COPY_CHUNK):
+                write_all(file, chunk)
+            return b""
         except botocore.exceptions.ClientError as error:
             code = error.response.get("Error", {}).get("Code", "")
             if code in ("NoSuchKey", "404", "NotFound"):
@@ -168,6 +204,51 @@ async def _body(response: aiohttp.ClientResponse) -> bytes | bytearray:
     if at != length:
         raise aiohttp.ClientPayloadError(f"{at} of the announced {length} bytes")
     return buffer
+
+
+async def _body_to(response: aiohttp.ClientResponse, file: IO[bytes]) -> None:
+    """The body written to ``file`` chunk by chunk as it arrives (each write a copy of one chunk,
+    as :func:`_body` makes into its buffer), checked against the announced length."""
+    length = response.content_length
+    if response.headers.get("Content-Encoding", "identity") != "identity":
+        length = None  # the announced length is the encoded body's
+    at = 0
+    async for chunk in response.content.iter_any():
+        at += len(chunk)
+        if length is not None and at > length:
+            raise aiohttp.ClientPayloadError(f"more than the announced {length} bytes")
+        write_all(file, chunk)
+    if length is not None and at != length:
+        raise aiohttp.ClientPayloadError(f"{at} of the announced {length} bytes")
+
+
+def write_all(file: IO[bytes], data: bytes | bytearray | memoryview) -> None:
+    """All of ``data`` into an unbuffered file (a raw write may take less than it is given)."""
+    view = memoryview(data)
+    while view:
+        written = file.write(view)
+        if not written:
+            raise OSError("the model's file took no bytes")
+        view = view[written:]
+
+
+def anonymous_file() -> IO[bytes]:
+    """A read-write file with no name in any folder, gone when closed: in memory where the OS
+    has ``memfd_create`` (Linux), else an unlinked temporary file. Unbuffered, so what is
+    written is in the file at once for a reader that opens it by :func:`fd_path`."""
+    if hasattr(os, "memfd_create"):
+        try:
+            return os.fdopen(os.memfd_create("modelplex-model", os.MFD_CLOEXEC), "w+b", buffering=0)
+        except OSError:
+            pass  # memfd refused (a seccomp profile): the temporary file below
+    return tempfile.TemporaryFile("w+b", buffering=0, prefix="modelplex-model-")
+
+
+def fd_path(file: IO[bytes]) -> str:
+    """A path that opens ``file`` itself, for loaders that take paths (Linux: a fresh open of the
+    same file with its own offset, even once unlinked; elsewhere ``/dev/fd``)."""
+    proc = Path("/proc/self/fd")
+    return f"{proc if proc.is_dir() else '/dev/fd'}/{file.fileno()}"
 
 
 def _describe(error: BaseException) -> str:

@@ -2,9 +2,10 @@
 
 A file source is memory-mapped where it lies (``safetensors.safe_open``): the tensors are views of
 the file's pages, so a load moves no bytes and holds no lock while it runs, and the serving
-threads beside it keep their CPU, their memory bandwidth and the GIL (bench/swap). Bytes from
-another source (http(s), s3) are viewed where they were downloaded to (no copy of an http(s)
-body; an s3 body or a disk-tier copy once).
+threads beside it keep their CPU, their memory bandwidth and the GIL (bench/swap). A model from
+another source (http(s), s3) is downloaded into an anonymous file (in memory on Linux) or read
+from the disk tier's copy, and mapped the same way (:func:`read_file` by the file's
+``/proc/self/fd`` path); :func:`read_bytes` views bytes already held in memory.
 
 The module is built on the ``meta`` device (no weights allocated, no random initialisation) and
 the file's tensors are assigned to it (``load_state_dict(assign=True)``): the file's dtypes are

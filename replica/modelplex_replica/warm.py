@@ -22,12 +22,13 @@ import tempfile
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Callable
 
 import torch
 
 from modelplex.cache import release
 from modelplex_replica.sizes import modules_in
+from modelplex_replica.sources import write_all
 
 log = logging.getLogger("modelplex.replica")
 
@@ -149,6 +150,27 @@ def read_into_buffer(path: Path) -> bytearray:
     return buffer
 
 
+def copy_file(source: IO[bytes], target: IO[bytes], nbytes: int) -> None:
+    """The first ``nbytes`` of an open file into another (unbuffered, at its current offset), in
+    the kernel where it can (``os.sendfile`` from a file works on Linux; elsewhere by chunks)."""
+    at = 0
+    while hasattr(os, "sendfile") and at < nbytes:  # bounded: each round sends bytes or stops
+        try:
+            sent = os.sendfile(target.fileno(), source.fileno(), at, nbytes - at)
+        except OSError:
+            break  # no kernel copy between these two: by chunks below, from where it stopped
+        if not sent:
+            raise OSError(f"the source ended after {at} of {nbytes} bytes")
+        at += sent
+    source.seek(at)
+    while at < nbytes:
+        chunk = source.read(min(nbytes - at, 1 << 20))
+        if not chunk:
+            raise OSError(f"the source ended after {at} of {nbytes} bytes")
+        write_all(target, chunk)
+        at += len(chunk)
+
+
 class DiskTier:
     """Copies of fetched model files in a local folder, least recently used dropped first.
 
@@ -174,13 +196,21 @@ class DiskTier:
 
     def read(self, model_id: str) -> bytearray | None:
         """The copy, in a writable buffer of its own (a safetensors model is viewed in it)."""
+        return self._get(model_id, read_into_buffer)
+
+    def open(self, model_id: str) -> IO[bytes] | None:
+        """The copy, opened (for a loader that reads by path: :func:`~modelplex_replica.sources.fd_path`;
+        an open file stays readable even if the tier drops it meanwhile); the caller closes it."""
+        return self._get(model_id, lambda path: open(path, "rb", buffering=0))
+
+    def _get(self, model_id: str, reader: Callable[[Path], Any]) -> Any:
         name = self._name(model_id)
         with self._lock:
             if name not in self._files:
                 return None
             self._files.move_to_end(name)
         try:
-            return read_into_buffer(self.directory / name)
+            return reader(self.directory / name)
         except OSError:
             with self._lock:
                 self._files.pop(name, None)
@@ -188,24 +218,38 @@ class DiskTier:
 
     def write(self, model_id: str, data: bytes | bytearray) -> bool:
         """Keep a copy; False when it is larger than the whole tier."""
-        if len(data) > self.capacity_bytes:
+        return self._keep(model_id, len(data), lambda path: path.write_bytes(data))
+
+    def write_from(self, model_id: str, file: IO[bytes]) -> bool:
+        """Keep a copy of what ``file`` holds (copied by the kernel where it can: no bytes pass
+        through Python); False when it is larger than the whole tier."""
+        nbytes = os.fstat(file.fileno()).st_size
+
+        def fill(path: Path) -> None:
+            with open(path, "wb", buffering=0) as target:
+                copy_file(file, target, nbytes)
+
+        return self._keep(model_id, nbytes, fill)
+
+    def _keep(self, model_id: str, nbytes: int, fill: Callable[[Path], Any]) -> bool:
+        if nbytes > self.capacity_bytes:
             return False
         name = self._name(model_id)
         with self._lock:
             self._files.pop(name, None)
-            while self._files and sum(self._files.values()) + len(data) > self.capacity_bytes:
+            while self._files and sum(self._files.values()) + nbytes > self.capacity_bytes:
                 old, _ = self._files.popitem(last=False)
                 (self.directory / old).unlink(missing_ok=True)
         partial = self.directory / f".{name}.{threading.get_ident()}"
         try:
-            partial.write_bytes(data)
+            fill(partial)
             os.replace(partial, self.directory / name)  # readers never see half a file
         except OSError as error:
             log.warning("cannot keep a disk copy of model %r: %s", model_id, error)
             partial.unlink(missing_ok=True)
             return False
         with self._lock:
-            self._files[name] = len(data)
+            self._files[name] = nbytes
             while sum(self._files.values()) > self.capacity_bytes:  # another thread's write raced in
                 old, _ = self._files.popitem(last=False)
                 (self.directory / old).unlink(missing_ok=True)

@@ -98,10 +98,16 @@ async def test_an_http_source_and_its_disk_copies_serve_them_too_and_a_broken_fi
         await answers_match(session, replica.url, store)  # a, b, then a again from its disk copy
         page = await (await session.get(replica.url + "/metrics")).text()
         assert 'modelplex_model_loads_total{deployment="st",tier="warm"} 1.0' in page
+        # a's weights are mapped from an in-memory copy of its disk copy, never from the tier's
+        # file: a file the tier drops would otherwise keep its disk while the model is loaded.
+        maps = Path(f"/proc/{replica.popen.pid}/maps").read_text()
+        assert "/memfd:modelplex-model" in maps and str(tmp_path / "warm") not in maps
         async with session.post(replica.url + "/v1/invoke", json={"inputs": [0.0] * 6},
                                 headers={MODEL_ID_HEADER: "odd"}) as response:
             assert response.status >= 500
             assert "'odd' is not a safetensors file" in await response.text()
+        kept = [path for path in (tmp_path / "warm").iterdir() if not path.name.startswith(".")]
+        assert len(kept) == 2  # a and b; a file that did not load is not kept
 
 
 async def test_a_module_that_cannot_be_imported_stops_the_replica_naming_the_field(processes, tmp_path):

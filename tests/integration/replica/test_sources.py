@@ -1,11 +1,14 @@
 """file: and http(s): model sources, against a real HTTP server on loopback."""
 
+import os
+import sys
+
 import pytest
 from aiohttp import web
 
-from modelplex.wire.errors import ModelNotFound
+from modelplex.wire.errors import ModelLoadError, ModelNotFound
 from modelplex.wire.ids import InvalidModelId
-from modelplex_replica.sources import ModelSource
+from modelplex_replica.sources import ModelSource, fd_path
 
 from support.servers import serving
 
@@ -52,3 +55,28 @@ async def test_hugging_face_style_ids_read_from_their_folders(tmp_path):
     (tmp_path / "store" / "meta-llama" / "Llama-2-7b-hf.pt").write_bytes(b"weights")
     source = ModelSource("file:store/{model_id}.pt", base_dir=tmp_path)
     assert await source.fetch("meta-llama/Llama-2-7b-hf") == b"weights"
+
+
+async def test_an_http_model_is_fetched_into_a_file_in_no_folder_and_a_cut_body_is_an_error(model_server, tmp_path):
+    source = ModelSource(model_server + "/models/{model_id}.pt")
+    with await source.fetch_file("m1") as file:
+        with open(fd_path(file), "rb") as reopened:  # as a loader that takes paths opens it
+            assert reopened.read() == b"weights-of-m1"
+        if sys.platform == "linux":
+            assert os.readlink(fd_path(file)).startswith("/memfd:")  # memory, not the pod's disk
+    with pytest.raises(ModelNotFound):
+        await source.fetch_file("m2")
+
+    async def cut(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Length": "100"})
+        await response.prepare(request)
+        await response.write(b"only part")
+        request.transport.close()  # the connection drops before the announced 100 bytes
+        return response
+
+    app = web.Application()
+    app.router.add_get("/cut/{name}", cut)
+    async with serving(app) as url:
+        with pytest.raises(ModelLoadError, match="fetching model 'm1'") as error:
+            await ModelSource(url + "/cut/{model_id}?X-Amz-Signature=secret").fetch_file("m1")
+    assert "secret" not in str(error.value)  # a signed URL's query is never shown

@@ -118,3 +118,21 @@ def test_moving_a_models_tensors_keeps_the_modules_and_moves_tied_weights_once()
     assert decoder.weight is encoder.weight
     assert torch.equal(model(torch.tensor([1, 2])), before)
     assert len(_tensors([model, decoder])) == 1
+
+
+def test_the_disk_tier_keeps_a_copy_of_an_open_file_and_opens_it_even_once_dropped(tmp_path):
+    tier = DiskTier(250, tmp_path)
+    source = tmp_path.parent / "fetched.bin"
+    source.write_bytes(b"w" * 200)
+    with open(source, "rb", buffering=0) as file:
+        assert tier.write_from("m", file)
+    with tmp_path.parent.joinpath("big.bin").open("w+b") as big:
+        big.write(b"x" * 300)
+        big.flush()
+        assert not tier.write_from("big", big)  # larger than the whole tier
+    held = tier.open("m")
+    assert held is not None and tier.open("absent") is None
+    with held:
+        assert tier.write("n", b"n" * 100)  # m goes, while it is open
+        assert tier.open("m") is None
+        assert held.read() == b"w" * 200
