@@ -194,10 +194,6 @@ class DiskTier:
     def _name(model_id: str) -> str:
         return hashlib.sha256(model_id.encode()).hexdigest()
 
-    def read(self, model_id: str) -> bytearray | None:
-        """The copy, in a writable buffer of its own (a safetensors model is viewed in it)."""
-        return self._get(model_id, read_into_buffer)
-
     def open(self, model_id: str) -> IO[bytes] | None:
         """The copy, opened (for a loader that reads by path: :func:`~modelplex_replica.sources.fd_path`;
         an open file stays readable even if the tier drops it meanwhile); the caller closes it."""
@@ -215,10 +211,6 @@ class DiskTier:
             with self._lock:
                 self._files.pop(name, None)
             return None
-
-    def write(self, model_id: str, data: bytes | bytearray) -> bool:
-        """Keep a copy; False when it is larger than the whole tier."""
-        return self._keep(model_id, len(data), lambda path: path.write_bytes(data))
 
     def write_from(self, model_id: str, file: IO[bytes]) -> bool:
         """Keep a copy of what ``file`` holds (copied by the kernel where it can: no bytes pass

@@ -1,6 +1,7 @@
 """Model sizes as the replica measures them, and the warm tiers (host memory, disk copy)."""
 
 import asyncio
+import tempfile
 from dataclasses import dataclass
 
 import torch
@@ -83,26 +84,41 @@ async def test_the_host_tier_keeps_models_within_its_bytes_and_drops_the_oldest(
     assert len(released) == 2 and tier.bytes_used == 0
 
 
+def _keep(tier: DiskTier, model_id: str, data: bytes) -> bool:
+    with tempfile.TemporaryFile() as file:
+        file.write(data)
+        file.flush()
+        return tier.write_from(model_id, file)
+
+
+def _read(tier: DiskTier, model_id: str) -> bytes | None:
+    file = tier.open(model_id)
+    if file is None:
+        return None
+    with file:
+        return file.read()
+
+
 def test_the_disk_tier_keeps_copies_within_its_bytes(tmp_path):
-    tier = DiskTier(250, tmp_path)
-    assert tier.write("org/model:v1", b"a" * 100) and tier.write("b", b"b" * 100)
-    assert tier.read("org/model:v1") == b"a" * 100  # now the most recently used
-    assert tier.write("c", b"c" * 100)  # b goes
-    assert tier.read("b") is None and tier.read("c") == b"c" * 100
-    assert not tier.write("huge", b"x" * 300)
-    assert tier.bytes_used == 200 and len(list(tmp_path.iterdir())) == 2
+    tier = DiskTier(250, tmp_path / "tier")
+    assert _keep(tier, "org/model:v1", b"a" * 100) and _keep(tier, "b", b"b" * 100)
+    assert _read(tier, "org/model:v1") == b"a" * 100  # now the most recently used
+    assert _keep(tier, "c", b"c" * 100)  # b goes
+    assert _read(tier, "b") is None and _read(tier, "c") == b"c" * 100
+    assert not _keep(tier, "huge", b"x" * 300)
+    assert tier.bytes_used == 200 and len(list((tmp_path / "tier").iterdir())) == 2
 
 
 def test_the_disk_tier_removes_its_own_folder():
     tier = DiskTier(100)
-    tier.write("a", b"1")
+    _keep(tier, "a", b"1")
     tier.close()
     assert not tier.directory.exists()
 
 
 async def test_disk_tier_writes_from_many_threads_stay_within_bytes(tmp_path):
     tier = DiskTier(1000, tmp_path)
-    await asyncio.gather(*(asyncio.to_thread(tier.write, f"m{i}", b"x" * 300) for i in range(20)))
+    await asyncio.gather(*(asyncio.to_thread(_keep, tier, f"m{i}", b"x" * 300) for i in range(20)))
     files = [p for p in tmp_path.iterdir() if not p.name.startswith(".")]
     assert sum(p.stat().st_size for p in files) <= 1000 and tier.bytes_used <= 1000
 
@@ -133,6 +149,6 @@ def test_the_disk_tier_keeps_a_copy_of_an_open_file_and_opens_it_even_once_dropp
     held = tier.open("m")
     assert held is not None and tier.open("absent") is None
     with held:
-        assert tier.write("n", b"n" * 100)  # m goes, while it is open
+        assert _keep(tier, "n", b"n" * 100)  # m goes, while it is open
         assert tier.open("m") is None
         assert held.read() == b"w" * 200
