@@ -150,6 +150,10 @@ def _groups_line(groups: dict | None) -> str:
         return "- CPU: no cgroups (`--cpus 0`): each system got what the kernel gave its sessions"
     if "not_used" in groups:
         return f"- CPU: no cgroups ({groups['not_used']}): each system got what the kernel gave its sessions"
+    if groups.get("shared"):
+        return (f"- CPU: a {groups['cores_per_system']:g}-CPU machine on this one (`--shared-cpus`, "
+                f"`bench/compare/cgroups.py`): the load generator and each system in its turn in one cgroup, "
+                f"{'; '.join(groups['groups'])}")
     return (f"- CPU: each system in a cgroup of its own with the same quota, {groups['cores_per_system']:g} cores, "
             f"and weight (cpu.shares {groups['shares']}), the load generator in a third (`--cpus`, "
             f"`bench/compare/cgroups.py`): {'; '.join(groups['groups'])}")

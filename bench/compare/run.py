@@ -293,17 +293,18 @@ class ModelplexStack:
     def control_url(self) -> str:
         """Where the router's metrics are: its control port, which the ready line names (a tree
         from before the control port: the router's own URL)."""
-        found = re.search(r"  control (\S+:\d+)", self.log_path.read_text(errors="replace"))
-        return f"http://{found.group(1)}" if found else self.url
+        # The log is appended to by every run of the same name in a folder: the last line is this one's.
+        found = re.findall(r"  control (\S+:\d+)", self.log_path.read_text(errors="replace"))
+        return f"http://{found[-1]}" if found else self.url
 
     def replica_headers(self) -> dict[str, str]:
         """What a caller outside the router sends a replica of this stack: its deployment's
         internal credential (replicas refuse their API without it), from the file the ready
         output names; none where it names none (a tree from before per-deployment credentials)."""
-        found = re.search(r"deployment credentials: (\S+)/<name>", self.log_path.read_text(errors="replace"))
+        found = re.findall(r"deployment credentials: (\S+)/<name>", self.log_path.read_text(errors="replace"))
         if not found:
             return {}
-        return {"X-Modelplex-Internal-Token": (Path(found.group(1)) / self.name).read_text().strip()}
+        return {"X-Modelplex-Internal-Token": (Path(found[-1]) / self.name).read_text().strip()}
 
     def replicas_table(self) -> list[dict]:
         async def get() -> list[dict]:
