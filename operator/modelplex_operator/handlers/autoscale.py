@@ -172,7 +172,11 @@ class AutoscaleLoop:
             log.info("autoscaling %s/%s: load reports again (%s routers)", *key, plan.heard)
         state.failing = False
 
-        await self._annotate(namespace, replicas, plan.costs)
+        if not (decision.changed and decision.direction == "down"):
+            # A scale-down goes by the costs the pods carry (plan_round): a cost rewritten in the
+            # same round could reach the ReplicaSet before the new count and make it remove
+            # another pod than the one the Event names. The next round writes them.
+            await self._annotate(namespace, replicas, plan.costs)
         if decision.changed:
             await self._before_scale_down(key, deployment, plan, replicas)
             try:

@@ -51,9 +51,16 @@ def test_status_lists_each_model_with_its_copies_holders_and_bytes(control_plane
     entries = wait_for(listed, timeout=60, interval=0.5, what="status.models to list m1, model-22, model-333")
     for model, holder in holders.items():
         assert entries[model] == {"name": model, "copies": 1, "bytes": 1000 * len(model), "replicas": [holder]}
-    status = get_mxd(api, ns, name)["status"]
+    # The pool's bytes add up the replicas' annotations, the list their documents: a document read
+    # may be newer than the annotation beside it, and the next refresh brings the annotation level.
+    pool_bytes = sum(1000 * len(m) for m in holders)
+
+    def counted():
+        status = get_mxd(api, ns, name)["status"]
+        return status if status.get("poolBytes") == pool_bytes else None
+
+    status = wait_for(counted, timeout=60, interval=0.5, what=f"status.poolBytes to add up to {pool_bytes}")
     assert status["modelsOmitted"] == 0
-    assert status["poolBytes"] == sum(1000 * len(m) for m in holders)
     reported = next(c for c in status["conditions"] if c["type"] == "ModelsReported")
     assert reported["status"] == "True", reported
 
