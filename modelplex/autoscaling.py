@@ -405,13 +405,36 @@ def leaving_replicas(replicas: Iterable[ReplicaState], costs: Mapping[str, int],
     """The ``count`` replicas a scale-down removes, in the ReplicaSet's order: not ready first,
     then the lowest cost, then the fewest ongoing requests, then the last name (the newest, in
     local mode; a pod's ReplicaSet breaks that tie its own way)."""
-    def ongoing(name: str) -> int:
-        replica = report.replica(name) if report is not None else None
-        return replica.ongoing if replica is not None else 0
-
-    ranked = sorted(replicas, key=lambda r: (r.ready, costs.get(r.name, 0), ongoing(r.name),
+    ranked = sorted(replicas, key=lambda r: (r.ready, costs.get(r.name, 0), _ongoing(report, r.name),
                                              [-ord(c) for c in r.name]))
     return [replica.name for replica in ranked[:max(count, 0)]]
+
+
+def _ongoing(report: LoadReport | None, name: str) -> int:
+    replica = report.replica(name) if report is not None else None
+    return replica.ongoing if replica is not None else 0
+
+
+def distinct_costs(costs: Mapping[str, int], report: LoadReport | None = None) -> dict[str, int]:
+    """``costs`` with ties broken upwards (one apart), in the order :func:`leaving_replicas`
+    removes by: a ReplicaSet removes the lower of two equal costs its own way, so no two pods
+    are left equal for it to choose between."""
+    out: dict[str, int] = {}
+    floor = None
+    for name in sorted(costs, key=lambda n: (costs[n], _ongoing(report, n), [-ord(c) for c in n])):
+        cost = costs[name] if floor is None else max(costs[name], floor + 1)
+        out[name] = floor = min(_INT32_MAX, cost)
+    return {name: out[name] for name in costs}
+
+
+def _tied_at_the_cut(replicas: Sequence[ReplicaState], ranking: Mapping[str, int], count: int) -> bool:
+    """Whether the last replica a scale-down of ``count`` removes and the first that stays rank
+    the same for a ReplicaSet (both ready or not, the same cost): which goes is then its pick."""
+    ranked = sorted(replicas, key=lambda r: (r.ready, ranking.get(r.name, 0)))
+    if not 0 < count < len(ranked):
+        return False
+    last, first = ranked[count - 1], ranked[count]
+    return (last.ready, ranking.get(last.name, 0)) == (first.ready, ranking.get(first.name, 0))
 
 
 def plan_round(autoscaler: Autoscaler, observed: Observed) -> RoundPlan:
@@ -428,7 +451,7 @@ def plan_round(autoscaler: Autoscaler, observed: Observed) -> RoundPlan:
     autoscaler.observe_report(report)
     decision = autoscaler.decide(current)
     heat = deletion_costs(report)
-    costs = {replica.name: int(heat.get(replica.name, 0)) for replica in observed.replicas}
+    costs = distinct_costs({replica.name: int(heat.get(replica.name, 0)) for replica in observed.replicas}, report)
     leaving: list[str] = []
     ranking: Mapping[str, int] = costs
     moves: list[tuple[str, str]] = []
@@ -440,6 +463,12 @@ def plan_round(autoscaler: Autoscaler, observed: Observed) -> RoundPlan:
         # pods that go.
         carried = any(replica.cost is not None for replica in observed.replicas)
         ranking = {replica.name: replica.cost or 0 for replica in observed.replicas} if carried else costs
+        if carried and _tied_at_the_cut(observed.replicas, ranking, current - decision.desired):
+            # The ReplicaSet breaks a tie its own way (how long each pod has been ready): this
+            # round writes distinct costs instead, and the next one removes by them.
+            decision = replace(decision, desired=current,
+                               reason=f"{decision.reason}; waiting a round for distinct pod-deletion-costs")
+    if decision.direction == "down":
         leaving = leaving_replicas(observed.replicas, ranking, current - decision.desired, report)
         staying = {r.name for r in observed.replicas if r.ready and r.name not in leaving}
         if observed.declared and staying:

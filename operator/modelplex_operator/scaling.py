@@ -56,14 +56,17 @@ def replica_pod(pod: Mapping[str, Any]) -> ReplicaPod:
 
 def cost_patches(pods: Iterable[ReplicaPod], wanted: Mapping[str, int]) -> dict[str, str]:
     """``{pod: cost}`` for the pods whose annotation must be rewritten: missing, far from the
-    wanted cost, or every changed one when the order by cost would differ."""
+    wanted cost, or every changed one when the order by cost would differ or two pods carry the
+    same cost."""
     pods = [pod for pod in pods if pod.name in wanted]
     changed = {pod.name for pod in pods if pod.cost != wanted[pod.name]}
 
     def order(cost_of) -> list[str]:
         return [pod.name for pod in sorted(pods, key=lambda p: (cost_of(p), p.name))]
 
-    if order(lambda p: p.cost if p.cost is not None else -1) != order(lambda p: wanted[p.name]):
+    carried = [pod.cost for pod in pods]
+    if (order(lambda p: p.cost if p.cost is not None else -1) != order(lambda p: wanted[p.name])
+            or len(set(carried)) < len(carried)):  # a tie the ReplicaSet would break its own way
         due = changed
     else:
         due = {pod.name for pod in pods

@@ -4,7 +4,7 @@ state in, decisions out, on a virtual clock."""
 from __future__ import annotations
 
 from modelplex.autoscaling import (MAX_MOVES, MAX_PRELOAD_MODELS, Autoscaler, Observed, ReplicaState, cheap_moves,
-                                   plan_round, preload_count)
+                                   distinct_costs, plan_round, preload_count)
 from modelplex.wire.load import LoadReport, ReplicaLoad
 from modelplex.wire.spec import DEFAULT_MAX_MODELS_PER_REPLICA, Autoscaling
 
@@ -148,6 +148,43 @@ def test_pods_carrying_costs_are_removed_by_those_costs_not_by_the_heat_worked_o
     local = rounds(scaler(clock), clock, Observed(reports=[load], routers=1, current=2, replicas=ready("a", "b")),
                    seconds=30)[-1]
     assert local.leaving == ("a",) and local.leaving_costs == {"a": 60}
+
+
+def test_equal_heat_gets_distinct_costs_in_the_order_a_scale_down_removes_by():
+    # b and c hold the same models: equal heat. The one with fewer ongoing requests is the colder.
+    load = report(ReplicaLoad("a", models=("m-hot",)), ReplicaLoad("b", ongoing=2, models=("m-warm",)),
+                  ReplicaLoad("c", ongoing=0, models=("m-warm",)), **{"m-hot": 2.0, "m-warm": 1.0})
+    plan = plan_round(scaler(VirtualClock()), Observed(reports=[load], routers=1, current=3, replicas=ready("a", "b", "c")))
+    assert plan.costs == {"a": 120, "b": 31, "c": 30}
+    assert distinct_costs({"x": 5, "y": 5, "z": 6}) == {"x": 6, "y": 5, "z": 7}  # same ongoing: the later name first
+    assert distinct_costs({"x": 0, "y": 2**31 - 1, "z": 2**31 - 1}) == {"x": 0, "y": 2**31 - 1, "z": 2**31 - 1}
+
+
+def test_a_scale_down_where_the_pods_carry_a_tie_at_the_cut_waits_a_round_for_distinct_costs():
+    """Two pods carrying the same cost: the ReplicaSet would pick one its own way, so the round
+    scales nothing and its distinct costs are written; the next round removes by them."""
+    clock = VirtualClock()
+    autoscaler = scaler(clock)
+    load = report(ReplicaLoad("a", ongoing=2, models=("m-hot",), capacity=4),
+                  ReplicaLoad("b", ongoing=1, models=("m-warm",), capacity=4),
+                  ReplicaLoad("c", ongoing=1, models=("m-warm",), capacity=4),
+                  **{"m-hot": 2.0, "m-warm": 1.0})  # 4 ongoing at target 2: two replicas wanted
+    tied = Observed(reports=[load], routers=1, current=3, replicas=[
+        ReplicaState("a", True, 120), ReplicaState("b", True, 30), ReplicaState("c", True, 30)])
+    plans = rounds(autoscaler, clock, tied, seconds=30)
+    assert not plans[-1].decision.changed  # never, while the tie stays
+    assert plans[-1].decision.reason.endswith("waiting a round for distinct pod-deletion-costs")
+    assert plans[-1].leaving == () and plans[-1].moves == ()
+    assert plans[-1].costs == {"a": 120, "b": 31, "c": 30}
+    written = Observed(reports=[load], routers=1, current=3, replicas=[
+        ReplicaState(name, True, cost) for name, cost in plans[-1].costs.items()])
+    plan = plan_round(autoscaler, written)
+    assert (plan.decision.current, plan.decision.desired) == (3, 2)
+    assert plan.leaving == ("c",) and plan.leaving_costs == {"c": 30}
+    # A tie away from the cut changes nothing: the tied pair both stay.
+    one_goes = Observed(reports=[load], routers=1, current=3, replicas=[
+        ReplicaState("a", True, 10), ReplicaState("b", True, 30), ReplicaState("c", True, 30)])
+    assert plan_round(autoscaler, one_goes).leaving == ("a",)
 
 
 def test_a_scale_down_to_zero_pins_nothing_and_a_scale_up_moves_nothing():

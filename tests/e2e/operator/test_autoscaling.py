@@ -52,6 +52,9 @@ DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 #: Every load phase stops after this many requests or seconds, whichever comes first.
 MAX_REQUESTS = 4000
 MAX_LOAD_S = 240
+#: A scale-down's pick is checked against the heat this test saw within this many seconds before
+#: the pod was seen leaving: the rounds (``TICK_S``) whose costs it went by, and its moves.
+RECENT_LOOKS_S = 15
 
 
 def autoscaled_manifest(name: str) -> dict:
@@ -172,21 +175,22 @@ def test_scale_from_zero_up_to_three_down_by_the_coldest_cache_and_back(control_
     # 4. Lighter load, mostly on the hot models (concurrency 4: 2 replicas wanted): one pod goes,
     # the coldest.
     with Load(url, 4, [*HOT, *HOT, *HOT, *WARM]) as load:
-        heat = None
+        looks: list[tuple[float, dict[str, float]]] = []  # (when, heat by pod), while nobody was leaving
         leaving = []
         deadline = time.monotonic() + 120
         while not leaving and time.monotonic() < deadline:
             try:
-                candidate = heat_by_pod(api, ns, name)
+                heat = heat_by_pod(api, ns, name)
             except OSError:
-                candidate = None  # a pod between states: the next look
+                heat = None  # a pod between states: the next look
             everyone = pods(api, ns, name, live_only=False)
             leaving = [p for p in everyone if p.metadata.deletion_timestamp]
-            if not leaving and candidate is not None:
+            if not leaving and heat is not None:
                 # Worked out while nobody was leaving: a pod marked for deletion during the look
                 # would be missing from it.
-                heat = candidate
+                looks.append((time.monotonic(), heat))
             time.sleep(0.5)
+        seen_leaving = time.monotonic()
     assert leaving, f"no replica removed under the lighter load: {autoscaling_status(api, ns, name)}"
     assert set(load.codes) == {200}, (load.codes, load.errors)
     assert len(leaving) == 1, [p.metadata.name for p in leaving]
@@ -199,10 +203,13 @@ def test_scale_from_zero_up_to_three_down_by_the_coldest_cache_and_back(control_
     scaled_down = wait_event(api, ns, name, "ScaledDown")[2]
     assert "replicas 3 -> 2" in scaled_down and f"the coldest caches go: {removed} (cost" in scaled_down, scaled_down
     # ...and the coldest cache as this test works it out, from the replicas' models and the routers'
-    # rates: the two reads are a moment apart and rates move, so within a tenth of the coldest (and
-    # a request a minute).
-    assert heat is not None and removed in heat, (removed, heat)
-    assert heat[removed] <= min(heat.values()) * 1.1 + 1 / 60, f"removed {removed}, heat {heat}"
+    # rates. The pick goes by costs written a round or two before the scale-down, and that round
+    # loads the leaving pod's hot models elsewhere before the count changes (which can evict a
+    # shared model on a staying pod and leave the leaving one its only holder): so the coldest in
+    # one of this test's looks of the last few rounds (within a tenth, and a request a minute).
+    recent = [heat for when, heat in looks if when >= seen_leaving - RECENT_LOOKS_S]
+    assert any(removed in heat and heat[removed] <= min(heat.values()) * 1.1 + 1 / 60 for heat in recent), \
+        f"removed {removed}, never the coldest in the last {RECENT_LOOKS_S} s: {recent}"
 
     # 5. Idle: back to zero, and the hot models are what a new replica will pre-load.
     def at_zero():

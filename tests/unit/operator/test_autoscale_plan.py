@@ -37,6 +37,11 @@ def test_a_change_of_order_rewrites_every_changed_cost_however_small():
     assert scaling.cost_patches(pods(a=100, b=98), {"a": 97, "b": 99}) == {"a": "97", "b": "99"}
 
 
+def test_two_pods_carrying_the_same_cost_are_written_apart_however_small_the_change():
+    # The ReplicaSet would break a 74-74 tie its own way: b's 75, within the slack, is written.
+    assert scaling.cost_patches(pods(a=74, b=74, c=90), {"a": 74, "b": 75, "c": 90}) == {"b": "75"}
+
+
 def test_the_status_block_and_the_event_carry_the_inputs():
     block = scaling.autoscaling_status(
         desired=3, current=1, average_ongoing=7.46, queued=2, routers="2/2",
