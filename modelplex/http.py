@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator, Callable, Mapping
+from typing import Any, AsyncIterator, Callable, Mapping, Protocol
 
 import aiohttp
 import orjson
@@ -148,7 +148,16 @@ async def write_chunk(request: web.Request, response: web.StreamResponse, data: 
 CLIENT_CLOSED = 499
 
 
-async def first_chunk(content: aiohttp.StreamReader) -> bytes:
+class ChunkReader(Protocol):
+    """An answer's body read as its sender framed it (:class:`aiohttp.StreamReader`, the router's
+    :class:`~modelplex_router.upstream.Body`)."""
+
+    async def readchunk(self) -> tuple[bytes, bool]: ...
+
+    def at_eof(self) -> bool: ...
+
+
+async def first_chunk(content: ChunkReader) -> bytes:
     """The first HTTP chunk of an upstream answer (b"": its body is empty), read alone: chunks
     that arrived with it stay for :func:`upstream_chunks`."""
     while True:
@@ -157,13 +166,16 @@ async def first_chunk(content: aiohttp.StreamReader) -> bytes:
             return data
 
 
-async def upstream_chunks(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+async def upstream_chunks(content: ChunkReader) -> AsyncIterator[bytes]:
     """An upstream answer's body as its sender framed it: each HTTP chunk it sent (one larger
     than the read buffer in pieces), never two merged, so a streaming client reads one chunk
     per item through a proxy as it would from the replica (Ray sends one per yield)."""
-    async for data, _ in content.iter_chunks():
+    while True:
+        data, end = await content.readchunk()
         if data:
             yield data
+        elif not end:
+            return
 
 
 def status_of(error: BaseException) -> int:

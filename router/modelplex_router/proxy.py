@@ -38,6 +38,7 @@ from modelplex_router.events import Answered, ConnectionFailed, SummaryHeard
 from modelplex_router.metrics import RouterMetrics
 from modelplex_router.record import Replica
 from modelplex_router.scheduler import Lease, Scheduler
+from modelplex_router.upstream import UpstreamPool, UpstreamResponse
 
 log = logging.getLogger("modelplex.router.proxy")
 
@@ -74,19 +75,19 @@ class _Retry(Exception):
 
 
 class Proxy:
-    """Sends requests through ``scheduler`` over one shared ``session``; tells the scheduler's
-    table what the replicas' answers show (alive, failed, their loaded-models summary)."""
+    """Sends requests through ``scheduler`` over the connections of ``upstream``; tells the
+    scheduler's table what the replicas' answers show (alive, failed, their loaded-models summary)."""
 
     #: Failures before a status line tolerated per request: sent at most twice in all, each time
     #: to another replica (a failed one leaves rotation, and the request excludes it).
     max_failures = 1
 
-    def __init__(self, scheduler: Scheduler, session: aiohttp.ClientSession, metrics: RouterMetrics,
+    def __init__(self, scheduler: Scheduler, upstream: UpstreamPool, metrics: RouterMetrics,
                  *, first_byte_timeout_s: float, clock: Callable[[], float],
                  stream_idle_timeout_s: float = DEFAULT_STREAM_IDLE_TIMEOUT_S):
         self.scheduler = scheduler
         self.table = scheduler.table
-        self.session = session
+        self.upstream = upstream
         self.metrics = metrics
         self.first_byte_timeout_s = first_byte_timeout_s
         self.stream_idle_timeout_s = stream_idle_timeout_s
@@ -155,7 +156,7 @@ class Proxy:
         """One try of :meth:`exchange` on the lease's replica."""
         ok = False
         clean = False
-        upstream: aiohttp.ClientResponse | None = None
+        upstream: UpstreamResponse | None = None
         try:
             upstream, first = await self._send(lease, target, headers, body)
             self._heard(lease, upstream)
@@ -176,7 +177,7 @@ class Proxy:
         """One try on the lease's replica: send, then answer the client from what it sends."""
         ok = False  # the replica answered successfully: it holds the model
         clean = False  # the replica's response was read to its end: the connection is reusable
-        upstream: aiohttp.ClientResponse | None = None
+        upstream: UpstreamResponse | None = None
         try:
             upstream, first = await self._send(lease, target, headers, body)
             self._heard(lease, upstream)
@@ -198,14 +199,14 @@ class Proxy:
         finally:
             _done(upstream, lease, clean=clean, ok=ok)
 
-    def _heard(self, lease: Lease, upstream: aiohttp.ClientResponse) -> None:
+    def _heard(self, lease: Lease, upstream: UpstreamResponse) -> None:
         """Take in the loaded-models summary a replica's answer carries."""
         if summary := upstream.headers.get(LOADED_MODELS_HEADER):
             # A newer version than the table's document makes it fetch the replica's document.
             self.table.apply(SummaryHeard(lease.replica, summary), self.clock())
 
     async def _send(self, lease: Lease, target: _Target, headers: dict,
-                    body: bytes) -> tuple[aiohttp.ClientResponse, bytes]:
+                    body: bytes) -> tuple[UpstreamResponse, bytes]:
         """The replica's response and its first body chunk (its whole body with ``target.buffer``).
         Nothing has reached the client yet: a replica that refuses or fails raises
         :class:`_Retry`, for another one to answer."""
@@ -227,10 +228,10 @@ class Proxy:
                                   f"requestTimeoutSeconds ({self.first_byte_timeout_s:g} s)") from None
 
     async def _first_chunk(self, replica: Replica, target: _Target, headers: dict,
-                           body: bytes) -> tuple[aiohttp.ClientResponse, bytes]:
+                           body: bytes) -> tuple[UpstreamResponse, bytes]:
         """Send the request (the caller bounds the time); the response and its first chunk."""
-        upstream = await self.session.request(target.method, self._url(replica.url, target.path),
-                                              data=body, headers=headers)
+        upstream = await self.upstream.request(target.method, self._url(replica.url, target.path),
+                                               data=body, headers=headers)
         try:
             self.table.apply(Answered(replica), self.clock())
             if upstream.status != 503:
@@ -250,7 +251,7 @@ class Proxy:
         upstream.release()
         raise _Retry("503 " + (upstream.reason or ""), failed=False)
 
-    async def _relay(self, request: web.Request, lease: Lease, upstream: aiohttp.ClientResponse, first: bytes,
+    async def _relay(self, request: web.Request, lease: Lease, upstream: UpstreamResponse, first: bytes,
                      response: web.StreamResponse) -> bool:
         """Stream the replica's body to the client, chunks as they come. True when it was read
         to its end; False when the stream was cut (``response[ABORTED]`` says why)."""
@@ -292,7 +293,7 @@ class Proxy:
         return url
 
 
-def _answer_headers(upstream: aiohttp.ClientResponse, replica: str) -> CIMultiDict[str]:
+def _answer_headers(upstream: UpstreamResponse, replica: str) -> CIMultiDict[str]:
     """The client's response headers: the replica's, less those of one hop, plus which replica."""
     out: CIMultiDict[str] = CIMultiDict()
     for name, value in upstream.headers.items():
@@ -307,7 +308,7 @@ def _answer_headers(upstream: aiohttp.ClientResponse, replica: str) -> CIMultiDi
     return out
 
 
-def _done(upstream: aiohttp.ClientResponse | None, lease: Lease, *, clean: bool, ok: bool) -> None:
+def _done(upstream: UpstreamResponse | None, lease: Lease, *, clean: bool, ok: bool) -> None:
     """Hand the replica's connection back (read to its end) or close it, and free the slot."""
     if upstream is not None:
         if clean:
@@ -317,7 +318,7 @@ def _done(upstream: aiohttp.ClientResponse | None, lease: Lease, *, clean: bool,
     lease.release(ok)
 
 
-def _whole(upstream: aiohttp.ClientResponse, first: bytes) -> bool:
+def _whole(upstream: UpstreamResponse, first: bytes) -> bool:
     """Whether ``first`` is the replica's whole body (its length known, and nothing follows)."""
     length = upstream.content_length
     return length is not None and len(first) == length and upstream.content.at_eof()

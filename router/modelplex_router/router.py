@@ -25,7 +25,7 @@ from typing import Any, Callable, Coroutine, TypeVar
 import aiohttp
 
 from modelplex.http import internal_session
-from modelplex.wire.credentials import CallerTokens, ClientTokens, DeploymentCredential, TokenFile
+from modelplex.wire.credentials import CallerTokens, ClientTokens, DeploymentCredential, TokenFile, internal_token_file
 from modelplex.wire.errors import ReplicaFailed
 from modelplex.wire.load import LoadReport
 from modelplex_router import load
@@ -43,6 +43,7 @@ from modelplex_router.pins import Pinner
 from modelplex_router.proxy import Proxy, Reply
 from modelplex_router.quota import LoadQuotas
 from modelplex_router.scheduler import Scheduler
+from modelplex_router.upstream import UpstreamPool
 
 log = logging.getLogger("modelplex.router")
 
@@ -88,6 +89,7 @@ class Router:
             self.metrics.pinned_missing.set_function(lambda: sum(pinner.placement.missing.values()))
         # Made by start(): a client session belongs to a running loop.
         self._session: aiohttp.ClientSession | None = None
+        self._upstream: UpstreamPool | None = None
         self._proxy: Proxy | None = None
         self._cold: ColdGate | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -99,10 +101,10 @@ class Router:
         if self._session is not None:
             raise RuntimeError("the router is started already")
         config = self.config
-        # One session for every proxied request: pooled keep-alive connections, no limit on
-        # their number (maxOngoingRequests bounds them), bodies passed through still encoded.
+        # The session of the router's own calls to replicas (pins, unloads); proxied requests
+        # go through the upstream pool below.
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True)
-        self._session = session = internal_session(
+        self._session = internal_session(
             connector=connector,
             auto_decompress=False,
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout_s),
@@ -110,7 +112,10 @@ class Router:
             # A proxy keeps no cookies: one client's Set-Cookie must never reach another client.
             cookie_jar=aiohttp.DummyCookieJar(),
         )
-        self._proxy = proxy = Proxy(self.scheduler, session, self.metrics,
+        # The proxied requests' own client: lean keep-alive connections (modelplex_router.upstream).
+        self._upstream = upstream = UpstreamPool(connect_timeout_s=config.connect_timeout_s,
+                                                 credential=internal_token_file())
+        self._proxy = proxy = Proxy(self.scheduler, upstream, self.metrics,
                                     first_byte_timeout_s=config.first_byte_timeout_s,
                                     stream_idle_timeout_s=config.stream_idle_timeout_s, clock=self.clock)
         quota = config.load_quota
@@ -133,6 +138,8 @@ class Router:
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._cold is not None:
             await self._cold.close()
+        if self._upstream is not None:
+            await self._upstream.close()
         if self._session is not None:
             await self._session.close()
 
