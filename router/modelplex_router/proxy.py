@@ -11,8 +11,8 @@ refused it too once no other is left, after a wait that doubles with each refusa
 
 The client's response is committed when the replica's first body chunk arrives (or its empty
 body ends); after that, chunks are relayed as they come, one ``write()`` per HTTP chunk the replica sent (never two merged: a stream reaches the client one chunk per item), with no
-per-chunk parsing; the replica's status, content type and encoding pass through (the session
-never decompresses). A write whose data does not drain within ``streamIdleTimeoutSeconds`` (the
+per-chunk parsing; the replica's status, content type and encoding pass through (the body goes
+on as sent, never decompressed). A write whose data does not drain within ``streamIdleTimeoutSeconds`` (the
 client stopped reading) cuts the stream: 499, and the replica's slot is freed.
 """
 

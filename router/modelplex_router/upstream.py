@@ -39,6 +39,8 @@ PAUSE_BYTES = 1 << 20
 #: A chunk larger than this is handed over in pieces as it arrives.
 PIECE_BYTES = 256 << 10
 _CRLF = "\r\n"
+#: A connection's destination: (TLS, host, port).
+_Key = tuple[bool, str, int]
 #: Fields this client writes itself (the body's framing).
 _OWN_FIELDS = frozenset({"content-length", "transfer-encoding"})
 
@@ -159,7 +161,7 @@ class UpstreamResponse:
 class _Connection(asyncio.Protocol):
     """One keep-alive connection to a replica: one request at a time."""
 
-    def __init__(self, pool: UpstreamPool, key: tuple[str, int]):
+    def __init__(self, pool: UpstreamPool, key: _Key):
         self.pool, self.key = pool, key
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
@@ -294,7 +296,7 @@ class UpstreamPool:
         self._token = credential.token if credential is not None else None
         self._fallback = credential.own if isinstance(credential, DeploymentCredential) else None
         self.clock = clock
-        self._idle_by_key: dict[tuple[str, int], list[_Connection]] = {}
+        self._idle_by_key: dict[_Key, list[_Connection]] = {}
         self._all: set[_Connection] = set()
         self._closed = False
 
@@ -326,8 +328,8 @@ class UpstreamPool:
     # -- one request on one connection --------------------------------------------------------
 
     async def _once(self, method: str, url: URL, body: bytes, fields: Mapping[str, str]) -> UpstreamResponse:
-        host, port = url.raw_host or "", url.port or 80
-        connection = await self._connection((host, port))
+        host, port = url.raw_host or "", url.port or (443 if url.scheme == "https" else 80)
+        connection = await self._connection((url.scheme == "https", host, port))
         connection.start()
         head = _head(method, url.raw_path_qs, f"{host}:{port}", body, fields)
         try:
@@ -336,7 +338,8 @@ class UpstreamPool:
             connection.close()
             raise
 
-    async def _connection(self, key: tuple[str, int]) -> _Connection:
+    async def _connection(self, key: _Key) -> _Connection:
+        tls, host, port = key
         idle = self._idle_by_key.get(key)
         now = self.clock()
         while idle:
@@ -350,11 +353,12 @@ class UpstreamPool:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout_s):
-                _, connection = await loop.create_connection(lambda: _Connection(self, key), *key)
+                _, connection = await loop.create_connection(lambda: _Connection(self, key), host, port,
+                                                             ssl=True if tls else None)
         except TimeoutError:
-            raise UpstreamRefused(f"no connection to {key[0]}:{key[1]} within {self.connect_timeout_s:g} s") from None
-        except OSError as error:
-            raise UpstreamRefused(f"cannot connect to {key[0]}:{key[1]}: {error.strerror or error}") from None
+            raise UpstreamRefused(f"no connection to {host}:{port} within {self.connect_timeout_s:g} s") from None
+        except OSError as error:  # ssl.SSLError among them
+            raise UpstreamRefused(f"cannot connect to {host}:{port}: {error.strerror or error}") from None
         self._all.add(connection)
         return connection
 

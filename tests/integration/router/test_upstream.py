@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import ssl
+import subprocess
 
 import aiohttp
 import pytest
@@ -213,3 +215,32 @@ async def test_a_newline_in_a_header_is_refused_before_anything_is_sent():
     finally:
         await pool.close()
         await server.close()
+
+
+async def test_an_https_replica_is_reached_over_tls_and_one_with_an_untrusted_certificate_is_refused(tmp_path,
+                                                                                                  monkeypatch):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    runner = web.AppRunner(app(web.post("/", peer)))
+    await runner.setup()
+    port = free_port()
+    site = web.TCPSite(runner, "127.0.0.1", port, ssl_context=context)
+    await site.start()
+    url = URL(f"https://127.0.0.1:{port}/")
+    try:
+        pool = UpstreamPool(connect_timeout_s=5)
+        with pytest.raises(aiohttp.ClientConnectionError, match="certificate"):
+            await pool.request("POST", url)
+        await pool.close()
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the default context trusts it now
+        pool = UpstreamPool(connect_timeout_s=5)
+        answer = await pool.request("POST", url, data=b"abc")
+        assert answer.status == 200 and json.loads(await answer.read())["bytes"] == 3
+        answer.release()
+        await pool.close()
+    finally:
+        await runner.cleanup()
