@@ -9,9 +9,9 @@ from typing import Mapping
 from modelplex.wire.credentials import (ENV_CALLER_TOKENS_DIR, ENV_CLIENT_TOKENS_DIR, ENV_INTERNAL_TOKEN_FILE,
                                         ENV_LEGACY_TOKEN_FILE, ENV_RUN_TOKEN_FILE)
 from modelplex.wire.load import DEFAULT_HOLD_AT_ZERO_S
-from modelplex.wire.spec import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_LOAD_TIMEOUT_S, DEFAULT_MAX_REQUEST_BYTES,
-                                 DEFAULT_NOT_FOUND_CACHE_S, DEFAULT_STREAM_IDLE_TIMEOUT_S, REQUEST_TIMEOUT_MARGIN_S,
-                                 Cors, Deployment, LoadQuota, RouterAuth)
+from modelplex.wire.spec import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_IDLE_TIMEOUT_S, DEFAULT_LOAD_TIMEOUT_S,
+                                 DEFAULT_MAX_REQUEST_BYTES, DEFAULT_NOT_FOUND_CACHE_S, DEFAULT_STREAM_IDLE_TIMEOUT_S,
+                                 REQUEST_TIMEOUT_MARGIN_S, Cors, Deployment, LoadQuota, RouterAuth)
 from modelplex_router.fairness import ORDERS
 from modelplex_router.policy import POLICIES, Params
 from modelplex_router.rules import ModelRules
@@ -62,6 +62,10 @@ class RouterConfig:
     #: ``spec.router.requestTimeoutSeconds``.
     first_byte_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S + REQUEST_TIMEOUT_MARGIN_S
     connect_timeout_s: float = 5.0
+    #: How long an idle connection to a replica is kept: half the replicas' own idle timeout
+    #: (``spec.router.idleTimeoutSeconds``, which they keep too) up to 30 s, so that a replica
+    #: never closes a connection just as the router sends on it.
+    upstream_idle_s: float = min(30.0, DEFAULT_IDLE_TIMEOUT_S / 2)
     #: Static discovery: how often each replica's /v1/models and /readyz are read.
     poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
     #: ``spec.router.modelControl``: load and unload through the router.
@@ -123,6 +127,7 @@ class RouterConfig:
             model_control=spec.router.model_control,
             body_timeout_s=spec.router.body_timeout_seconds,
             stream_idle_timeout_s=spec.router.stream_idle_timeout_seconds,
+            upstream_idle_s=min(30.0, spec.router.idle_timeout_seconds / 2),
             not_found_s=spec.multiplexing.not_found_cache_seconds,
             cors=spec.router.cors,
             access_log=spec.router.access_log,

@@ -114,6 +114,7 @@ class Router:
         )
         # The proxied requests' own client: lean keep-alive connections (modelplex_router.upstream).
         self._upstream = upstream = UpstreamPool(connect_timeout_s=config.connect_timeout_s,
+                                                 idle_timeout_s=config.upstream_idle_s,
                                                  credential=internal_token_file())
         self._proxy = proxy = Proxy(self.scheduler, upstream, self.metrics,
                                     first_byte_timeout_s=config.first_byte_timeout_s,
