@@ -203,10 +203,11 @@ def test_scale_from_zero_up_to_three_down_by_the_coldest_cache_and_back(control_
     scaled_down = wait_event(api, ns, name, "ScaledDown")[2]
     assert "replicas 3 -> 2" in scaled_down and f"the coldest caches go: {removed} (cost" in scaled_down, scaled_down
     # ...and the coldest cache as this test works it out, from the replicas' models and the routers'
-    # rates. The pick goes by costs written a round or two before the scale-down, and that round
-    # loads the leaving pod's hot models elsewhere before the count changes (which can evict a
-    # shared model on a staying pod and leave the leaving one its only holder): so the coldest in
-    # one of this test's looks of the last few rounds (within a tenth, and a request a minute).
+    # rates. The pick goes by costs written a round or two before the scale-down, from what the
+    # routers then knew each replica held, and under load the holdings move by whole models (each
+    # replica loads what lands on it and evicts its least recently used; the scale-down round
+    # loads the leaving pod's hot models elsewhere): so the coldest in one of this test's looks of
+    # the last few rounds (within a tenth, and a request a minute).
     recent = [heat for when, heat in looks if when >= seen_leaving - RECENT_LOOKS_S]
     assert any(removed in heat and heat[removed] <= min(heat.values()) * 1.1 + 1 / 60 for heat in recent), \
         f"removed {removed}, never the coldest in the last {RECENT_LOOKS_S} s: {recent}"
