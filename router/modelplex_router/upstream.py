@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import re
 import time
 from typing import AsyncIterator, Callable, Mapping
 
@@ -41,6 +42,8 @@ PIECE_BYTES = 256 << 10
 _CRLF = "\r\n"
 #: A connection's destination: (TLS, host, port).
 _Key = tuple[bool, str, int]
+#: What no request line or header may hold (aiohttp's rule: control characters but tab).
+_FORBIDDEN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 #: Fields this client writes itself (the body's framing).
 _OWN_FIELDS = frozenset({"content-length", "transfer-encoding"})
 
@@ -377,13 +380,14 @@ class UpstreamPool:
 
 def _head(method: str, target: str, host: str, body: bytes, fields: Mapping[str, str]) -> bytes:
     """The request line and headers: ``fields`` (a ``Host`` among them replaces the replica's
-    address, as with aiohttp), the body's length. A CR or LF in a field would split the request:
-    refused, as aiohttp does."""
+    address, as with aiohttp), the body's length. A control character in a field (a CR or LF
+    would split the request) is refused, as aiohttp does. Text goes out as UTF-8, and bytes a
+    client sent that were not UTF-8 (kept by aiohttp's server as surrogate escapes) as they came."""
     lines = [f"{method} {target} HTTP/1.1"]
     has_host = False
     for name, value in fields.items():
-        if "\r" in value or "\n" in value or "\r" in name or "\n" in name or ":" in name:
-            raise ValueError(f"a newline or colon in the request header {name!r}")
+        if _FORBIDDEN.search(name) or _FORBIDDEN.search(value) or ":" in name:
+            raise ValueError(f"a control character or colon in the request header {name!r}")
         lower = name.lower()
         if lower in _OWN_FIELDS:
             continue
@@ -392,4 +396,4 @@ def _head(method: str, target: str, host: str, body: bytes, fields: Mapping[str,
     if not has_host:
         lines.append(f"Host: {host}")
     lines.append(f"Content-Length: {len(body)}")
-    return (_CRLF.join(lines) + _CRLF + _CRLF).encode("latin-1")
+    return (_CRLF.join(lines) + _CRLF + _CRLF).encode("utf-8", "surrogateescape")
