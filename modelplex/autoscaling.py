@@ -405,14 +405,15 @@ def leaving_replicas(replicas: Iterable[ReplicaState], costs: Mapping[str, int],
     """The ``count`` replicas a scale-down removes, in the ReplicaSet's order: not ready first,
     then the lowest cost, then the fewest ongoing requests, then the last name (the newest, in
     local mode; a pod's ReplicaSet breaks that tie its own way)."""
-    ranked = sorted(replicas, key=lambda r: (r.ready, costs.get(r.name, 0), _ongoing(report, r.name),
-                                             [-ord(c) for c in r.name]))
+    ranked = sorted(replicas, key=lambda r: (r.ready, *_removal_rank(report, r.name, costs.get(r.name, 0))))
     return [replica.name for replica in ranked[:max(count, 0)]]
 
 
-def _ongoing(report: LoadReport | None, name: str) -> int:
+def _removal_rank(report: LoadReport | None, name: str, cost: int) -> tuple[int, int, list[int]]:
+    """Among equally ready replicas, the one a scale-down removes first: the lowest cost, then
+    the fewest ongoing requests, then the last name."""
     replica = report.replica(name) if report is not None else None
-    return replica.ongoing if replica is not None else 0
+    return cost, replica.ongoing if replica is not None else 0, [-ord(c) for c in name]
 
 
 def distinct_costs(costs: Mapping[str, int], report: LoadReport | None = None) -> dict[str, int]:
@@ -421,7 +422,7 @@ def distinct_costs(costs: Mapping[str, int], report: LoadReport | None = None) -
     are left equal for it to choose between."""
     out: dict[str, int] = {}
     floor = None
-    for name in sorted(costs, key=lambda n: (costs[n], _ongoing(report, n), [-ord(c) for c in n])):
+    for name in sorted(costs, key=lambda n: _removal_rank(report, n, costs.get(n, 0))):
         cost = costs[name] if floor is None else max(costs[name], floor + 1)
         out[name] = floor = min(_INT32_MAX, cost)
     return {name: out[name] for name in costs}

@@ -26,13 +26,14 @@ import asyncio
 import collections
 import re
 import time
-from typing import AsyncIterator, Callable, Mapping
+from typing import Callable, Mapping
 
 import aiohttp
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from modelplex.http import upstream_chunks
 from modelplex.wire.credentials import INTERNAL_TOKEN_HEADER, DeploymentCredential, TokenFile
 
 #: An answer's unread bytes past which the connection stops reading (and resumes below half).
@@ -92,16 +93,8 @@ class Body:
             self._connection.resume()
         return data, end
 
-    async def iter_chunks(self) -> AsyncIterator[tuple[bytes, bool]]:
-        while True:
-            data, end = await self.readchunk()
-            if not data and not end:
-                return
-            yield data, end
-
     async def read(self) -> bytes:
-        parts = [data async for data, _ in self.iter_chunks()]
-        return b"".join(parts)
+        return b"".join([data async for data in upstream_chunks(self)])
 
     # -- fed by the connection ---------------------------------------------------------------
 
@@ -164,20 +157,17 @@ class UpstreamResponse:
 class _Connection(asyncio.Protocol):
     """One keep-alive connection to a replica: one request at a time."""
 
+    # The current answer's, reset by start().
+    _headers: CIMultiDict[str]
+    _piece: list[bytes]
+
     def __init__(self, pool: UpstreamPool, key: _Key):
         self.pool, self.key = pool, key
         self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
-        self.body = Body(self)
         self.idle_since = 0.0
-        self.reusable = False  # the last answer ended cleanly and the replica keeps the connection
         self._head: asyncio.Future[UpstreamResponse] | None = None
-        self._headers: CIMultiDict[str] = CIMultiDict()
-        self._reason = b""
-        self._piece: list[bytes] = []
-        self._piece_size = 0
-        self._chunked = False
         self._paused = False
+        self.start()
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
 
@@ -250,9 +240,12 @@ class _Connection(asyncio.Protocol):
         """Ready for the next request's answer."""
         self.parser = httptools.HttpResponseParser(self)
         self.body = Body(self)
-        self._headers, self._reason = CIMultiDict(), b""
-        self._piece, self._piece_size, self._chunked = [], 0, False
-        self.reusable = False
+        self._headers = CIMultiDict()
+        self._reason = b""
+        self._piece = []
+        self._piece_size = 0
+        self._chunked = False
+        self.reusable = False  # the answer ended cleanly and the replica keeps the connection
 
     def done(self) -> None:
         """The answer was used: back to the pool if it was read to its end, else closed."""
