@@ -8,14 +8,16 @@ and one Envoy (``--concurrency 1``) with four listeners, measured in short inter
 
     .venv/bin/python bench/gateway/run.py [--sizes 220000 1048576] [--concurrency 32]
         [--rounds 2] [--seconds 4] [--out bench/results/gateway-2026-11-28/results.json]
-        [--picker-only]
+        [--picker-only] [--one-core]
 
 Each round runs every target once per body size, the order rotated each round, so drifting
 background load reaches all alike; each figure is the median over rounds. OIP binary requests
 (one UINT8 tensor of the size given). Also measures the picker alone: header-only decisions
 per second (gRPC ext_proc streams from this process, no Envoy) and per second of the router's
 CPU (what one core gives), and the router's CPU per decision (process CPU time: robust to other
-load on a shared machine, unlike the wall-clock rates). ``--picker-only``: that measurement alone.
+load on a shared machine, unlike the wall-clock rates). ``--picker-only``: that measurement alone;
+``--one-core``: with the router on CPU 0 alone and everything else on CPU 1, so its wall-clock
+rate is what one free core gives.
 Prints a markdown table and writes the JSON.
 """
 
@@ -103,6 +105,9 @@ class Stack:
         proc = spawn(argv, log=self.folder / f"{name}.log", env={**os.environ, **(env or {})}, cwd=self.folder)
         self.procs[name] = proc
         return proc
+
+    def pids(self) -> list[int]:
+        return [proc.pid for proc in self.procs.values()]
 
     def stop(self) -> None:
         for proc in reversed(list(self.procs.values())):
@@ -214,6 +219,24 @@ async def decisions(picker: str, concurrency: int, seconds: float) -> int:
     return done
 
 
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of ``pid`` onto ``cpus`` (threads started later inherit it)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        os.sched_setaffinity(int(task.name), cpus)
+
+
+def one_core(router_pid: int, stack: Stack) -> None:
+    """The router gets CPU 0 to itself; everything else of the bench (this client, the replica,
+    Envoy) goes to CPU 1: decisions per second on one free core, not CPU-time arithmetic."""
+    if len(os.sched_getaffinity(0)) < 2:
+        raise SystemExit("--one-core needs two CPUs")
+    pin(router_pid, {0})
+    for pid in (os.getpid(), *stack.pids()):
+        if pid != router_pid:
+            pin(pid, {1})
+    log(f"router (pid {router_pid}) on CPU 0 alone; this client, the replica and Envoy on CPU 1")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[220_000, 1 << 20])
@@ -222,6 +245,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--picker-only", action="store_true", help="only the picker's decisions, no load runs")
+    parser.add_argument("--one-core", action="store_true",
+                        help="for the picker's decisions: the router on CPU 0 alone, this client and the rest on CPU 1")
     args = parser.parse_args()
     runs: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="gateway-bench-") as tmp:
@@ -240,6 +265,8 @@ def main() -> int:
                         runs.setdefault(f"{target} {size}", []).append(point)
                         log(f"round {round_} {target:10s} {size:>8d} B: {point}")
             picks = []
+            if args.one_core:
+                one_core(router_pid, stack)
             for _ in range(args.rounds):
                 before, started = cpu_seconds(router_pid), time.perf_counter()
                 made = asyncio.run(decisions(picker, args.concurrency, args.seconds))

@@ -15,8 +15,6 @@ to list it: every ``X-Modelplex-*`` header is internal except those clients are 
 
 from __future__ import annotations
 
-from typing import Iterable
-
 INTERNAL_PREFIX = "x-modelplex-"
 #: A request's cold-load policy (``onCold``): README, "Sharing between models".
 ON_COLD_HEADER = "x-modelplex-on-cold"
@@ -29,7 +27,3 @@ def is_internal_header(name: str) -> bool:
     key = name.lower()
     return key.startswith(INTERNAL_PREFIX) and key not in CLIENT_HEADERS
 
-
-def client_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
-    """``headers`` (repeated names kept, in order) without the internal ones."""
-    return [(name, value) for name, value in headers if not is_internal_header(name)]

@@ -40,7 +40,7 @@ from modelplex_replica import oip
 from modelplex_replica.asgi import HttpIngress, ingress_for
 from modelplex_replica.auth import internal_only
 from modelplex_replica.health import Health, health_check_of, run_checks
-from modelplex_replica.intake import Routed, without_internal_headers
+from modelplex_replica.intake import Routed, routed_of
 from modelplex_replica.metrics import ReplicaMetrics
 from modelplex_replica.pins import pin
 from modelplex_replica.preload import preload_hot_models
@@ -261,9 +261,9 @@ async def _read_body(request: web.Request, state: ReplicaState, model_id: str) -
 async def invoke(request: web.Request) -> web.StreamResponse:
     """One request for the handler; the model id is in the ``serve_multiplexed_model_id`` header."""
     state = request.app[STATE]
-    # First of all: from here on only the client's request exists (user code must never see the
-    # internal credential or any other internal header); what the router said is in ``routed``.
-    request, routed = without_internal_headers(request)
+    # What the router said of the request (user code never sees it: an ASGI scope, the one view of
+    # headers user code gets, leaves every internal one out).
+    routed = routed_of(request)
     # No model id: the handler gets an empty one, as in Ray; its @multiplexed loader answers 400
     # naming the header only if it is called without one.
     model_id = checked_model_id(model_id_of(request.headers))

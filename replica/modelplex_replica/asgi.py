@@ -31,7 +31,7 @@ from modelplex.wire.errors import HandlerError, ModelplexError, NotFound
 from modelplex.wire.forwarded import ENV_ROUTE_PREFIX, NO_ROUTE, check_route_prefix, under_prefix
 from modelplex.wire.names import LOADED_MODELS_HEADER
 from modelplex.wire.spec import DEFAULT_STREAM_IDLE_TIMEOUT_S
-from modelplex_replica.intake import Routed
+from modelplex_replica.intake import Routed, client_raw_headers
 from modelplex_replica.streams import cut_stream
 from modelplex_replica.usercode import TakingTurns
 
@@ -251,7 +251,7 @@ def asgi_scope(request: web.Request, routed: Routed, *, root_path: str = "",
     its query string) the router passed on (:class:`~modelplex_replica.intake.Routed`), the
     headers left once the internal ones are removed."""
     path, _, query = (routed.raw_path or "/").partition("?")
-    headers = [(name.lower(), value) for name, value in request.raw_headers]  # bytes already: ASGI's form
+    headers = client_raw_headers(request)  # bytes already: ASGI's form
     transport = request.transport
     peer = transport.get_extra_info("peername") if transport is not None else None
     local = transport.get_extra_info("sockname") if transport is not None else None

@@ -3,10 +3,11 @@ deployment's components said of it.
 
 The router (or a handle) adds internal headers to every request it forwards: the internal
 credential, the client's method and raw path, the protocol of the body and the model version
-asked for (:mod:`modelplex.wire.internal_headers`). The replica reads them here, once, and
-everything after (the handler, a ``serve.ingress`` app and its ASGI scope, a Starlette
-``Request``) gets the request without them: user code that echoes or logs its headers can
-never hand the credential, or anything else components tell each other, to a client.
+asked for (:mod:`modelplex.wire.internal_headers`). The replica reads them here, once. User
+code sees a request's headers in one place only, an ASGI scope (a ``serve.ingress`` app, a
+Starlette ``Request``), built from :func:`client_raw_headers`: user code that echoes or logs its
+headers can never hand the credential, or anything else components tell each other, to a
+client. A plain handler gets the body alone, so its requests are never copied.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from modelplex.wire.forwarded import METHOD_HEADER, PATH_HEADER
-from modelplex.wire.internal_headers import client_headers, is_internal_header
+from modelplex.wire.internal_headers import is_internal_header
 from modelplex.wire.oip import PROTOCOL, PROTOCOL_HEADER, VERSION_HEADER
 
 
@@ -35,13 +36,15 @@ class Routed:
     version: str | None = None
 
 
-def without_internal_headers(request: web.Request) -> tuple[web.Request, Routed]:
-    """``request`` as its client sent it (every internal header removed: the only request user
-    code may see) and what the components said of it. Call it before the body is read: aiohttp
-    clones a request only while its body is unread."""
+def routed_of(request: web.Request) -> Routed:
+    """What the components said of ``request``, read from its internal headers."""
     headers = request.headers
-    routed = Routed(method=headers.get(METHOD_HEADER, request.method), raw_path=headers.get(PATH_HEADER),
-                    oip=headers.get(PROTOCOL_HEADER) == PROTOCOL, version=headers.get(VERSION_HEADER) or None)
-    if not any(is_internal_header(name) for name in headers):
-        return request, routed
-    return request.clone(headers=client_headers(headers.items())), routed
+    return Routed(method=headers.get(METHOD_HEADER, request.method), raw_path=headers.get(PATH_HEADER),
+                  oip=headers.get(PROTOCOL_HEADER) == PROTOCOL, version=headers.get(VERSION_HEADER) or None)
+
+
+def client_raw_headers(request: web.Request) -> list[tuple[bytes, bytes]]:
+    """``request``'s headers as its client sent them (raw, lower-case names, in order), every
+    internal one removed: the only headers user code may see (an ASGI scope's)."""
+    return [(name.lower(), value) for name, value in request.raw_headers
+            if not is_internal_header(name.decode("latin-1"))]
