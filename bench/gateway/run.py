@@ -100,6 +100,8 @@ class Stack:
     def __init__(self, folder: Path):
         self.folder = folder
         self.procs: dict[str, subprocess.Popen] = {}
+        self.replica = ""  # its ip:port, once started
+        self.token = ""  # the internal credential
 
     def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
         proc = spawn(argv, log=self.folder / f"{name}.log", env={**os.environ, **(env or {})}, cwd=self.folder)
@@ -125,6 +127,7 @@ def start(stack: Stack) -> tuple[dict[str, str], str, int]:
         "spec": {"replicas": 1, "image": "local", "handler": "handlers:Sum", "maxOngoingRequests": 64,
                  "maxRequestBytes": 8 << 20, "router": {"endpointPicker": {"enabled": True}}}}))
     replica_port, router_port, picker_port = free_port(), free_port(), free_port()
+    stack.replica, stack.token = f"127.0.0.1:{replica_port}", token
     stack.start("replica", [*MODELPLEX, "replica", "--spec", str(manifest), "--host", "127.0.0.1",
                             "--port", str(replica_port)], env)
     router = stack.start("router", [*MODELPLEX, "router", "--spec", str(manifest), "--host", "127.0.0.1",
