@@ -104,3 +104,32 @@ async def test_a_proof_opens_no_route_but_inference_and_metadata(replica):
     for method, path in (("POST", "/v1/models/m1/load"), ("DELETE", "/v1/models/m1"), ("GET", "/v1/models")):
         async with replica.request(method, path, headers={MODEL_ID_HEADER: "m1", PROOF_HEADER: proof}) as answer:
             assert answer.status == 401, (method, path, await answer.text())
+
+
+# -- a Starlette request (spec.http.request: starlette), as Ray Serve hands one to __call__ -------
+
+
+class StarletteEcho:
+    async def __call__(self, request):
+        return {"headers": list(request.headers.items()), "body": (await request.json())}
+
+
+STARLETTE_DEPLOYMENT = parse_deployment({
+    "apiVersion": "modelplex.io/v1alpha1", "kind": "MultiplexedDeployment", "metadata": {"name": "echo"},
+    "spec": {"image": "x", "handler": "m:StarletteEcho", "http": {"request": "starlette"}}})
+
+
+async def test_a_starlette_request_has_the_clients_headers_and_no_internal_one(tmp_path):
+    internal = TokenFile(write_token_file(tmp_path / "internal", TOKEN))
+    app = create_app(STARLETTE_DEPLOYMENT, StarletteEcho(), internal=internal)
+    sent = {INTERNAL_TOKEN_HEADER: TOKEN, METHOD_HEADER: "POST", PATH_HEADER: "/echo", "X-Modelplex-Anything": "x",
+            "x-modelplex-on-cold": "reject", "Cookie": "session=1", MODEL_ID_HEADER: "m1",
+            "Content-Type": "application/json"}
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        async with client.post("/v1/invoke", data=b'{"x": 1}', headers=sent) as response:
+            assert response.status == 200, await response.text()
+            echoed = await response.json()
+    names = {name for name, _ in echoed["headers"]}
+    assert {"cookie", "x-modelplex-on-cold", MODEL_ID_HEADER} <= names
+    assert not any(name.startswith("x-modelplex-") for name in names - {"x-modelplex-on-cold"})
+    assert TOKEN not in json.dumps(echoed) and echoed["body"] == {"x": 1}
