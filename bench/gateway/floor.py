@@ -38,14 +38,13 @@ import time
 from pathlib import Path
 
 import grpc
-from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from run import MODEL, Stack, body_of, cpu_seconds, load, log, pin, start  # noqa: E402
+from run import MODEL, Stack, body_of, cpu_seconds, header_only_messages, load, log, pin, start  # noqa: E402
 
 from modelplex.gateway_envoy import DESTINATION_HEADER, EnvoyGateway, envoy_argv, envoy_config, find_envoy  # noqa: E402
 from modelplex.processes import free_port, wait_for  # noqa: E402
@@ -102,19 +101,14 @@ async def serve(form: str, port: int, replica: str, token: str) -> None:
 async def drive(address: str, concurrency: int, seconds: float) -> dict:
     """Closed-loop ext_proc streams against ``address``: rate and latency after a second's warm-up,
     and every stream made (``streams``, the warm-up's too: what the server's CPU time covers)."""
-    def headers(pairs: dict[str, str]) -> base_pb2.HeaderMap:
-        return base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs.items()])
-
-    request = ext.ProcessingRequest(request_headers=ext.HttpHeaders(headers=headers(
-        {":method": "POST", ":path": f"/v2/models/{MODEL}/infer", "content-type": "application/octet-stream"})))
-    answer = ext.ProcessingRequest(response_headers=ext.HttpHeaders(
-        headers=headers({":status": "200", "content-type": "application/json", "content-length": "40"})))
+    request, answer = header_only_messages()
     latencies: list[float] = []
     done = 0
     async with grpc.aio.insecure_channel(address) as channel:
         stub = ext_grpc.ExternalProcessorStub(channel)
 
         async def client(deadline: float, keep: bool) -> None:
+            nonlocal done
             while time.perf_counter() < deadline:
                 began = time.perf_counter()
                 call = stub.Process(timeout=30)
@@ -123,7 +117,6 @@ async def drive(address: str, concurrency: int, seconds: float) -> dict:
                 await call.write(answer)
                 await call.read()
                 await call.done_writing()
-                nonlocal done
                 done += 1
                 if keep:
                     latencies.append(time.perf_counter() - began)

@@ -189,17 +189,24 @@ async def load(url: str, body: bytes, headers: dict[str, str], concurrency: int,
     return {"rps": round(len(latencies) / elapsed, 1), "p50_ms": pct(0.5), "p99_ms": pct(0.99), "errors": errors}
 
 
-async def decisions(picker: str, concurrency: int, seconds: float) -> int:
-    """Header-only decisions the picker makes in ``seconds``: each one a whole ext_proc stream as
-    Envoy drives it (request headers, the pick, the answer's headers, and its end where the
-    picker asks for it: an answer of a stated length, as here, needs none)."""
+def header_only_messages() -> tuple[ext.ProcessingRequest, ext.ProcessingRequest]:
+    """What Envoy sends the picker for one header-only OIP request: its headers, then the
+    answer's (of a stated length)."""
     def headers(pairs: dict[str, str]) -> base_pb2.HeaderMap:
         return base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs.items()])
 
     request = ext.ProcessingRequest(request_headers=ext.HttpHeaders(headers=headers(
         {":method": "POST", ":path": f"/v2/models/{MODEL}/infer", "content-type": "application/octet-stream"})))
-    response = ext.ProcessingRequest(response_headers=ext.HttpHeaders(
+    answer = ext.ProcessingRequest(response_headers=ext.HttpHeaders(
         headers=headers({":status": "200", "content-type": "application/json", "content-length": "40"})))
+    return request, answer
+
+
+async def decisions(picker: str, concurrency: int, seconds: float) -> int:
+    """Header-only decisions the picker makes in ``seconds``: each one a whole ext_proc stream as
+    Envoy drives it (request headers, the pick, the answer's headers, and its end where the
+    picker asks for it: an answer of a stated length, as here, needs none)."""
+    request, response = header_only_messages()
     end = ext.ProcessingRequest(response_trailers=ext.HttpTrailers())
     done = 0
     async with grpc.aio.insecure_channel(picker) as channel:
