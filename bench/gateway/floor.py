@@ -44,7 +44,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from run import MODEL, Stack, body_of, cpu_seconds, header_only_messages, load, log, pin, start  # noqa: E402
+from run import MODEL, Stack, body_of, cpu_seconds, header_only_messages, load, log, one_core, start  # noqa: E402
 
 from modelplex.gateway_envoy import DESTINATION_HEADER, EnvoyGateway, envoy_argv, envoy_config, find_envoy  # noqa: E402
 from modelplex.processes import free_port, wait_for  # noqa: E402
@@ -157,9 +157,7 @@ def main() -> int:
                 wait_for(lambda: _listening(port), 30, 0.1, f"the {form} server")
                 servers[f"floor-{form}"] = (f"127.0.0.1:{port}", proc.pid)
             urls["epp-floor"] = floor_envoy(stack, servers["floor-generator"][0])
-            measured = {pid for _, pid in servers.values()}
-            for pid in (*stack.pids(), os.getpid()):  # each server alone on CPU 0; the rest on CPU 1
-                pin(pid, {0} if pid in measured else {1})
+            one_core(stack, {pid for _, pid in servers.values()})  # measured one at a time
             names = list(servers)
             for round_ in range(args.rounds):
                 for name in names[round_ % len(names):] + names[:round_ % len(names)]:

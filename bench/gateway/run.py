@@ -235,16 +235,14 @@ def pin(pid: int, cpus: set[int]) -> None:
         os.sched_setaffinity(int(task.name), cpus)
 
 
-def one_core(router_pid: int, stack: Stack) -> None:
-    """The router gets CPU 0 to itself; everything else of the bench (this client, the replica,
-    Envoy) goes to CPU 1: decisions per second on one free core, not CPU-time arithmetic."""
+def one_core(stack: Stack, alone: set[int]) -> None:
+    """The processes ``alone`` get CPU 0; everything else of the bench (this client, the replica,
+    Envoy) goes to CPU 1: a rate on one free core, not CPU-time arithmetic."""
     if len(os.sched_getaffinity(0)) < 2:
-        raise SystemExit("--one-core needs two CPUs")
-    pin(router_pid, {0})
+        raise SystemExit("one free core needs a machine with two CPUs")
     for pid in (os.getpid(), *stack.pids()):
-        if pid != router_pid:
-            pin(pid, {1})
-    log(f"router (pid {router_pid}) on CPU 0 alone; this client, the replica and Envoy on CPU 1")
+        pin(pid, {0} if pid in alone else {1})
+    log(f"pids {sorted(alone)} on CPU 0 alone; this client and the rest of the bench on CPU 1")
 
 
 def main() -> int:
@@ -276,7 +274,7 @@ def main() -> int:
                         log(f"round {round_} {target:10s} {size:>8d} B: {point}")
             picks = []
             if args.one_core:
-                one_core(router_pid, stack)
+                one_core(stack, {router_pid})
             for _ in range(args.rounds):
                 before, started = cpu_seconds(router_pid), time.perf_counter()
                 made = asyncio.run(decisions(picker, args.concurrency, args.seconds))

@@ -236,14 +236,15 @@ def load_project_images(socket: Path) -> dict[str, str]:
             node.load_docker_images(socket, missing, env=env)
             say(f"    loaded in {time.monotonic() - t0:.1f}s")
         for tag in tags.values():
+            versioned = f"{tag.rsplit(':', 1)[0]}:{version}"
             try:
-                node.tag_image(socket, tag, f"{tag.rsplit(':', 1)[0]}:{version}")
+                node.tag_image(socket, tag, versioned)
             except node.NodeError as error:
                 # Listed on the node a moment ago, gone now (seen once in CI, all e2e tests lost to
                 # it; the node's image store outlives clusters): put it there again, once.
                 say(f"==> {tag} is not on the node after all ({error}); putting it there again")
                 node.load_docker_images(socket, [tag], env=env)
-                node.tag_image(socket, tag, f"{tag.rsplit(':', 1)[0]}:{version}")
+                node.tag_image(socket, tag, versioned)
     # Older content tags of our images go (the node's image store is kept between clusters;
     # containerd's collector then frees what only they held).
     current = {node.normalize(tag) for tag in tags.values()}

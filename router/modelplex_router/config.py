@@ -31,6 +31,13 @@ DEFAULT_QUEUE_TIMEOUT_S = 10.0
 DEFAULT_POLL_INTERVAL_S = 0.15
 
 
+def idle_keep_s(replica_idle_timeout_s: float) -> float:
+    """How long the router keeps an idle connection to a replica: half the replicas' own idle
+    timeout (``spec.router.idleTimeoutSeconds``, which they keep too), at most 30 s, so that a
+    replica never closes a connection just as the router sends on it."""
+    return min(30.0, replica_idle_timeout_s / 2)
+
+
 @dataclass(frozen=True)
 class RouterConfig:
     """Everything the router app needs to know besides where the replicas are."""
@@ -62,10 +69,8 @@ class RouterConfig:
     #: ``spec.router.requestTimeoutSeconds``.
     first_byte_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S + REQUEST_TIMEOUT_MARGIN_S
     connect_timeout_s: float = 5.0
-    #: How long an idle connection to a replica is kept: half the replicas' own idle timeout
-    #: (``spec.router.idleTimeoutSeconds``, which they keep too) up to 30 s, so that a replica
-    #: never closes a connection just as the router sends on it.
-    upstream_idle_s: float = min(30.0, DEFAULT_IDLE_TIMEOUT_S / 2)
+    #: How long an idle connection to a replica is kept (:func:`idle_keep_s`).
+    upstream_idle_s: float = idle_keep_s(DEFAULT_IDLE_TIMEOUT_S)
     #: Static discovery: how often each replica's /v1/models and /readyz are read.
     poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
     #: ``spec.router.modelControl``: load and unload through the router.
@@ -127,7 +132,7 @@ class RouterConfig:
             model_control=spec.router.model_control,
             body_timeout_s=spec.router.body_timeout_seconds,
             stream_idle_timeout_s=spec.router.stream_idle_timeout_seconds,
-            upstream_idle_s=min(30.0, spec.router.idle_timeout_seconds / 2),
+            upstream_idle_s=idle_keep_s(spec.router.idle_timeout_seconds),
             not_found_s=spec.multiplexing.not_found_cache_seconds,
             cors=spec.router.cors,
             access_log=spec.router.access_log,
