@@ -47,6 +47,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
 
 
+def thread_cpu_seconds(pid: int) -> dict[int, float]:
+    """Each thread's CPU seconds (utime + stime) of process ``pid``, by thread id."""
+    times = {}
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        times[int(task.name)] = (int(fields[11]) + int(fields[12])) / TICKS
+    return times
+
+
 def summarize(raw: Path, top: int) -> list[str]:
     """Self and inclusive sample shares per function from py-spy's raw (collapsed) output."""
     self_counts: Counter[str] = Counter()
@@ -177,11 +189,14 @@ def main() -> int:
             replica_urls = [r["url"] for r in stack.replicas_table()]
             batches_before = asyncio.run(_batch_stats(replica_urls))
             before = {pid: cpu_seconds(pid) for pid in names}
+            threads_before = {pid: thread_cpu_seconds(pid) for pid in names}
             me_before = time.process_time()
             wall = time.perf_counter()
             point = asyncio.run(load())
             wall = time.perf_counter() - wall
             cpu = {names[pid]: (cpu_seconds(pid) - before[pid]) / wall for pid in names}
+            busiest = {names[pid]: max((t - threads_before[pid].get(tid, 0.0) for tid, t in thread_cpu_seconds(pid).items()),
+                                       default=0.0) / wall for pid in names}
             cpu["load generator (this process)"] = (time.process_time() - me_before) / wall
             batches_after = asyncio.run(_batch_stats(replica_urls))
             for name, out, proc in spies:
@@ -200,7 +215,8 @@ def main() -> int:
         print(f"load average {os.getloadavg()[0]:.2f}; CPU per process (cores, of {os.cpu_count()}):")
         for name, share in cpu.items():
             per_request = share / s["rps"] * 1e6 if s["rps"] else float("nan")
-            print(f"  {name:32s} {share:5.2f}  ({per_request:6.0f} us CPU per request)")
+            thread = f", its busiest thread {busiest[name]:.2f}" if name in busiest else ""
+            print(f"  {name:32s} {share:5.2f}  ({per_request:6.0f} us CPU per request{thread})")
         for name, out, _ in spies:
             if out.exists():
                 print(f"\n{name}:")
