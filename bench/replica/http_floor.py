@@ -103,7 +103,6 @@ def start(kind: str, port: int, folder: Path) -> subprocess.Popen:
             "apiVersion": "modelplex.io/v1alpha1", "kind": "MultiplexedDeployment", "metadata": {"name": "floor"},
             "spec": {"image": "local", "handler": "http_floor:Echo", "maxOngoingRequests": 256},
         }))
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
         return start_replica(manifest, port, folder / "replica.log")
     return spawn([sys.executable, __file__, "--serve", kind, "--port", str(port)], log=folder / f"{kind}.log")
 
@@ -152,6 +151,8 @@ def main() -> int:
         uvloop.run(serve(args.serve, args.port))
         return 0
     sys.path.insert(0, str(HERE))
+    # The replica imports its handler (``http_floor:Echo``) from here.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
     runs: dict[str, list[dict]] = {kind: [] for kind in SERVERS}
     with tempfile.TemporaryDirectory(prefix="http-floor-") as tmp:
         for round_number in range(args.rounds):
