@@ -8,7 +8,7 @@
 
 Starts the same Modelplex deployment as ``run.py`` (``modelplex local``), drives it with the
 same load generator, and meanwhile (a) reads each process's CPU time from /proc (the router,
-the replicas, this load generator) and (b) samples the router and the replicas with
+the replicas, this load generator; a server's busiest thread too) and (b) samples the router and the replicas with
 ``py-spy record --nonblocking`` (raw collapsed stacks). Prints the CPU share of each process
 and, per process, the functions with the most samples: self (leaf frame) and inclusive.
 """
@@ -39,24 +39,22 @@ from modelplex.processes import free_port  # noqa: E402
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(pid: int) -> float:
+def _stat_cpu_seconds(stat: Path) -> float:
+    """utime + stime of a ``/proc/.../stat`` file; 0 when it is gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = stat.read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def cpu_seconds(pid: int) -> float:
+    return _stat_cpu_seconds(Path(f"/proc/{pid}/stat"))
 
 
 def thread_cpu_seconds(pid: int) -> dict[int, float]:
-    """Each thread's CPU seconds (utime + stime) of process ``pid``, by thread id."""
-    times = {}
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        times[int(task.name)] = (int(fields[11]) + int(fields[12])) / TICKS
-    return times
+    """Each thread's CPU seconds of process ``pid``, by thread id."""
+    return {int(task.name): _stat_cpu_seconds(task / "stat") for task in Path(f"/proc/{pid}/task").glob("*")}
 
 
 def summarize(raw: Path, top: int) -> list[str]:
