@@ -323,6 +323,9 @@ class _BatchQueue:
         if task is not None and task.cancelled():
             for item in batch.items:
                 item.fail(HandlerError("the batch was cancelled"))
+        for item in batch.items:
+            item.batch = None
+        batch.items = []
         self._wake()
         self._maybe_idle()
 

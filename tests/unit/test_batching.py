@@ -4,7 +4,9 @@ On looptime's virtual clock: timeouts cost no real time and no test sleeps to sy
 """
 
 import asyncio
+import gc
 import logging
+import weakref
 
 import pytest
 
@@ -106,6 +108,48 @@ async def test_each_result_goes_back_to_its_own_caller():
     echo = Echo()
     results = await asyncio.gather(*(call_as("m", echo, f"req-{i}") for i in range(20)))
     assert results == [{"echo": f"req-{i}"} for i in range(20)]
+
+
+@pytest.mark.parametrize("use_gen", [False, True])
+async def test_a_finished_batch_leaves_its_requests_to_be_freed_without_the_garbage_collector(use_gen):
+    # A request (a model's input tensor, a JSON body) must go as soon as its batch is done: left
+    # in a reference cycle it waits for the garbage collector, holding its memory (a GPU's too)
+    # and making every collection walk it.
+    class Payload:
+        pass
+
+    class Unary:
+        @batch(max_batch_size=2, batch_wait_timeout_s=LONG)
+        async def __call__(self, requests):
+            return ["done" for _ in requests]
+
+    class Streaming:
+        @batch(max_batch_size=2, batch_wait_timeout_s=LONG)
+        async def __call__(self, requests):
+            yield ["done" for _ in requests]
+
+    handler = Streaming() if use_gen else Unary()
+
+    async def one(payload):
+        token = set_multiplexed_model_id("m")
+        try:
+            if use_gen:
+                return [chunk async for chunk in handler(payload)]
+            return await handler(payload)
+        finally:
+            reset_multiplexed_model_id(token)
+
+    payloads = [Payload(), Payload()]
+    freed = [weakref.ref(payload) for payload in payloads]
+    gc.disable()
+    try:
+        results = await asyncio.wait_for(asyncio.gather(*(one(payload) for payload in payloads)), 10)
+        del payloads
+        await asyncio.sleep(0)  # the batch's own end runs after its callers are answered
+        assert results == ([["done"], ["done"]] if use_gen else ["done", "done"])
+        assert [ref() for ref in freed] == [None, None]
+    finally:
+        gc.enable()
 
 
 async def test_an_exception_fails_only_that_batchs_callers():
