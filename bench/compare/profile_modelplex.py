@@ -5,6 +5,7 @@
     .venv/bin/python bench/compare/profile_modelplex.py stream  [--concurrency 256]
     .venv/bin/python bench/compare/profile_modelplex.py mux
     .venv/bin/python bench/compare/profile_modelplex.py busy-stream [--concurrency 8] [--tree /tmp/bench-new]
+    .venv/bin/python bench/compare/profile_modelplex.py batched --no-spy --gc   (the garbage collector's CPU too)
 
 Starts the same Modelplex deployment as ``run.py`` (``modelplex local``), drives it with the
 same load generator, and meanwhile (a) reads each process's CPU time from /proc (the router,
@@ -55,6 +56,16 @@ def cpu_seconds(pid: int) -> float:
 def thread_cpu_seconds(pid: int) -> dict[int, float]:
     """Each thread's CPU seconds of process ``pid``, by thread id."""
     return {int(task.name): _stat_cpu_seconds(task / "stat") for task in Path(f"/proc/{pid}/task").glob("*")}
+
+
+def gc_totals(folder: Path, pid: int) -> list[tuple[int, float]]:
+    """A process's garbage collections and their CPU seconds so far, per generation, as it last
+    wrote them (``experiment_site``'s ``BENCH_GC_LOG``); zeros when it wrote none."""
+    try:
+        numbers = (folder / f"gc.{pid}").read_text().split()
+    except OSError:
+        return [(0, 0.0)] * 3
+    return [(int(numbers[i]), float(numbers[i + 1])) for i in range(0, 6, 2)]
 
 
 def summarize(raw: Path, top: int) -> list[str]:
@@ -109,6 +120,9 @@ def main() -> int:
     parser.add_argument("--no-spy", action="store_true", help="CPU shares only (no sampling overhead)")
     parser.add_argument("--offload", action="store_true",
                         help="experiment: the batched MLP runs its forward pass in a worker thread (BENCH_OFFLOAD=1)")
+    parser.add_argument("--gc", action="store_true",
+                        help="also the garbage collector's collections and CPU time in the router and the replicas "
+                             "(experiment_site/sitecustomize.py's BENCH_GC_LOG)")
     parser.add_argument("--uvloop", action="store_true",
                         help="experiment: run the router and replicas on uvloop (experiment_site/sitecustomize.py "
                              "sets the event loop policy; Modelplex's code is unchanged)")
@@ -143,8 +157,12 @@ def main() -> int:
             env["BENCH_OFFLOAD"] = "1"
         if args.uvloop:
             env["BENCH_UVLOOP"] = "1"
+        gc_log = workdir / "gc"
+        if args.gc:
+            gc_log.mkdir()
+            env["BENCH_GC_LOG"] = str(gc_log)
         full_env = bench_env(env)
-        if args.uvloop:
+        if args.uvloop or args.gc:
             full_env["PYTHONPATH"] = os.pathsep.join([str(HERE / "experiment_site"), full_env["PYTHONPATH"]])
         with ModelplexStack(workdir, "profile", spec, full_env) as stack:
             pids = {pid: role for pid, role in stack.pids().items() if role in ("router", "replica")}
@@ -188,6 +206,7 @@ def main() -> int:
             batches_before = asyncio.run(_batch_stats(replica_urls))
             before = {pid: cpu_seconds(pid) for pid in names}
             threads_before = {pid: thread_cpu_seconds(pid) for pid in names}
+            gc_before = {pid: gc_totals(gc_log, pid) for pid in names}
             me_before = time.process_time()
             wall = time.perf_counter()
             point = asyncio.run(load())
@@ -196,6 +215,9 @@ def main() -> int:
             busiest = {names[pid]: max((t - threads_before[pid].get(tid, 0.0) for tid, t in thread_cpu_seconds(pid).items()),
                                        default=0.0) / wall for pid in names}
             cpu["load generator (this process)"] = (time.process_time() - me_before) / wall
+            time.sleep(0.6 if args.gc else 0)  # the processes' next write of their totals
+            collected = {names[pid]: [(after[0] - before[0], after[1] - before[1]) for before, after in
+                                      zip(gc_before[pid], gc_totals(gc_log, pid))] for pid in names}
             batches_after = asyncio.run(_batch_stats(replica_urls))
             for name, out, proc in spies:
                 _, err = proc.communicate(timeout=args.seconds + 60)
@@ -215,6 +237,13 @@ def main() -> int:
             per_request = share / s["rps"] * 1e6 if s["rps"] else float("nan")
             thread = f", its busiest thread {busiest[name]:.2f}" if name in busiest else ""
             print(f"  {name:32s} {share:5.2f}  ({per_request:6.0f} us CPU per request{thread})")
+        if args.gc:
+            print("garbage collector, per second of load (collections x CPU ms, by generation):")
+            for name, generations in collected.items():
+                per_s = [(count / wall, seconds / wall * 1e3) for count, seconds in generations]
+                per_request = sum(seconds for _, seconds in generations) / (s["rps"] * wall) * 1e6 if s["rps"] else 0.0
+                print(f"  {name:32s} " + "  ".join(f"gen{g} {n:5.1f} x {ms:6.2f}" for g, (n, ms) in enumerate(per_s))
+                      + f"  ({per_request:.1f} us CPU per request)")
         for name, out, _ in spies:
             if out.exists():
                 print(f"\n{name}:")

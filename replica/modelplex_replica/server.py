@@ -8,7 +8,7 @@ import logging
 from aiohttp import web
 
 from modelplex.runtime import runtime_scope
-from modelplex.serving import ConnectionLimits, check_credential, check_unguarded_host, serve
+from modelplex.serving import ConnectionLimits, check_credential, check_unguarded_host, freeze_startup_objects, serve
 from modelplex.wire.credentials import internal_token_file
 from modelplex.wire.spec import Deployment
 from modelplex_replica.app import STATE, create_app
@@ -38,6 +38,7 @@ def run_replica(deployment: Deployment, *, host: str, port: int, control_port: i
         handler = build_handler(deployment)
         app = create_app(deployment, handler, patch_pod=pod_patcher_from_environment(), runtime=runtime,
                          internal=internal)
+        freeze_startup_objects()  # before any model of the cache loads
         log.info("replica of %r serving on http://%s:%d (handler %s)%s", deployment.name, host, port,
                  deployment.spec.handler or _builtin_name(deployment),
                  f"; probes and metrics on http://{host}:{control_port}" if control_port else "")

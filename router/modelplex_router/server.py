@@ -18,7 +18,7 @@ from typing import AsyncIterator
 
 from aiohttp import web
 
-from modelplex.serving import ConnectionLimits, check_credential, check_unguarded_host, serve
+from modelplex.serving import ConnectionLimits, check_credential, check_unguarded_host, freeze_startup_objects, serve
 from modelplex.wire.credentials import TokenFile
 from modelplex.wire.names import ENV_POD_NAMESPACE
 from modelplex.wire.spec import DEFAULT_ENDPOINT_PICKER_PORT, Deployment
@@ -93,6 +93,7 @@ def run_router(deployment: Deployment, *, host: str, port: int, replica_urls: li
             yield
 
     app.cleanup_ctx.append(running)
+    freeze_startup_objects()
     source = f"{len(replica_urls)} static replica(s)" if replica_urls else "the Kubernetes API"
     log.info("router for %s on http://%s:%d (replicas from %s, policy %s)",
              deployment.name, host, port, source, config.policy)

@@ -5,13 +5,15 @@ breaks a server. pyproject.toml holds aiohttp to the minor version this passes o
 from __future__ import annotations
 
 import asyncio
+import gc
 import inspect
+import weakref
 
 import aiohttp
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from modelplex.serving import JsonErrorProtocol, JsonErrorRunner
+from modelplex.serving import JsonErrorProtocol, JsonErrorRunner, freeze_startup_objects
 
 
 def test_the_private_aiohttp_methods_and_slots_the_server_overrides_or_sets_are_there():
@@ -72,3 +74,23 @@ async def test_a_shutdown_timeout_set_after_start_is_the_grace_cleanup_gives_ope
         finally:
             request.cancel()
             await asyncio.gather(request, return_exceptions=True)
+
+
+class _Node:
+    def __init__(self):
+        self.other = self
+
+
+def test_start_up_garbage_is_collected_and_what_lives_is_frozen_out_of_later_collections():
+    garbage, living = _Node(), _Node()
+    gone = weakref.ref(garbage)
+    del garbage  # a cycle: only the collector frees it
+    gc.disable()  # nothing but the call under test may collect it
+    try:
+        freeze_startup_objects()
+        assert gone() is None
+        assert gc.get_freeze_count() > 0
+        assert not any(o is living for o in gc.get_objects())  # the three generations: not the frozen
+    finally:
+        gc.unfreeze()
+        gc.enable()
