@@ -219,11 +219,12 @@ class JsonErrorRunner(web.AppRunner):
 
 def freeze_startup_objects() -> None:
     """Collect the garbage of start-up, then move every object left to the collector's permanent
-    generation (``gc.freeze``, as Ray Serve does for its replicas and proxy): imports, the app, a
-    handler and what its constructor loaded live as long as the process, so no later collection
-    walks them again (a replica's ~200,000 took ~125 ms a full pass on the thread that serves,
-    bench/results/small-machine-2026-11-28c). Called before serving starts, so no model a cache
-    may evict is among them (a frozen object in a reference cycle would never be freed)."""
+    generation (``gc.freeze``, as Ray Serve does for its replicas and proxy): the imports (torch's
+    among them) and what a server built live as long as the process, so no later collection walks
+    them again (a replica's start-up took ~125 ms a full pass on the thread that serves,
+    bench/results/small-machine-2026-11-28c). A replica calls it before user code runs: a frozen
+    object in a reference cycle is never freed, and a handler's models (a TorchScript module
+    lives in cycles) must stay free to go."""
     gc.collect()
     gc.freeze()
     log.debug("%d start-up objects frozen out of garbage collection", gc.get_freeze_count())

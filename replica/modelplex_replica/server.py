@@ -34,11 +34,13 @@ def run_replica(deployment: Deployment, *, host: str, port: int, control_port: i
         check_unguarded_host(host, "replica")
     else:
         check_credential(internal, "replica")
+    # Before user code runs: what it builds (a model in its constructor, one its reconfigure
+    # swaps) stays the collector's to free, since a TorchScript module lives in reference cycles.
+    freeze_startup_objects()
     with runtime_scope(runtime_for(deployment)) as runtime:
         handler = build_handler(deployment)
         app = create_app(deployment, handler, patch_pod=pod_patcher_from_environment(), runtime=runtime,
                          internal=internal)
-        freeze_startup_objects()  # before any model of the cache loads
         log.info("replica of %r serving on http://%s:%d (handler %s)%s", deployment.name, host, port,
                  deployment.spec.handler or _builtin_name(deployment),
                  f"; probes and metrics on http://{host}:{control_port}" if control_port else "")

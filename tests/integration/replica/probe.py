@@ -76,3 +76,20 @@ class Computes:
                 x = torch.tanh(self.layer(x))
                 passes += 1
         return {"passes": passes}
+
+
+class Collectable:
+    """Reports what Python's garbage collector holds: a TorchScript module built in the
+    constructor (it lives in reference cycles) must stay the collector's to free."""
+
+    def __init__(self):
+        import torch
+
+        self.model = torch.jit.script(torch.nn.Linear(4, 4))
+
+    async def __call__(self, body: dict) -> dict:
+        import gc
+
+        collected = gc.get_objects()  # the three generations; frozen objects are not among them
+        return {"frozen": gc.get_freeze_count(), "handler_collectable": any(o is self for o in collected),
+                "model_collectable": any(o is self.model for o in collected)}

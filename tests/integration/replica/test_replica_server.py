@@ -98,6 +98,17 @@ async def test_stream_that_fails_midway_ends_with_an_error_record_and_a_cut_conn
     assert broke, "a failed stream must not look like a finished one"
 
 
+async def test_the_imports_are_frozen_out_of_garbage_collection_and_the_handlers_models_are_not(processes, manifest):
+    replica = processes.replica(manifest(handler="probe:Collectable"))
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+        await wait_ready(session, replica)
+        status, answer, _ = await invoke(session, replica.url, "", {})
+    assert status == 200
+    assert answer["frozen"] > 10_000  # torch and the replica's own imports
+    assert answer["handler_collectable"] is True
+    assert answer["model_collectable"] is True
+
+
 async def test_bad_requests_get_the_right_status_and_a_json_error(processes, manifest):
     replica = processes.replica(manifest(maxRequestBytes=4096, batching={"batchWaitTimeoutMs": 1}))
     url = replica.url + "/v1/invoke"
