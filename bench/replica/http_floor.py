@@ -35,7 +35,6 @@ from pathlib import Path
 import orjson
 
 HERE = Path(__file__).resolve().parent
-TICKS = os.sysconf("SC_CLK_TCK")
 SERVERS = ("minimal", "aiohttp", "replica")
 
 
@@ -107,13 +106,9 @@ def start(kind: str, port: int, folder: Path) -> subprocess.Popen:
     return spawn([sys.executable, __file__, "--serve", kind, "--port", str(port)], log=folder / f"{kind}.log")
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
 async def measure(kind: str, concurrency: int, seconds: float, folder: Path) -> dict:
     from bench_replica import closed_loop, wait_ready
+    from profile_modelplex import cpu_seconds
 
     from modelplex.processes import free_port, stop
 
@@ -150,7 +145,7 @@ def main() -> int:
 
         uvloop.run(serve(args.serve, args.port))
         return 0
-    sys.path.insert(0, str(HERE))
+    sys.path[:0] = [str(HERE), str(HERE.parent / "compare")]  # bench_replica; profile_modelplex's cpu_seconds
     # The replica imports its handler (``http_floor:Echo``) from here.
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
     runs: dict[str, list[dict]] = {kind: [] for kind in SERVERS}
