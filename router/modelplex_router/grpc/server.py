@@ -36,11 +36,7 @@ HEALTH_INTERVAL_S = 0.25
 
 class GrpcServer:
     """The gRPC front of ``router``, on ``host:port`` (0: a free port, see :attr:`port`). The
-    Router must be started before this is, and closed after it.
-
-    A subclass serves other services on the same lifetime (the Endpoint Picker:
-    :mod:`modelplex_router.picker.server`): :meth:`register`, :attr:`ready_services`,
-    :attr:`live_services` and :attr:`what`."""
+    Router must be started before this is, and closed after it."""
 
     #: The health service's names that follow readiness (the others: the empty name).
     ready_services: tuple[str, ...] = (messages.SERVICE_NAME,)
@@ -74,7 +70,7 @@ class GrpcServer:
             ("grpc.max_send_message_length", -1),
         ]
         server = grpc.aio.server(options=options)
-        self.register(server)
+        server.add_generic_rpc_handlers((handler(InferenceService(self.router)),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         try:
             self.port = server.add_insecure_port(f"{_bracketed(self.host)}:{self.port}")
@@ -88,10 +84,6 @@ class GrpcServer:
         await self.health.follow()
         self._follower = asyncio.create_task(self._follow_readiness(), name="grpc health")
         log.info("%s on %s:%d", self.what, self.host, self.port)
-
-    def register(self, server: grpc.aio.Server) -> None:
-        """Add the services (the health service aside) to ``server``."""
-        server.add_generic_rpc_handlers((handler(InferenceService(self.router)),))
 
     def drain(self, grace_s: float) -> None:
         """Stop taking calls now; those in flight get ``grace_s`` to finish (awaited by :meth:`stop`)."""

@@ -15,6 +15,7 @@ import pytest
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from modelplex.wire.credentials import ENV_INTERNAL_TOKEN_FILE, write_token_file
 from modelplex.wire.loaded import LoadedModels
@@ -29,6 +30,8 @@ from modelplex_router.router import Router
 from modelplex_router.server import picker_port_of
 from modelplex_router.table import RoutingTable
 
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 TOKEN = "internal-credential-0123456789"
 R0, R1 = "127.0.0.1:1001", "127.0.0.1:1002"
 ORIGIN = "https://app.example"
@@ -220,3 +223,36 @@ def test_the_picker_port_is_the_specs_else_9002_in_pods_else_a_free_one_and_none
     assert picker_port_of(deployment({"enabled": True}), in_pod=True) == 9002
     assert picker_port_of(deployment({"enabled": True}), in_pod=False) == 0
     assert picker_port_of(deployment({"enabled": True, "port": 9100}), in_pod=False) == 9100
+
+
+async def test_health_is_serving_until_a_drain_and_a_watch_hears_the_drain_and_a_gateway_going_frees_the_slot(picker):
+    """Health as Gateways probe an EPP (liveness stays, readiness and the ext_proc service turn
+    ``NOT_SERVING`` at a drain, another name is ``NOT_FOUND``); a stream the Gateway resets mid-
+    request gives its replica slot back."""
+    _, router = picker
+    server = PickerServer(router, "127.0.0.1", 0)
+    async with server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            for service in ("", "liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"):
+                assert (await health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)).status == SERVING
+            with pytest.raises(grpc.aio.AioRpcError) as unknown:
+                await health.Check(health_pb2.HealthCheckRequest(service="other"), timeout=10)
+            assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+
+            call, _ = await _ask(ext_grpc.ExternalProcessorStub(channel), _headers("/v2/models/hot/infer"))
+            replicas = {r.name: r for r in router.table.replicas()}
+            assert replicas["r0"].inflight == 1
+            call.cancel()  # the Gateway's HTTP request ended without an answer
+            for _ in range(100):
+                if replicas["r0"].inflight == 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert replicas["r0"].inflight == 0
+
+            watch = health.Watch(health_pb2.HealthCheckRequest(service="readiness"), timeout=10)
+            assert (await watch.read()).status == SERVING
+            server.drain(5)
+            assert (await watch.read()).status == NOT_SERVING
+            assert server.health.status("liveness") == SERVING  # (new calls go elsewhere: GOAWAY was sent)
+            watch.cancel()
