@@ -15,7 +15,9 @@ background load reaches all alike; each figure is the median over rounds. OIP bi
 (one UINT8 tensor of the size given). Also measures the picker alone: header-only decisions
 per second (gRPC ext_proc streams from this process, no Envoy) and per second of the router's
 CPU (what one core gives), and the router's CPU per decision (process CPU time: robust to other
-load on a shared machine, unlike the wall-clock rates). ``--picker-only``: that measurement alone;
+load on a shared machine, unlike the wall-clock rates). Each load run also reports the CPU time
+per request of the router, Envoy and the replica (the load generator, this process, takes the
+rest of the machine): where a Gateway path's time goes. ``--picker-only``: that measurement alone;
 ``--one-core``: with the router on CPU 0 alone and everything else on CPU 1, so its wall-clock
 rate is what one free core gives.
 Prints a markdown table and writes the JSON.
@@ -266,10 +268,13 @@ def main() -> int:
                     body, headers = body_of(size)
                     order = TARGETS[round_ % len(TARGETS):] + TARGETS[:round_ % len(TARGETS)]
                     for target in order:
-                        before = cpu_seconds(router_pid)
+                        measured = {"router": router_pid, "envoy": stack.procs["envoy"].pid,
+                                    "replica": stack.procs["replica"].pid}
+                        before = {name: cpu_seconds(pid) for name, pid in measured.items()}
                         point = asyncio.run(load(urls[target], body, headers, args.concurrency, args.seconds))
                         answered = max(1.0, point["rps"] * (args.seconds + 1.0))
-                        point["router_cpu_ms"] = round(1000 * (cpu_seconds(router_pid) - before) / answered, 3)
+                        for name, pid in measured.items():
+                            point[f"{name}_cpu_ms"] = round(1000 * (cpu_seconds(pid) - before[name]) / answered, 3)
                         runs.setdefault(f"{target} {size}", []).append(point)
                         log(f"round {round_} {target:10s} {size:>8d} B: {point}")
             picks = []
@@ -287,11 +292,13 @@ def main() -> int:
             stack.stop()
     table = {key: {figure: round(statistics.median(p[figure] for p in points), 3) for figure in points[0]}
              for key, points in runs.items()}
-    print("| target | body | req/s | p50 ms | p99 ms | router CPU ms/req | errors |\n|---|---|---|---|---|---|---|")
+    print("| target | body | req/s | p50 ms | p99 ms | CPU ms/req: router | Envoy | replica | errors |\n"
+          "|---|---|---|---|---|---|---|---|---|")
     for key, figures in table.items():
         target, size = key.split()
         print(f"| {target} | {int(size) // 1000} KB | {figures['rps']} | {figures['p50_ms']} | {figures['p99_ms']} | "
-              f"{figures['router_cpu_ms']} | {figures['errors']} |")
+              f"{figures['router_cpu_ms']} | {figures['envoy_cpu_ms']} | {figures['replica_cpu_ms']} | "
+              f"{figures['errors']} |")
     best = {figure: round(statistics.median(p[figure] for p in picks), 1) for figure in picks[0]}
     print(f"\npicker alone, header-only, c={args.concurrency}: {best['per_s']} decisions/s, "
           f"{best['per_cpu_s']} per second of the router's CPU ({best['cpu_us_per_decision']} µs each)")
