@@ -245,6 +245,9 @@ class _Connection(asyncio.Protocol):
             del buffer[:at]
         except _ConnectionError as error:
             self._fail(error.code, str(error))
+        except Exception:  # noqa: BLE001 - a bug here ends this connection, said why, not the router
+            log.exception("the picker's HTTP/2 connection failed")
+            self._fail(INTERNAL_ERROR, "internal error")
         self._flush()
 
     # -- frames in ------------------------------------------------------------------------------
@@ -311,6 +314,8 @@ class _Connection(asyncio.Protocol):
         data = _unpadded(flags, payload)
         call._credit += len(payload)
         try:
+            if call._credit > STREAM_WINDOW:  # more than the window it was given
+                raise GrpcError(RESOURCE_EXHAUSTED, "the stream's flow-control window was overrun")
             call._received(data, self.server.limits.max_message_bytes)
         except GrpcError as error:
             self._finish(call, error.status, error.message, reset=True)
@@ -322,7 +327,9 @@ class _Connection(asyncio.Protocol):
 
     def _on_headers(self, stream_id: int, flags: int, block: bytes) -> None:
         try:
-            headers = cast(dict[str, str], dict(self.decoder.decode(block)))  # str pairs: raw=False
+            # Bytes, read as latin-1: a value that is not UTF-8 is a value, not a broken connection.
+            headers = {name.decode("latin-1"): value.decode("latin-1")
+                       for name, value in cast(list[tuple[bytes, bytes]], self.decoder.decode(block, raw=True))}
         except hpack.HPACKError as error:
             raise _ConnectionError(COMPRESSION_ERROR, f"a header block that does not decode: {error}") from None
         call = self.calls.get(stream_id)
@@ -593,7 +600,8 @@ def _integer(value: int, prefix_bits: int, first: int = 0) -> bytes:
 
 
 def _literal(name: bytes, value: bytes) -> bytes:
-    """A header field as a literal never indexed by us (RFC 7541 §6.2.2), no Huffman coding."""
+    """A header field as a literal without indexing (RFC 7541 §6.2.2; our answers leave the
+    peer's decoding table alone), no Huffman coding."""
     return b"\x00" + _integer(len(name), 7) + name + _integer(len(value), 7) + value
 
 

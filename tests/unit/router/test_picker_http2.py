@@ -9,6 +9,7 @@ import socket
 from typing import AsyncIterator
 
 import grpc
+import hpack
 import pytest
 
 from modelplex_router.picker.http2 import NOT_FOUND, Call, GrpcError, Http2GrpcServer, Limits
@@ -161,3 +162,75 @@ async def test_a_peer_that_does_not_speak_http2_is_told_why_and_closed(served):
         while chunk := await asyncio.wait_for(loop.sock_recv(peer, 4096), DEADLINE_S):
             received += chunk
     assert b"not an HTTP/2 connection preface" in received  # in the GOAWAY frame's debug data
+
+
+class RawPeer:
+    """An HTTP/2 client written frame by frame, for what a well-behaved client never sends."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.reader, self.writer = reader, writer
+        self.decoder = hpack.Decoder()
+
+    @classmethod
+    async def connect(cls, port: int) -> RawPeer:
+        peer = cls(*await asyncio.open_connection("127.0.0.1", port))
+        peer.send(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        peer.frame(4, 0, 0)  # SETTINGS, all defaults
+        return peer
+
+    def send(self, data: bytes) -> None:
+        self.writer.write(data)
+
+    def frame(self, kind: int, flags: int, stream: int, payload: bytes = b"") -> None:
+        self.send(len(payload).to_bytes(3, "big") + bytes((kind, flags)) + stream.to_bytes(4, "big") + payload)
+
+    def call(self, stream: int, path: str, **more: bytes) -> None:
+        fields = [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "x"),
+                  ("content-type", "application/grpc"), ("te", "trailers"), *more.items()]
+        self.frame(1, 0x4, stream, hpack.Encoder().encode(fields))  # HEADERS, END_HEADERS
+
+    async def until_stream_ends(self, stream: int) -> tuple[list[bytes], dict[str, str]]:
+        """The messages and the trailers (or ``{"reset": code}``) of ``stream``."""
+        messages, data = [], b""
+        while True:
+            head = await asyncio.wait_for(self.reader.readexactly(9), DEADLINE_S)
+            length, kind, flags = int.from_bytes(head[:3], "big"), head[3], head[4]
+            stream_id = int.from_bytes(head[5:9], "big")
+            payload = await self.reader.readexactly(length)
+            if stream_id != stream:
+                continue
+            if kind == 0:  # DATA
+                data += payload
+                while len(data) >= 5 and len(data) >= 5 + int.from_bytes(data[1:5], "big"):
+                    size = int.from_bytes(data[1:5], "big")
+                    messages.append(data[5:5 + size])
+                    data = data[5 + size:]
+            elif kind == 1:  # HEADERS
+                fields = {k.decode(): v.decode() for k, v in self.decoder.decode(payload, raw=True)}
+                if flags & 0x1:
+                    return messages, fields
+            elif kind == 3:  # RST_STREAM
+                return messages, {"reset": str(int.from_bytes(payload, "big"))}
+
+
+async def test_a_header_value_that_is_not_utf8_is_read_as_bytes_not_a_broken_connection(served):
+    server, _, _ = served
+    peer = await RawPeer.connect(server.port)
+    peer.call(1, ECHO, **{"x-name": b"caf\xe9"})
+    peer.frame(0, 0x1, 1, b"\x00\x00\x00\x00\x02hi")  # DATA, END_STREAM: one message
+    messages, trailers = await peer.until_stream_ends(1)
+    assert (messages, trailers["grpc-status"]) == ([b"hi"], "0")
+    peer.writer.close()
+
+
+async def test_a_peer_that_overruns_the_window_it_was_given_loses_that_stream(served):
+    server, methods, _ = served
+    peer = await RawPeer.connect(server.port)
+    peer.call(1, HANG)  # a handler that reads nothing: once 1 MiB waits unread, no credit comes back
+    message = (16_384 - 5).to_bytes(5, "big") + b"\x00" * (16_384 - 5)  # one whole message a frame
+    for _ in range(3 * 64):  # 3 MiB, whatever came back: past any window it could have had
+        peer.frame(0, 0, 1, message)
+    _, trailers = await peer.until_stream_ends(1)
+    assert trailers["grpc-status"] == "8"  # RESOURCE_EXHAUSTED
+    await asyncio.wait_for(methods.ended.wait(), DEADLINE_S)
+    peer.writer.close()
