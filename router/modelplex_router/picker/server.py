@@ -65,5 +65,5 @@ class PickerServer:
 
     async def _process(self, call: Call) -> None:
         requests = (ext.ProcessingRequest.FromString(message) async for message in call)
-        async for answer in self.picker.Process(requests, call):
+        async for answer in self.picker.Process(requests):
             call.send(answer.SerializeToString())

@@ -50,7 +50,6 @@ from typing import Any, AsyncIterator
 from urllib.parse import parse_qs, urlsplit
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 
 from modelplex.wire.credentials import ACCESS_TOKEN_PARAM, INTERNAL_TOKEN_HEADER
 from modelplex.wire.errors import ModelplexError, NotReady
@@ -93,7 +92,7 @@ UPSTREAM_ATTRIBUTE = "upstream.address"
 SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
 
 
-class Picker(ext_grpc.ExternalProcessorServicer):
+class Picker:
     """The ext_proc service over ``router`` (started before, closed after, by its owner)."""
 
     def __init__(self, router: Router, *, fallbacks: int = 0, wall_clock: Any = time.time):
@@ -103,7 +102,8 @@ class Picker(ext_grpc.ExternalProcessorServicer):
         self.wall_clock = wall_clock
 
     async def Process(self, requests: AsyncIterator[ext.ProcessingRequest],  # noqa: N802 (gRPC's name)
-                      context: Any) -> AsyncIterator[ext.ProcessingResponse]:
+                      context: Any = None) -> AsyncIterator[ext.ProcessingResponse]:
+        """The answers to one ext_proc stream's messages, one each, in order."""
         exchange = _Exchange(self)
         try:
             async for message in requests:
