@@ -101,8 +101,8 @@ class Picker:
         self.fallbacks = fallbacks
         self.wall_clock = wall_clock
 
-    async def Process(self, requests: AsyncIterator[ext.ProcessingRequest],  # noqa: N802 (gRPC's name)
-                      context: Any = None) -> AsyncIterator[ext.ProcessingResponse]:
+    async def Process(self, requests: AsyncIterator[ext.ProcessingRequest]  # noqa: N802 (gRPC's name)
+                      ) -> AsyncIterator[ext.ProcessingResponse]:
         """The answers to one ext_proc stream's messages, one each, in order."""
         exchange = _Exchange(self)
         try:
