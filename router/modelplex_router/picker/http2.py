@@ -33,7 +33,6 @@ import asyncio
 import collections
 import logging
 import re
-from dataclasses import dataclass
 from typing import Awaitable, Callable, cast
 
 import hpack
@@ -86,11 +85,6 @@ class _ConnectionError(Exception):
 
 #: A method: ``await handler(call)`` reads the call's messages and sends its answers.
 Handler = Callable[["Call"], Awaitable[None]]
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_message_bytes: int = 4 << 20
 
 
 class Call:
@@ -315,7 +309,7 @@ class _Connection(asyncio.Protocol):
         try:
             if call._credit > STREAM_WINDOW:  # more than the window it was given
                 raise GrpcError(RESOURCE_EXHAUSTED, "the stream's flow-control window was overrun")
-            call._received(data, self.server.limits.max_message_bytes)
+            call._received(data, self.server.max_message_bytes)
         except GrpcError as error:
             self._finish(call, error.status, error.message, reset=True)
             return
@@ -536,11 +530,12 @@ class _Connection(asyncio.Protocol):
 
 class Http2GrpcServer:
     """gRPC methods (``{"/package.Service/Method": handler}``) on ``host:port``, on the running
-    event loop; :attr:`port` is the one bound (0 asks for a free one)."""
+    event loop, each message received at most ``max_message_bytes``; :attr:`port` is the one
+    bound (0 asks for a free one)."""
 
-    def __init__(self, methods: dict[str, Handler], limits: Limits = Limits()):
+    def __init__(self, methods: dict[str, Handler], *, max_message_bytes: int = 4 << 20):
         self.methods = methods
-        self.limits = limits
+        self.max_message_bytes = max_message_bytes
         self.connections: set[_Connection] = set()
         self.draining = False
         self.port = 0
@@ -622,4 +617,4 @@ def _trailers(status: int, message: str, *, with_status_line: bool) -> bytes:
     return block
 
 
-__all__ = ["Call", "GrpcError", "Handler", "Http2GrpcServer", "Limits"]
+__all__ = ["Call", "GrpcError", "Handler", "Http2GrpcServer"]

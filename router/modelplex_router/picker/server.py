@@ -14,7 +14,7 @@ from types import TracebackType
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 
 from modelplex_router.picker import health
-from modelplex_router.picker.http2 import Call, Http2GrpcServer, Limits
+from modelplex_router.picker.http2 import Call, Http2GrpcServer
 from modelplex_router.picker.service import SERVICE_NAME, Picker
 from modelplex_router.router import Router
 
@@ -38,7 +38,7 @@ class PickerServer:
                                     ("", "liveness"))
         self._server = Http2GrpcServer({PROCESS: self._process, health.CHECK: self.health.check,
                                         health.WATCH: self.health.watch},
-                                       Limits(max_message_bytes=router.config.max_request_bytes))
+                                       max_message_bytes=router.config.max_request_bytes)
         self._stopping: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> PickerServer:

@@ -12,7 +12,7 @@ import grpc
 import hpack
 import pytest
 
-from modelplex_router.picker.http2 import NOT_FOUND, Call, GrpcError, Http2GrpcServer, Limits
+from modelplex_router.picker.http2 import NOT_FOUND, Call, GrpcError, Http2GrpcServer
 
 ECHO, FAIL, REFUSE, HANG = "/t.T/Echo", "/t.T/Fail", "/t.T/Refuse", "/t.T/Hang"
 LIMIT = 8 << 20
@@ -21,6 +21,7 @@ DEADLINE_S = 10
 
 class Methods:
     def __init__(self) -> None:
+        self.started = asyncio.Event()
         self.ended = asyncio.Event()
         self.cancelled = asyncio.Event()
 
@@ -35,6 +36,7 @@ class Methods:
         raise GrpcError(NOT_FOUND, "no model ü 100% here")
 
     async def hang(self, call: Call) -> None:
+        self.started.set()
         try:
             await asyncio.Event().wait()
         except asyncio.CancelledError:
@@ -48,7 +50,7 @@ class Methods:
 async def served() -> AsyncIterator[tuple[Http2GrpcServer, Methods, grpc.aio.Channel]]:
     methods = Methods()
     server = Http2GrpcServer({ECHO: methods.echo, FAIL: methods.fail, REFUSE: methods.refuse, HANG: methods.hang},
-                             Limits(max_message_bytes=LIMIT))
+                             max_message_bytes=LIMIT)
     await server.start("127.0.0.1", 0)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}",
@@ -122,7 +124,7 @@ async def test_a_client_that_goes_away_cancels_its_handler(served):
     _, methods, channel = served
     call = _stream(channel, HANG)(timeout=DEADLINE_S)
     await call.write(b"x")
-    await asyncio.sleep(0.2)
+    await asyncio.wait_for(methods.started.wait(), DEADLINE_S)
     call.cancel()
     await asyncio.wait_for(methods.cancelled.wait(), DEADLINE_S)
 
@@ -233,4 +235,16 @@ async def test_a_peer_that_overruns_the_window_it_was_given_loses_that_stream(se
     _, trailers = await peer.until_stream_ends(1)
     assert trailers["grpc-status"] == "8"  # RESOURCE_EXHAUSTED
     await asyncio.wait_for(methods.ended.wait(), DEADLINE_S)
+    peer.writer.close()
+
+
+async def test_the_server_ends_a_call_at_its_grpc_timeout_even_when_the_client_does_not(served):
+    """A raw peer that sends ``grpc-timeout`` and keeps waiting: the server's own deadline ends
+    the call (grpcio's client would have reset it itself, which the test above covers)."""
+    server, methods, _ = served
+    peer = await RawPeer.connect(server.port)
+    peer.call(1, HANG, **{"grpc-timeout": b"200m"})
+    _, trailers = await peer.until_stream_ends(1)
+    assert trailers["grpc-status"] == "4"  # DEADLINE_EXCEEDED
+    await asyncio.wait_for(methods.cancelled.wait(), DEADLINE_S)
     peer.writer.close()
