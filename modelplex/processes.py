@@ -179,6 +179,17 @@ def descendants(pid: int) -> list[int]:
 #: Where the kernel takes the source ports of outgoing connections (Linux's default, if unreadable).
 _EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _LOWEST_PORT = 10000
+# Ports this process handed out lately, oldest first. A caller often draws a port and starts a
+# server on it only later, so a later draw could find that port still free and hand it out twice.
+_handed_out: dict[int, None] = {}
+_HANDED_OUT_KEPT = 4096
+
+
+def _hand_out(ports: Sequence[int]) -> None:
+    for port in ports:
+        _handed_out[port] = None
+    while len(_handed_out) > _HANDED_OUT_KEPT:
+        del _handed_out[next(iter(_handed_out))]
 
 
 def _ephemeral_low() -> int:
@@ -193,7 +204,8 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
 
     They are drawn below the kernel's ephemeral range: a port from that range (what binding port 0
     gives) can be taken as the source port of any outgoing connection on the machine between this
-    call and the server's own bind, which then fails with "address already in use"."""
+    call and the server's own bind, which then fails with "address already in use". Nor is a port
+    this process handed out lately handed out again: its server may not be listening yet."""
     low = _ephemeral_low()
     sockets: list[socket.socket] = []
     try:
@@ -201,6 +213,8 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             if len(sockets) == count:
                 break
             port = random.randrange(_LOWEST_PORT, low) if low - _LOWEST_PORT >= 1000 else 0
+            if port in _handed_out:
+                continue
             sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
             try:
                 sock.bind((host, port))
@@ -210,7 +224,9 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             sockets.append(sock)
         if len(sockets) < count:
             raise OSError(f"no {count} free ports on {host}")
-        return [sock.getsockname()[1] for sock in sockets]
+        ports = [sock.getsockname()[1] for sock in sockets]
+        _hand_out(ports)
+        return ports
     finally:
         for sock in sockets:
             sock.close()
@@ -225,7 +241,9 @@ def consecutive_free_ports(count: int, host: str = "127.0.0.1") -> int:
     """A port P with P .. P+count-1 all free now (local mode puts routers on consecutive ports)."""
     for _ in range(100):
         first = free_port(host)
-        if first + count <= 65536 and all(port_free(host, port) for port in range(first, first + count)):
+        rest = range(first + 1, first + count)
+        if first + count <= 65536 and all(port not in _handed_out and port_free(host, port) for port in rest):
+            _hand_out(rest)
             return first
     raise OSError(f"no {count} consecutive free ports on {host}")
 

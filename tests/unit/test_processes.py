@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from modelplex.processes import (ProcessExited, WaitTimeout, descendants, free_port, free_ports, pid_alive, port_free,
-                                 running, spawn, stop, wait_for, wait_for_async)
+from modelplex.processes import (ProcessExited, WaitTimeout, consecutive_free_ports, descendants, free_port, free_ports,
+                                 pid_alive, port_free, running, spawn, stop, wait_for, wait_for_async)
 
 #: A shell that starts a child of its own and waits on it: a group of two.
 PARENT_OF_ONE = ["sh", "-c", "tail -f /dev/null & echo started; wait"]
@@ -140,3 +140,12 @@ def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range():
     ports = free_ports(20)
     assert len(set(ports)) == 20 and all(p < low for p in ports), (ports, low)
     assert all(port_free("127.0.0.1", p) for p in ports)
+
+
+def test_a_port_handed_out_is_not_handed_out_again_before_its_server_listens():
+    # The servers these ports are for start later, so each port is still free at the next draw:
+    # 3,000 draws from ~22,000 ports would repeat one almost surely if nothing remembered them.
+    first = consecutive_free_ports(4)
+    singles = [free_port() for _ in range(3000)]
+    assert len(set(singles)) == len(singles)
+    assert not set(singles) & set(range(first, first + 4))

@@ -6,7 +6,6 @@ a Ray user writes one (an async ``reconfigure`` that sets what ``__call__`` answ
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
+from modelplex.processes import free_port
 from modelplex.wire.credentials import INTERNAL_TOKEN_HEADER, TokenFile, write_token_file
 from modelplex.wire.spec import Deployment, parse_deployment
 from modelplex.wire.user_config import config_hash
@@ -49,12 +49,6 @@ def deployment(user_config: dict) -> Deployment:
     return parse_deployment({"apiVersion": "modelplex.io/v1alpha1", "kind": "MultiplexedDeployment",
                              "metadata": {"name": "greeter", "namespace": "team-a"},
                              "spec": {"image": "img", "handler": "greeter:Greeter", "userConfig": user_config}})
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class Replicas:
