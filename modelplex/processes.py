@@ -24,6 +24,7 @@ import random
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -183,13 +184,15 @@ _LOWEST_PORT = 10000
 # server on it only later, so a later draw could find that port still free and hand it out twice.
 _handed_out: dict[int, None] = {}
 _HANDED_OUT_KEPT = 4096
+_handed_out_lock = threading.Lock()
 
 
 def _hand_out(ports: Sequence[int]) -> None:
-    for port in ports:
-        _handed_out[port] = None
-    while len(_handed_out) > _HANDED_OUT_KEPT:
-        del _handed_out[next(iter(_handed_out))]
+    with _handed_out_lock:
+        for port in ports:
+            _handed_out[port] = None
+        while len(_handed_out) > _HANDED_OUT_KEPT:
+            del _handed_out[next(iter(_handed_out))]
 
 
 def _ephemeral_low() -> int:
