@@ -263,13 +263,12 @@ def main() -> int:
         stack = Stack(Path(tmp))
         try:
             urls, picker, router_pid = start(stack)
+            measured = {"router": router_pid, "envoy": stack.procs["envoy"].pid, "replica": stack.procs["replica"].pid}
             for round_ in range(0 if args.picker_only else args.rounds):
                 for size in args.sizes:
                     body, headers = body_of(size)
                     order = TARGETS[round_ % len(TARGETS):] + TARGETS[:round_ % len(TARGETS)]
                     for target in order:
-                        measured = {"router": router_pid, "envoy": stack.procs["envoy"].pid,
-                                    "replica": stack.procs["replica"].pid}
                         before = {name: cpu_seconds(pid) for name, pid in measured.items()}
                         point = asyncio.run(load(urls[target], body, headers, args.concurrency, args.seconds))
                         answered = max(1.0, point["rps"] * (args.seconds + 1.0))

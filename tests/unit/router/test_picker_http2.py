@@ -171,7 +171,8 @@ class RawPeer:
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.reader, self.writer = reader, writer
-        self.decoder = hpack.Decoder()
+        # One of each per connection: the peer's header tables stay in step with the server's.
+        self.encoder, self.decoder = hpack.Encoder(), hpack.Decoder()
 
     @classmethod
     async def connect(cls, port: int) -> RawPeer:
@@ -189,7 +190,7 @@ class RawPeer:
     def call(self, stream: int, path: str, **more: bytes) -> None:
         fields = [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "x"),
                   ("content-type", "application/grpc"), ("te", "trailers"), *more.items()]
-        self.frame(1, 0x4, stream, hpack.Encoder().encode(fields))  # HEADERS, END_HEADERS
+        self.frame(1, 0x4, stream, self.encoder.encode(fields))  # HEADERS, END_HEADERS
 
     async def until_stream_ends(self, stream: int) -> tuple[list[bytes], dict[str, str]]:
         """The messages and the trailers (or ``{"reset": code}``) of ``stream``."""
